@@ -1,0 +1,288 @@
+#!/usr/bin/env python
+"""Train the shipped tiny_pair: a byte-level Llama target (~5.2M params) and a draft (~0.46M params,
+<10% of the target) distilled from it, on the *.py sources of the running Python's standard library.
+
+Phase 1 ("target"): the target is trained with next-byte cross-entropy; on the same batches the draft is
+trained online against the (detached) current target logits: loss = kl_w * KL(target || draft) + ce_w * CE.
+Phase 2 ("distill"): the finished target is frozen and the draft is distilled further with the same loss.
+
+Outputs (default src/specdepth/assets/tiny_pair/): target/ and draft/ (HF safetensors checkpoints in
+float16, each with the same byte-level tokenizer), prompts.jsonl (held-out prompts, via `datasets`),
+train_log.txt and train_info.json.
+
+CPU only; everything is reproducible from --seed (fixed step counts, seeded init and batch sampling).
+Needs no network: the corpus is read from sysconfig.get_paths()["stdlib"].
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=common.DEFAULT_ASSETS)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--target-steps", type=int, default=280)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--target-lr", type=float, default=2.5e-3)
+    p.add_argument("--distill-steps", type=int, default=80)
+    p.add_argument("--distill-batch-size", type=int, default=8)
+    p.add_argument("--draft-lr", type=float, default=3e-3)
+    p.add_argument("--kl-weight", type=float, default=1.0)
+    p.add_argument("--ce-weight", type=float, default=0.1)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--n-prompts", type=int, default=200)
+    p.add_argument("--log-every", type=int, default=10)
+    # architecture
+    p.add_argument("--target-hidden", type=int, default=256)
+    p.add_argument("--target-layers", type=int, default=6)
+    p.add_argument("--target-ffn", type=int, default=768)
+    p.add_argument("--target-heads", type=int, default=8)
+    p.add_argument("--draft-hidden", type=int, default=128)
+    p.add_argument("--draft-layers", type=int, default=2)
+    p.add_argument("--draft-ffn", type=int, default=384)
+    p.add_argument("--draft-heads", type=int, default=4)
+    p.add_argument("--max-positions", type=int, default=1024)
+    return p.parse_args(argv)
+
+
+class Logger:
+    def __init__(self, path: Path):
+        self.f = open(path, "w", buffering=1)
+
+    def __call__(self, msg: str):
+        tqdm.write(msg)
+        self.f.write(msg + "\n")
+
+
+def make_config(hidden, layers, ffn, heads, max_pos):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=common.VOCAB_SIZE,
+        hidden_size=hidden,
+        intermediate_size=ffn,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_pos,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=common.BOS_ID,
+        eos_token_id=common.EOS_ID,
+        pad_token_id=common.PAD_ID,
+        attention_dropout=0.0,
+    )
+
+
+def build_stream(files: list[str]) -> torch.Tensor:
+    """<bos> file bytes <eos>, concatenated over files (sorted order)."""
+    parts = []
+    for rel in files:
+        b = np.frombuffer(common.read_bytes(rel), dtype=np.uint8).astype(np.int16)
+        parts += [np.array([common.BOS_ID], np.int16), b, np.array([common.EOS_ID], np.int16)]
+    return torch.from_numpy(np.concatenate(parts).astype(np.int64))
+
+
+def sample_batch(stream: torch.Tensor, bsz: int, seq_len: int, gen: torch.Generator) -> torch.Tensor:
+    starts = torch.randint(0, stream.numel() - seq_len - 1, (bsz,), generator=gen)
+    return torch.stack([stream[s : s + seq_len + 1] for s in starts.tolist()])
+
+
+def lr_at(step, total, peak, warmup, floor=0.1):
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    t = (step - warmup) / max(1, total - warmup)
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+def distill_loss(draft_logits, target_logits, labels, kl_w, ce_w):
+    t_logp = F.log_softmax(target_logits.float(), -1)
+    d_logp = F.log_softmax(draft_logits.float(), -1)
+    kl = (t_logp.exp() * (t_logp - d_logp)).sum(-1).mean()
+    ce = F.cross_entropy(draft_logits.reshape(-1, draft_logits.size(-1)), labels.reshape(-1))
+    return kl_w * kl + ce_w * ce, kl, ce
+
+
+@torch.no_grad()
+def heldout_loss(model, stream, seq_len, max_tokens=32768):
+    model.eval()
+    n = min(stream.numel() - 1, max_tokens)
+    tot, cnt = 0.0, 0
+    for s in range(0, n, seq_len):
+        x = stream[s : min(s + seq_len + 1, n + 1)].unsqueeze(0)
+        if x.size(1) < 2:
+            break
+        logits = model(input_ids=x[:, :-1]).logits
+        tot += F.cross_entropy(logits[0], x[0, 1:], reduction="sum").item()
+        cnt += x.size(1) - 1
+    model.train()
+    return tot / cnt
+
+
+def save_model(model, tokenizer, path: Path):
+    if path.exists():
+        shutil.rmtree(path)
+    m = model.to(torch.float16)
+    m.generation_config.bos_token_id = common.BOS_ID
+    m.generation_config.eos_token_id = common.EOS_ID
+    m.generation_config.pad_token_id = common.PAD_ID
+    m.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    for f in path.iterdir():
+        f.chmod(0o644)
+    model.to(torch.float32)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    t_start = time.time()
+    torch.set_num_threads(args.threads)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    from transformers import LlamaForCausalLM
+
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    log = Logger(out / "train_log.txt")
+    log(f"# tiny_pair train.py  argv={sys.argv[1:]}")
+    log(f"# python {sys.version.split()[0]}  torch {torch.__version__}  threads {torch.get_num_threads()}  stdlib {common.stdlib_root()}")
+
+    train_files, held_files = common.split_files()
+    train_stream = build_stream(train_files)
+    held_stream = build_stream(held_files)
+    log(f"# corpus: {len(train_files)} train files ({train_stream.numel()} tokens), "
+        f"{len(held_files)} held-out files ({held_stream.numel()} tokens)")
+
+    tokenizer = common.build_tokenizer(args.max_positions)
+    sample = common.read_bytes(train_files[0]).decode("utf-8", errors="replace")
+    assert tokenizer(sample[:1000])["input_ids"] == list(sample[:1000].encode("utf-8"))
+
+    torch.manual_seed(args.seed)
+    target = LlamaForCausalLM(make_config(args.target_hidden, args.target_layers, args.target_ffn,
+                                          args.target_heads, args.max_positions))
+    draft = LlamaForCausalLM(make_config(args.draft_hidden, args.draft_layers, args.draft_ffn,
+                                         args.draft_heads, args.max_positions))
+    n_t = sum(p.numel() for p in target.parameters())
+    n_d = sum(p.numel() for p in draft.parameters())
+    log(f"# params: target {n_t:,}  draft {n_d:,}  ratio {n_d / n_t:.3%}")
+    assert n_d <= 0.10 * n_t, "draft must be <= 10% of the target"
+
+    opt_t = torch.optim.AdamW(target.parameters(), lr=args.target_lr, betas=(0.9, 0.95), weight_decay=0.1)
+    opt_d = torch.optim.AdamW(draft.parameters(), lr=args.draft_lr, betas=(0.9, 0.95), weight_decay=0.1)
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    draft_total = args.target_steps + args.distill_steps
+    history = []
+
+    # ---- phase 1: target CE, draft distilled online from the current target
+    target.train(); draft.train()
+    t1 = time.time()
+    bar = tqdm(range(args.target_steps), desc="phase1 target", dynamic_ncols=True, mininterval=2.0)
+    for step in bar:
+        x = sample_batch(train_stream, args.batch_size, args.seq_len, gen)
+        inp, lab = x[:, :-1], x[:, 1:]
+        for g in opt_t.param_groups:
+            g["lr"] = lr_at(step, args.target_steps, args.target_lr, args.warmup)
+        for g in opt_d.param_groups:
+            g["lr"] = lr_at(step, draft_total, args.draft_lr, args.warmup)
+        t_logits = target(input_ids=inp).logits
+        loss_t = F.cross_entropy(t_logits.reshape(-1, t_logits.size(-1)), lab.reshape(-1))
+        opt_t.zero_grad(set_to_none=True)
+        loss_t.backward()
+        torch.nn.utils.clip_grad_norm_(target.parameters(), 1.0)
+        opt_t.step()
+        d_logits = draft(input_ids=inp).logits
+        loss_d, kl, ce_d = distill_loss(d_logits, t_logits.detach(), lab, args.kl_weight, args.ce_weight)
+        opt_d.zero_grad(set_to_none=True)
+        loss_d.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt_d.step()
+        bar.set_postfix(t_ce=f"{loss_t.item():.3f}", d_kl=f"{kl.item():.3f}", d_ce=f"{ce_d.item():.3f}")
+        rec = {"phase": 1, "step": step + 1, "target_ce": loss_t.item(), "draft_kl": kl.item(), "draft_ce": ce_d.item(),
+               "elapsed_s": round(time.time() - t_start, 1)}
+        history.append(rec)
+        if (step + 1) % args.log_every == 0 or step == 0 or step + 1 == args.target_steps:
+            log(f"phase1 step {step + 1:4d}/{args.target_steps}  target_ce {loss_t.item():.4f}  "
+                f"draft_kl {kl.item():.4f}  draft_ce {ce_d.item():.4f}  elapsed {time.time() - t_start:.0f}s")
+    bar.close()
+    phase1_s = time.time() - t1
+    ho_t = heldout_loss(target, held_stream, args.seq_len)
+    log(f"# phase1 done in {phase1_s:.0f}s; held-out (first 32k tokens) target CE {ho_t:.4f} nats/byte")
+
+    # ---- phase 2: frozen final target, draft distillation
+    target.eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    t2 = time.time()
+    bar = tqdm(range(args.distill_steps), desc="phase2 distill", dynamic_ncols=True, mininterval=2.0)
+    for i in bar:
+        step = args.target_steps + i
+        x = sample_batch(train_stream, args.distill_batch_size, args.seq_len, gen)
+        inp, lab = x[:, :-1], x[:, 1:]
+        for g in opt_d.param_groups:
+            g["lr"] = lr_at(step, draft_total, args.draft_lr, args.warmup)
+        with torch.no_grad():
+            t_logits = target(input_ids=inp).logits
+        d_logits = draft(input_ids=inp).logits
+        loss_d, kl, ce_d = distill_loss(d_logits, t_logits, lab, args.kl_weight, args.ce_weight)
+        opt_d.zero_grad(set_to_none=True)
+        loss_d.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt_d.step()
+        bar.set_postfix(d_kl=f"{kl.item():.3f}", d_ce=f"{ce_d.item():.3f}")
+        history.append({"phase": 2, "step": i + 1, "draft_kl": kl.item(), "draft_ce": ce_d.item(),
+                        "elapsed_s": round(time.time() - t_start, 1)})
+        if (i + 1) % args.log_every == 0 or i == 0 or i + 1 == args.distill_steps:
+            log(f"phase2 step {i + 1:4d}/{args.distill_steps}  draft_kl {kl.item():.4f}  draft_ce {ce_d.item():.4f}  "
+                f"elapsed {time.time() - t_start:.0f}s")
+    bar.close()
+    phase2_s = time.time() - t2
+    ho_d = heldout_loss(draft, held_stream, args.seq_len)
+    log(f"# phase2 done in {phase2_s:.0f}s; held-out (first 32k tokens) draft CE {ho_d:.4f} nats/byte")
+
+    # ---- save
+    save_model(target, tokenizer, out / "target")
+    save_model(draft, tokenizer, out / "draft")
+    from datasets import Dataset
+
+    prompts = common.make_prompts(held_files, args.n_prompts, args.seed)
+    Dataset.from_list(prompts).to_json(str(out / "prompts.jsonl"), lines=True, orient="records")
+    total_s = time.time() - t_start
+    info = {
+        "command": "python experiments/tiny_pair/train.py " + " ".join(sys.argv[1:]),
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "params": {"target": n_t, "draft": n_d, "ratio": n_d / n_t},
+        "corpus": {"stdlib": str(common.stdlib_root()), "python": sys.version.split()[0],
+                   "train_files": len(train_files), "heldout_files": len(held_files),
+                   "train_tokens": train_stream.numel(), "heldout_tokens": held_stream.numel(),
+                   "split_rule": f"held out iff int(sha1(relpath)[:8],16) % 1000 < {common.HELDOUT_PERMILLE}"},
+        "heldout_ce_32k": {"target": ho_t, "draft": ho_d},
+        "time_s": {"phase1": phase1_s, "phase2": phase2_s, "total": total_s},
+        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "n_prompts": len(prompts),
+    }
+    (out / "train_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    log(f"# saved to {out}; {len(prompts)} prompts; total wall time {total_s:.0f}s ({total_s / 60:.1f} min)")
+
+
+if __name__ == "__main__":
+    main()

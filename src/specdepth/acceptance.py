@@ -1,0 +1,197 @@
+"""Acceptance models for the simulator: per draft token, a confidence and whether the target accepts it.
+
+Each step the simulator asks for a (rows x K) block of outcomes before drafting (`sample`), so the
+outcome of position j does not depend on the depth a policy picks (common random numbers across
+policies, and the oracle can look ahead). `commit` tells the model what was actually verified.
+
+Confidence is what a real draft reports: its probability of the token it proposed.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError, as_float, as_prob
+
+
+class AcceptanceModel:
+    """Base class. Stateful per run: rows are appended on admission and compacted on retirement."""
+
+    def reset(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def admit(self, n: int) -> None:
+        pass
+
+    def retire(self, keep: np.ndarray) -> None:
+        pass
+
+    def sample(self, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(confidence float[n, k], accepted bool[n, k]) for the next k draft positions of every row."""
+        raise NotImplementedError
+
+    def commit(self, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        pass
+
+
+class IID(AcceptanceModel):
+    """Every draft token accepted independently with probability `alpha` (Leviathan et al.).
+
+    The confidence carries no signal: it equals `alpha` for every token.
+    """
+
+    def __init__(self, alpha: float = 0.8):
+        self.alpha = as_prob(alpha, "acceptance.alpha")
+
+    def sample(self, n, k):
+        conf = np.full((n, k), self.alpha)
+        return conf, self.rng.random((n, k)) < self.alpha
+
+
+class Beta(AcceptanceModel):
+    """Per sequence alpha_i ~ Beta(mean x concentration, (1 - mean) x concentration), i.i.d. within it.
+
+    Some prompts are easy, some hard. The confidence equals the sequence's alpha_i (a per-sequence
+    signal, no per-token signal).
+    """
+
+    def __init__(self, mean: float = 0.7, concentration: float = 10.0):
+        self.mean = as_float(mean, "acceptance.mean", min=0, max=1, min_open=True)
+        if self.mean >= 1:
+            raise ConfigError("acceptance.mean must be < 1 for a Beta distribution, got 1.0")
+        self.concentration = as_float(concentration, "acceptance.concentration", min=0, min_open=True)
+
+    def reset(self, rng):
+        super().reset(rng)
+        self.alpha = np.empty(0)
+
+    def admit(self, n):
+        a = self.rng.beta(self.mean * self.concentration, (1 - self.mean) * self.concentration, n)
+        self.alpha = np.concatenate([self.alpha, a])
+
+    def retire(self, keep):
+        self.alpha = self.alpha[keep]
+
+    def sample(self, n, k):
+        conf = np.broadcast_to(self.alpha[:, None], (n, k))
+        return conf, self.rng.random((n, k)) < conf
+
+
+class Confidence(AcceptanceModel):
+    """Each draft token gets a confidence c and is accepted with probability c ** calibration.
+
+    logit(c) ~ Normal(mu_i, spread): a logit-normal confidence around a per-sequence level, where mu_i is
+    set so that E[c] = m_i, and m_i ~ Beta(mean x seq_concentration, (1 - mean) x seq_concentration)
+    (easy and hard prompts; m_i = mean for all when seq_concentration is null).
+    calibration = 1 is a perfectly calibrated draft; > 1 over-confident; < 1 under-confident.
+    """
+
+    def __init__(self, mean: float = 0.75, spread: float = 2.0, seq_concentration: float | None = 20.0,
+                 calibration: float = 1.0):
+        self.mean = as_float(mean, "acceptance.mean", min=0, max=1, min_open=True)
+        if self.mean >= 1:
+            raise ConfigError("acceptance.mean must be < 1, got 1.0")
+        self.spread = as_float(spread, "acceptance.spread", min=0)
+        self.seq_concentration = (None if seq_concentration is None else
+                                  as_float(seq_concentration, "acceptance.seq_concentration", min=0, min_open=True))
+        self.calibration = as_float(calibration, "acceptance.calibration", min=0, min_open=True)
+        # E[sigmoid(mu + spread * z)] on a grid of mu (Gauss-Hermite), inverted by interpolation
+        x, w = np.polynomial.hermite.hermgauss(48)
+        self._mu = np.linspace(-16, 16, 3201)
+        self._means = (w / np.sqrt(np.pi)) @ (1 / (1 + np.exp(-(self._mu[None, :] + np.sqrt(2) * self.spread * x[:, None]))))
+
+    def level(self, m: np.ndarray) -> np.ndarray:
+        """The logit location mu giving mean confidence m."""
+        return np.interp(m, self._means, self._mu)
+
+    def reset(self, rng):
+        super().reset(rng)
+        self.mu = np.empty(0)
+
+    def admit(self, n):
+        if self.seq_concentration is None:
+            m = np.full(n, self.mean)
+        else:
+            s = self.seq_concentration
+            m = np.clip(self.rng.beta(self.mean * s, (1 - self.mean) * s, n), 1e-3, 1 - 1e-3)
+        self.mu = np.concatenate([self.mu, self.level(m)])
+
+    def retire(self, keep):
+        self.mu = self.mu[keep]
+
+    def sample(self, n, k):
+        z = self.rng.standard_normal((n, k))
+        z *= self.spread
+        z += self.mu[:, None]
+        conf = 1.0 / (1.0 + np.exp(-z))
+        p = conf if self.calibration == 1.0 else conf ** self.calibration
+        return conf, self.rng.random((n, k)) < p
+
+
+class Trace(AcceptanceModel):
+    """Replays (confidence, accepted) event streams recorded by the real backend.
+
+    File format (JSONL, what `backend=hf` writes as acceptance_trace.jsonl): one line per request,
+        {"request_id": 3, "confidence": [0.91, 0.42, ...], "accepted": [1, 0, ...]}
+    the verified draft tokens of that request in order: each accepted token, and the rejected token
+    that ended a step (tokens drafted after a rejection were never verified and are not recorded).
+    Row i of the simulation replays stream i mod (number of streams), wrapping around at its end; each
+    step consumes the tokens the simulated verify looked at (accepted + 1 on rejection).
+    """
+
+    def __init__(self, path: str):
+        self.path = Path(str(path))
+        if not self.path.is_file():
+            raise ConfigError(f"acceptance.path: trace file not found: {self.path}")
+        confs, accs = [], []
+        with self.path.open() as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                    c = np.asarray(rec["confidence"], dtype=float)
+                    a = np.asarray(rec["accepted"], dtype=float)
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                    raise ConfigError(f"{self.path}:{lineno}: not a trace record "
+                                      f"({{'confidence': [...], 'accepted': [...]}}): {e}") from None
+                if c.shape != a.shape or c.ndim != 1:
+                    raise ConfigError(f"{self.path}:{lineno}: 'confidence' and 'accepted' must be lists of equal length")
+                if len(c) == 0:
+                    continue
+                if not (np.all((c >= 0) & (c <= 1)) and np.all((a == 0) | (a == 1))):
+                    raise ConfigError(f"{self.path}:{lineno}: confidences must be in [0, 1] and accepted 0 or 1")
+                confs.append(c)
+                accs.append(a.astype(bool))
+        if not confs:
+            raise ConfigError(f"acceptance.path: {self.path} holds no draft tokens")
+        self.lengths = np.array([len(c) for c in confs])
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]])
+        self.conf = np.concatenate(confs)
+        self.acc = np.concatenate(accs)
+        self.mean_acceptance = float(self.acc.mean())
+
+    def reset(self, rng):
+        super().reset(rng)
+        self.stream = np.empty(0, dtype=np.int64)
+        self.pos = np.empty(0, dtype=np.int64)
+        self._next = 0
+
+    def admit(self, n):
+        s = (self._next + np.arange(n)) % len(self.lengths)
+        self._next += n
+        self.stream = np.concatenate([self.stream, s])
+        self.pos = np.concatenate([self.pos, np.zeros(n, dtype=np.int64)])
+
+    def retire(self, keep):
+        self.stream, self.pos = self.stream[keep], self.pos[keep]
+
+    def sample(self, n, k):
+        lens = self.lengths[self.stream][:, None]
+        idx = self.offsets[self.stream][:, None] + (self.pos[:, None] + np.arange(k)) % lens
+        return self.conf[idx], self.acc[idx]
+
+    def commit(self, drafted, accepted):
+        self.pos += np.minimum(drafted, accepted + 1)

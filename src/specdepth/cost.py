@@ -1,0 +1,188 @@
+"""Cost models: how long a target or draft forward over a ragged batch takes, and its FLOPs.
+
+Every method takes numpy arrays `ctx` (tokens already in each sequence's KV cache) and `q` (query tokens
+each sequence feeds this forward; `None` means one each). They reduce to a handful of sums, so a call
+costs a few microseconds whatever the batch size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ConfigError, as_float
+from .models import ModelArch
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator: dense BF16 peak, HBM bandwidth, and the fraction of each a forward reaches."""
+
+    name: str
+    peak_tflops: float
+    bandwidth_tbs: float
+    mfu: float = 0.6
+    mbu: float = 0.8
+    memory_gb: float | None = None
+    source: str = ""
+
+    def __post_init__(self):
+        as_float(self.peak_tflops, "hardware.peak_tflops", min=0, min_open=True)
+        as_float(self.bandwidth_tbs, "hardware.bandwidth_tbs", min=0, min_open=True)
+        as_float(self.mfu, "hardware.mfu", min=0, max=1, min_open=True)
+        as_float(self.mbu, "hardware.mbu", min=0, max=1, min_open=True)
+
+    @property
+    def flops_per_s(self) -> float:
+        return self.peak_tflops * 1e12 * self.mfu
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bandwidth_tbs * 1e12 * self.mbu
+
+    @property
+    def ridge(self) -> float:
+        """Arithmetic intensity (FLOP/byte) at which a kernel turns compute-bound, at achieved rates."""
+        return self.flops_per_s / self.bytes_per_s
+
+
+def _sums(ctx: np.ndarray, q: np.ndarray | None):
+    """(query tokens, attended (query, key) pairs, context tokens read) of a ragged forward."""
+    if q is None:  # one query token per sequence: the decode/draft fast path
+        n = ctx.shape[0]
+        c = float(ctx.sum())
+        return float(n), c + n, c
+    q = np.asarray(q)
+    t = float(q.sum())
+    c = float(ctx.sum())
+    pairs = float(np.dot(q, ctx)) + float(np.dot(q, q + 1)) * 0.5   # causal within the query block
+    return t, pairs, c
+
+
+def forward_flops(arch: ModelArch, ctx: np.ndarray, q: np.ndarray | None = None) -> float:
+    t, pairs, _ = _sums(ctx, q)
+    return 2.0 * t * arch.matmul_params + arch.attn_flops_coeff * pairs
+
+
+class CostModel:
+    """Base class. Subclasses implement `_time(which, t, pairs, c, n)`; FLOPs are analytic for all."""
+
+    def __init__(self, target: ModelArch, draft: ModelArch | None = None, **_):
+        self.target = target
+        self.draft = draft if draft is not None else target
+        self._tf = (2.0 * target.matmul_params, float(target.attn_flops_coeff))
+        self._df = (2.0 * self.draft.matmul_params, float(self.draft.attn_flops_coeff))
+
+    # --- the two primitives executors call --------------------------------------------------------
+    def target_forward(self, ctx: np.ndarray, q: np.ndarray | None = None) -> tuple[float, float]:
+        t, pairs, c = _sums(ctx, q)
+        flops = self._tf[0] * t + self._tf[1] * pairs
+        return self._time("target", t, flops, c, ctx.shape[0]), flops
+
+    def draft_forward(self, ctx: np.ndarray, q: np.ndarray | None = None) -> tuple[float, float]:
+        t, pairs, c = _sums(ctx, q)
+        flops = self._df[0] * t + self._df[1] * pairs
+        return self._time("draft", t, flops, c, ctx.shape[0]), flops
+
+    def draft_positions(self, ctx: np.ndarray, depths: np.ndarray) -> tuple[float, float]:
+        """Every draft forward of a step in one call: at position p, one token for each row with
+        depths > p, at context ctx + p. Same result as calling draft_forward per position."""
+        k = int(depths.max(initial=0))
+        if not k:
+            return 0.0, 0.0
+        seconds = flops = 0.0
+        a, b = self._df
+        rows = depths.shape[0]
+        if int(depths.sum()) == rows * k:   # one depth for all: no need to split the rows
+            cnt = np.full(k + 1, rows)
+            csum = np.full(k + 1, float(ctx.sum()))
+        else:                               # rows with depth > p, and the sum of their contexts
+            cnt = np.cumsum(np.bincount(depths, minlength=k + 1)[::-1])[::-1]
+            csum = np.cumsum(np.bincount(depths, weights=ctx, minlength=k + 1)[::-1])[::-1]
+        for p in range(k):
+            n = float(cnt[p + 1])
+            c = float(csum[p + 1]) + p * n
+            f = a * n + b * (c + n)
+            seconds += self._time("draft", n, f, c, n)
+            flops += f
+        return seconds, flops
+
+    def _time(self, which: str, tokens: float, flops: float, ctx_tokens: float, seqs: int) -> float:
+        raise NotImplementedError
+
+    # --- conveniences for policies -----------------------------------------------------------------
+    def verify_time(self, ctx: np.ndarray, depths: np.ndarray) -> float:
+        """Seconds of one target forward verifying `depths[i]` drafts (+1 token) for each sequence."""
+        return self.target_forward(np.asarray(ctx), np.asarray(depths) + 1)[0]
+
+    def draft_time(self, ctx: np.ndarray) -> float:
+        """Seconds of one draft forward (one token for each sequence in `ctx`)."""
+        return self.draft_forward(np.asarray(ctx))[0] if len(ctx) else 0.0
+
+    def step_time(self, ctx: np.ndarray, depths: np.ndarray) -> float:
+        """Predicted seconds of a whole step: draft positions over the sequences still drafting, then verify."""
+        ctx = np.asarray(ctx)
+        depths = np.asarray(depths)
+        total = self.verify_time(ctx, depths)
+        for p in range(int(depths.max(initial=0))):
+            total += self.draft_time(ctx[depths > p] + p)
+        return total
+
+    def ridge_tokens(self, tolerance: float = 0.05, context: int = 0) -> int:
+        """The most tokens one target forward carries at about the cost of one (within `tolerance`)."""
+        one = self.target_forward(np.array([context]))[0]
+        lo, hi = 1, 1
+        while hi < 1 << 22 and self.target_forward(np.full(hi * 2, context))[0] <= one * (1 + tolerance):
+            hi *= 2
+        hi *= 2
+        while hi - lo > 1:  # invariant: lo fits, hi does not
+            mid = (lo + hi) // 2
+            if self.target_forward(np.full(mid, context))[0] <= one * (1 + tolerance):
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+
+class RooflineCost(CostModel):
+    """time = max(FLOPs / (peak x mfu), bytes / (bandwidth x mbu)) + a fixed overhead per forward.
+
+    Bytes: every weight once per forward (layers + LM head) and each sequence's KV cache once.
+    """
+
+    def __init__(self, target: ModelArch, draft: ModelArch | None = None, hardware: Hardware | None = None,
+                 overhead_s: float = 2e-5, draft_overhead_s: float | None = None, **_):
+        super().__init__(target, draft)
+        if hardware is None:
+            raise ConfigError("cost=roofline needs a hardware entry (hardware=h100_sxm, ...)")
+        self.hardware = hardware
+        self.overhead_s = as_float(overhead_s, "cost.overhead_s", min=0)
+        self.draft_overhead_s = (self.overhead_s if draft_overhead_s is None
+                                 else as_float(draft_overhead_s, "cost.draft_overhead_s", min=0))
+        self._inv_f = 1.0 / hardware.flops_per_s
+        self._inv_b = 1.0 / hardware.bytes_per_s
+        self._w = {"target": float(target.weight_bytes), "draft": float(self.draft.weight_bytes)}
+        self._kv = {"target": float(target.kv_bytes_per_token), "draft": float(self.draft.kv_bytes_per_token)}
+        self._oh = {"target": self.overhead_s, "draft": self.draft_overhead_s}
+
+    def _time(self, which, tokens, flops, ctx_tokens, seqs):
+        mem = self._w[which] + self._kv[which] * (ctx_tokens + tokens)
+        return max(flops * self._inv_f, mem * self._inv_b) + self._oh[which]
+
+
+class ConstantCost(CostModel):
+    """Leviathan et al.'s setting: every target forward costs `target_step_s`, a draft one `draft_ratio` x that."""
+
+    def __init__(self, target: ModelArch, draft: ModelArch | None = None, target_step_s: float = 0.02,
+                 draft_ratio: float = 0.05, **_):
+        super().__init__(target, draft)
+        self.target_step_s = as_float(target_step_s, "cost.target_step_s", min=0, min_open=True)
+        self.draft_ratio = as_float(draft_ratio, "cost.draft_ratio", min=0)
+        self._t = {"target": self.target_step_s, "draft": self.target_step_s * self.draft_ratio}
+
+    def _time(self, which, tokens, flops, ctx_tokens, seqs):
+        return self._t[which]
+
+    def ridge_tokens(self, tolerance: float = 0.05, context: int = 0) -> int:
+        """Flat cost has no ridge: every forward up to the engine's hard cap costs the same."""
+        return 1 << 30

@@ -1,0 +1,336 @@
+"""The one engine step loop, shared by every backend.
+
+Each step: admit waiting requests (prefill) -> policy.plan -> draft position by position, with
+policy.keep_drafting after each -> one batched verify -> policy.observe -> append accepted tokens plus
+the bonus/correction token -> retire finished sequences. Per-step and per-request events are recorded
+as plain rows; `metrics.summarize` turns them into summary.json.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .cost import CostModel
+from .errors import ConfigError, PolicyError, as_float, as_int
+from .executor import Executor
+from .policy import Policy, StepView
+from .workload import Request
+
+STEP_COLUMNS = ("step", "time_s", "batch_size", "max_depth", "drafted", "accepted", "emitted", "verify_tokens",
+                "admitted", "finished", "draft_s", "verify_s", "prefill_s", "overhead_s", "step_s",
+                "target_flops", "draft_flops")
+REQUEST_COLUMNS = ("request_id", "prompt_len", "output_len", "arrival_s", "first_token_s", "finish_s", "ttft_s",
+                   "e2e_s", "tpot_s", "steps", "drafted", "accepted")
+
+
+class EngineConfig:
+    """The `engine` config group: batching limits, the shared token budget, the depth cap."""
+
+    def __init__(self, max_batch_size: int = 512, max_num_batched_tokens: int = 8192, token_budget="auto",
+                 max_depth: int = 16, acceptance_prior: float = 0.7, acceptance_decay: float = 0.8,
+                 history: int = 8, budget_tolerance: float = 0.05, record_trace: bool = False,
+                 progress: str | bool = "auto"):
+        self.max_batch_size = as_int(max_batch_size, "engine.max_batch_size", min=1)
+        self.max_num_batched_tokens = as_int(max_num_batched_tokens, "engine.max_num_batched_tokens", min=1)
+        if token_budget != "auto":
+            token_budget = as_int(token_budget, "engine.token_budget", min=1)
+        self.token_budget = token_budget
+        self.max_depth = as_int(max_depth, "engine.max_depth", min=0, max=256)
+        self.acceptance_prior = as_float(acceptance_prior, "engine.acceptance_prior", min=0, max=1)
+        self.acceptance_decay = as_float(acceptance_decay, "engine.acceptance_decay", min=0, max=1)
+        self.history = as_int(history, "engine.history", min=1)
+        self.budget_tolerance = as_float(budget_tolerance, "engine.budget_tolerance", min=0)
+        self.record_trace = bool(record_trace)
+        if progress not in ("auto", True, False):
+            raise ConfigError(f"engine.progress must be auto, true or false, got {progress!r}")
+        self.progress = progress
+
+    def resolve_budget(self, cost: CostModel) -> int:
+        b = cost.ridge_tokens(self.budget_tolerance) if self.token_budget == "auto" else self.token_budget
+        return int(min(b, self.max_num_batched_tokens))
+
+
+@dataclass
+class RunResult:
+    steps: list = field(default_factory=list)          # tuples in STEP_COLUMNS order
+    requests: list = field(default_factory=list)       # tuples in REQUEST_COLUMNS order
+    position_proposed: np.ndarray | None = None        # drafts proposed at position j
+    position_accepted: np.ndarray | None = None        # drafts accepted at position j
+    seq_steps: int = 0                                  # (sequence, verify step) pairs
+    emitted_unclipped: int = 0                          # accepted + 1 over those pairs
+    token_budget: int = 0
+    trace: dict | None = None                          # request_id -> ([confidence], [accepted])
+    extra: dict = field(default_factory=dict)           # executor outputs (generations.jsonl, ...)
+    wall_s: float = 0.0
+
+
+def _overrides(policy: Policy, hook: str) -> bool:
+    return getattr(type(policy), hook) is not getattr(Policy, hook)
+
+
+class BatchState:
+    """The running batch, row i = one sequence, in the executor's row order. Columns live in one int and
+    one float matrix so that admitting and retiring rows costs a few array operations, not one per field."""
+
+    INT = ("rid", "plen", "gen", "olen", "adm", "rdr", "racc")
+    FLT = ("arr", "first", "A", "R")
+
+    def __init__(self, history: int, prior: float):
+        self.I = np.empty((0, len(self.INT)), np.int64)
+        self.F = np.empty((0, len(self.FLT)))
+        self.hacc = np.empty((0, history), np.int64)   # ring buffers, column hptr = newest
+        self.hdr = np.empty((0, history), np.int64)
+        self.hptr = 0
+        self.prior = prior
+        self._columns()
+
+    def _columns(self):
+        for j, name in enumerate(self.INT):
+            setattr(self, name, self.I[:, j])
+        for j, name in enumerate(self.FLT):
+            setattr(self, name, self.F[:, j])
+
+    def append(self, requests: list[Request], clock: float, step: int) -> None:
+        m, H = len(requests), self.hacc.shape[1]
+        # prefill emits each request's first token: gen = 1
+        I = np.array([(r.request_id, r.prompt_len, 1, r.output_len, step, 0, 0) for r in requests], np.int64)
+        F = np.array([(r.arrival_s, clock, 0.0, 0.0) for r in requests])
+        self.I = np.concatenate([self.I, I])
+        self.F = np.concatenate([self.F, F])
+        self.hacc = np.concatenate([self.hacc, np.full((m, H), -1, np.int64)])
+        self.hdr = np.concatenate([self.hdr, np.full((m, H), -1, np.int64)])
+        self._columns()
+
+    def keep(self, keep: np.ndarray) -> None:
+        self.I, self.F, self.hacc, self.hdr = self.I[keep], self.F[keep], self.hacc[keep], self.hdr[keep]
+        self._columns()
+
+    def acceptance(self) -> np.ndarray:
+        return (self.A + self.prior) / (self.A + self.R + 1.0)
+
+    def recent(self, ring: np.ndarray) -> np.ndarray:
+        H = ring.shape[1]
+        return ring[:, (self.hptr - np.arange(H)) % H]
+
+
+class Engine:
+    def __init__(self, policy: Policy, executor: Executor, cost: CostModel, config: EngineConfig,
+                 requests: list[Request]):
+        if not isinstance(policy, Policy):
+            raise ConfigError(f"policy must subclass specdepth.Policy, got {type(policy).__name__}")
+        if policy.requires_oracle and not executor.supports_oracle:
+            raise ConfigError(f"policy {type(policy).__name__} needs acceptance outcomes in advance (an oracle); "
+                              f"backend {executor.name!r} cannot provide them: use backend=sim")
+        self.policy, self.executor, self.cost, self.cfg = policy, executor, cost, config
+        self.requests = sorted(requests, key=lambda r: r.arrival_s)
+        self.budget = config.resolve_budget(cost)
+        self._pname = type(policy).__name__
+        executor.check(self.requests)
+
+    # ---- validation of policy answers ----------------------------------------------------------
+    def _bad(self, rule: str):
+        raise PolicyError(f"policy {self._pname} broke a rule: {rule}")
+
+    def _check_depths(self, depths, n: int) -> np.ndarray:
+        d = depths if isinstance(depths, np.ndarray) else (None if depths is None else np.asarray(depths))
+        if d is None or d.shape != (n,):
+            self._bad(f"plan() must return one depth per sequence, shape ({n},); got "
+                      f"{None if d is None else d.shape}")
+        if d.dtype.kind not in "iu":
+            if d.dtype.kind == "f" and np.isnan(d).any():
+                self._bad("plan() returned NaN depths")
+            self._bad(f"plan() must return integer depths, got dtype {d.dtype}")
+        lo, hi, total = int(d.min()), int(d.max()), int(d.sum())
+        if lo < 0:
+            self._bad(f"plan() returned a negative depth ({lo})")
+        if hi > self.cfg.max_depth:
+            self._bad(f"plan() returned depth {hi} > engine.max_depth={self.cfg.max_depth}")
+        if n + total > self.cfg.max_num_batched_tokens:
+            self._bad(f"the step's verify tokens ({n + total} = {n} sequences + {total} drafts) exceed "
+                      f"engine.max_num_batched_tokens={self.cfg.max_num_batched_tokens}")
+        return d if d.dtype == np.int64 else d.astype(np.int64)
+
+    def _check_mask(self, mask, n: int) -> np.ndarray:
+        m = np.asarray(mask) if mask is not None else None
+        if m is None or m.shape != (n,) or m.dtype != np.bool_:
+            self._bad(f"keep_drafting() must return a bool mask of shape ({n},); got "
+                      f"{None if m is None else (m.shape, str(m.dtype))}")
+        return m
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        cfg, ex, pol = self.cfg, self.executor, self.policy
+        K, H = cfg.max_depth, cfg.history
+        wall = ex.clock == "wall"
+        has_keep, has_obs = _overrides(pol, "keep_drafting"), _overrides(pol, "observe")
+        trace = {} if (cfg.record_trace or getattr(ex, "record_trace", False)) else None
+        need_conf = has_keep or has_obs or trace is not None
+        decay = cfg.acceptance_decay
+        reqs, nreq = self.requests, len(self.requests)
+        res = RunResult(token_budget=self.budget, trace=trace)
+        steps_out, reqs_out = res.steps, res.requests
+        hist_d = np.zeros(K + 1, np.int64)   # histogram of drafted per (sequence, step)
+        hist_a = np.zeros(K + 1, np.int64)   # histogram of accepted
+        st = BatchState(H, cfg.acceptance_prior)
+        view = StepView(st, self.budget, K, cfg.max_num_batched_tokens, self.cost)
+        cap = min(cfg.max_batch_size, cfg.max_num_batched_tokens)
+
+        pol.reset()
+        pbar = self._progress(sum(r.output_len for r in reqs))
+        t0 = time.perf_counter()
+        clock = 0.0
+        nxt = step = seq_steps = emitted_total = 0
+        while nxt < nreq or st.rid.size:
+            step_start = clock
+            t_step0 = time.perf_counter()
+            prefill_s = tfl = dfl = 0.0
+            admitted = 0
+            # -- admission: every arrived request, up to the batch and token limits
+            if nxt < nreq and st.rid.size < cap and reqs[nxt].arrival_s <= clock:
+                end = nxt
+                while end < nreq and end - nxt < cap - st.rid.size and reqs[end].arrival_s <= clock:
+                    end += 1
+                new = reqs[nxt:end]
+                nxt, admitted = end, end - nxt
+                prefill_s, tfl, dfl = ex.prefill(new)
+                clock = time.perf_counter() - t0 if wall else clock + prefill_s
+                st.append(new, clock, step)
+                if pbar is not None:
+                    pbar.update(admitted)
+            n = st.rid.size
+            if n == 0:
+                # idle: jump (or, on a real backend, sleep) to the next arrival
+                wait = reqs[nxt].arrival_s - clock
+                if wall and wait > 0:
+                    time.sleep(wait)
+                    clock = time.perf_counter() - t0
+                else:
+                    clock = max(clock, reqs[nxt].arrival_s)
+                continue
+
+            gen, olen = st.gen, st.olen
+            done = gen >= olen   # requests with output_len == 1 finish at prefill
+            if not done.any():
+                view.step, view.now_s, view.batch_size = step, clock, n
+                view._depths = view._drafted = view._conf = None
+                if pol.requires_oracle:
+                    view._oracle = ex.peek_accepted(K)
+                depths = self._check_depths(pol.plan(view), n)
+                view._depths = depths
+                ex.begin_step(depths)
+
+                # -- draft: position by position over the rows still drafting
+                kmax = int(depths.max())
+                draft_s = 0.0
+                conf = None
+                if not kmax:
+                    drafted = np.zeros(n, np.int64)
+                elif not need_conf:   # nobody stops early or looks at confidences: one call
+                    draft_s, f = ex.draft_block(depths)
+                    dfl += f
+                    drafted = depths
+                else:
+                    drafted = np.zeros(n, np.int64)
+                    conf = np.full((n, kmax), np.nan)
+                    view._conf, view._drafted = conf, drafted
+                    active = depths > 0
+                    for p in range(kmax):
+                        rows = np.flatnonzero(active)
+                        if rows.size == 0:
+                            break
+                        c, t, f = ex.draft(rows, p)
+                        draft_s += t
+                        dfl += f
+                        drafted[rows] += 1
+                        conf[rows, p] = c
+                        if p + 1 < kmax:
+                            active &= depths > p + 1
+                            if has_keep:
+                                active &= self._check_mask(pol.keep_drafting(view, p, conf[:, p]), n)
+
+                # -- verify
+                accepted, verify_s, f = ex.verify(drafted)
+                tfl += f
+                if has_obs:
+                    view._drafted = drafted
+                    pol.observe(view, accepted)
+                clock = time.perf_counter() - t0 if wall else clock + draft_s + verify_s
+
+                # -- commit: accepted drafts plus the bonus/correction token, clipped at output_len
+                a_sum = int(accepted.sum())
+                d_sum = int(drafted.sum())
+                clipped = np.minimum(accepted + 1, olen - gen)
+                gen += clipped
+                out_step = int(clipped.sum())
+                if kmax:
+                    if d_sum == n * kmax:          # everyone drafted: the plain decay
+                        st.A *= decay
+                        st.R *= decay
+                    else:
+                        dv = np.where(drafted > 0, decay, 1.0)
+                        st.A *= dv
+                        st.R *= dv
+                    st.A += accepted
+                    st.R += accepted < drafted
+                    st.rdr += drafted
+                    st.racc += accepted
+                    hist_d += np.bincount(drafted, minlength=K + 1)
+                    hist_a += np.bincount(accepted, minlength=K + 1)
+                else:
+                    hist_d[0] += n
+                    hist_a[0] += n
+                st.hptr = (st.hptr + 1) % H
+                st.hacc[:, st.hptr] = accepted
+                st.hdr[:, st.hptr] = drafted
+                seq_steps += n
+                emitted_total += a_sum + n
+                if trace is not None and kmax:
+                    for i in np.flatnonzero(drafted):
+                        k = int(min(drafted[i], accepted[i] + 1))
+                        cs, acs = trace.setdefault(int(st.rid[i]), ([], []))
+                        cs.extend(conf[i, :k].tolist())
+                        acs.extend([1] * int(accepted[i]) + [0] * (k - int(accepted[i])))
+                if pbar is not None:
+                    pbar.update(out_step)
+                if wall:
+                    step_s = time.perf_counter() - t_step0
+                    overhead = step_s - draft_s - verify_s - prefill_s
+                else:
+                    step_s, overhead = clock - step_start, 0.0
+                done = gen >= olen
+                steps_out.append((step, step_start, n, kmax, d_sum, a_sum, out_step, n + d_sum, admitted,
+                                  int(done.sum()), draft_s, verify_s, prefill_s, overhead, step_s, tfl, dfl))
+                step += 1
+            # -- retire finished sequences
+            if done.any():
+                for i in np.flatnonzero(done):
+                    g = int(gen[i])
+                    reqs_out.append((int(st.rid[i]), int(st.plen[i]), int(olen[i]), float(st.arr[i]),
+                                     float(st.first[i]), clock, float(st.first[i] - st.arr[i]),
+                                     clock - float(st.arr[i]), (clock - float(st.first[i])) / (g - 1) if g > 1 else 0.0,
+                                     step - int(st.adm[i]), int(st.rdr[i]), int(st.racc[i])))
+                keep = ~done
+                st.keep(keep)
+                ex.retire(keep)
+        if pbar is not None:
+            pbar.close()
+        # proposed / accepted at position j = (sequence, step) pairs with drafted / accepted > j
+        res.position_proposed = np.cumsum(hist_d[::-1])[::-1][1:]
+        res.position_accepted = np.cumsum(hist_a[::-1])[::-1][1:]
+        res.seq_steps, res.emitted_unclipped = seq_steps, emitted_total
+        res.wall_s = time.perf_counter() - t0
+        res.extra = ex.finish()
+        return res
+
+    def _progress(self, total: int):
+        show = self.cfg.progress
+        if show == "auto":
+            show = sys.stderr.isatty()
+        if not show:
+            return None
+        from tqdm import tqdm
+        return tqdm(total=total, unit="tok", desc=f"{self._pname} on {self.executor.name}", mininterval=0.5,
+                    leave=False)

@@ -1,0 +1,70 @@
+"""Atomic result files. summary.json is written last: its presence marks a complete run."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+
+SUMMARY = "summary.json"
+CONFIG = "config.yaml"
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write `text` to `path` so that readers see the old file or the whole new one, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def csv_text(columns, rows) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    for r in rows:
+        w.writerow(["" if v is None else (repr(v) if isinstance(v, float) else v) for v in r])
+    return buf.getvalue()
+
+
+def jsonl_text(records) -> str:
+    return "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+
+
+def write_run(run_dir, *, summary: dict, config_yaml: str, tables: dict[str, tuple], extra: dict[str, list]) -> Path:
+    """tables: {file name: (columns, rows)} as CSV; extra: {file name: records} as JSONL."""
+    run_dir = Path(run_dir)
+    atomic_write(run_dir / CONFIG, config_yaml)
+    for name, (cols, rows) in tables.items():
+        atomic_write(run_dir / name, csv_text(cols, rows))
+    for name, records in extra.items():
+        atomic_write(run_dir / name, jsonl_text(records))
+    atomic_write(run_dir / SUMMARY, json.dumps(summary, indent=2) + "\n")
+    return run_dir / SUMMARY
+
+
+def completed(run_dir, config_yaml: str) -> dict | None:
+    """The summary of a finished run in `run_dir` with exactly this resolved config, else None."""
+    run_dir = Path(run_dir)
+    s, c = run_dir / SUMMARY, run_dir / CONFIG
+    if not (s.is_file() and c.is_file()):
+        return None
+    if c.read_text() != config_yaml:
+        return None
+    try:
+        return json.loads(s.read_text())
+    except json.JSONDecodeError:
+        return None

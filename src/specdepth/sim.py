@@ -1,0 +1,70 @@
+"""The simulator executor: numpy only, vectorised over the batch. Time comes from a cost model,
+acceptance from an acceptance model. It plugs into the same engine loop as the real backend."""
+from __future__ import annotations
+
+import numpy as np
+
+from .acceptance import AcceptanceModel
+from .cost import CostModel
+from .executor import Executor
+
+
+class SimExecutor(Executor):
+    name = "sim"
+    clock = "model"
+    supports_oracle = True
+
+    def __init__(self, cost: CostModel, acceptance: AcceptanceModel, seed: int = 0, **_):
+        self.cost = cost
+        self.acceptance = acceptance
+        self.rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x51D]))
+        acceptance.reset(self.rng)
+        self.ctx = np.empty(0, np.int64)   # tokens in each row's KV cache
+        self._conf = self._acc = None      # this step's (confidence, accepted) block
+
+    def prefill(self, requests):
+        plen = np.array([r.prompt_len for r in requests], np.int64)
+        zeros = np.zeros_like(plen)
+        t1, f1 = self.cost.target_forward(zeros, plen)
+        t2, f2 = self.cost.draft_forward(zeros, plen)
+        self.ctx = np.concatenate([self.ctx, plen])
+        self.acceptance.admit(len(requests))
+        return t1 + t2, f1, f2
+
+    def _sample(self, k: int):
+        self._conf, self._acc = self.acceptance.sample(self.ctx.size, k)
+
+    def peek_accepted(self, k):
+        self._sample(k)
+        acc = self._acc
+        return np.where(acc.all(axis=1), k, acc.argmin(axis=1))
+
+    def begin_step(self, depths):
+        k = int(depths.max()) if depths.size else 0
+        if k and (self._acc is None or self._acc.shape[1] < k):
+            self._sample(k)
+
+    def draft(self, rows, position):
+        t, f = self.cost.draft_forward(self.ctx[rows] + position)
+        return self._conf[rows, position], t, f
+
+    def draft_block(self, depths):
+        return self.cost.draft_positions(self.ctx, depths)
+
+    def verify(self, drafted):
+        t, f = self.cost.target_forward(self.ctx, drafted + 1)
+        if self._acc is None:
+            accepted = np.zeros_like(drafted)
+        else:
+            acc = self._acc
+            k = acc.shape[1]
+            run = np.where(acc.all(axis=1), k, acc.argmin(axis=1))   # leading accepted positions
+            accepted = np.minimum(run, drafted)
+            self.acceptance.commit(drafted, accepted)
+            self._conf = self._acc = None
+        self.ctx += accepted + 1
+        return accepted, t, f
+
+    def retire(self, keep):
+        self.ctx = self.ctx[keep]
+        self.acceptance.retire(keep)
