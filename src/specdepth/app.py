@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 from pathlib import Path
 
@@ -132,6 +133,17 @@ def format_summary(s: dict) -> str:
             f"{f(s['tpot_p50_s'] and s['tpot_p50_s'] * 1e3, '.3f')} ms | FLOPs/token {f(s['flops_per_token'], '.3g')}")
 
 
+def _discard_run_dir(run_dir) -> None:
+    """A run that failed at start leaves nothing behind: drop its dir if it holds only Hydra's own
+    files (.hydra/, the job log), never a result."""
+    d = Path(run_dir)
+    if not d.is_dir():
+        return
+    entries = list(d.iterdir())
+    if all(e.name == ".hydra" or e.suffix == ".log" for e in entries):
+        shutil.rmtree(d, ignore_errors=True)
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _task(cfg: DictConfig):
     run_dir = HydraConfig.get().runtime.output_dir
@@ -139,6 +151,7 @@ def _task(cfg: DictConfig):
         summary = run(cfg, run_dir)
     except SpecdepthError as e:
         print(f"specdepth: error: {e}", file=sys.stderr, flush=True)
+        _discard_run_dir(run_dir)
         raise SystemExit(2) from None
     print(format_summary(summary), flush=True)
     return summary.get("throughput_tok_s")

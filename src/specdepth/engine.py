@@ -59,6 +59,7 @@ class RunResult:
     requests: list = field(default_factory=list)       # tuples in REQUEST_COLUMNS order
     position_proposed: np.ndarray | None = None        # drafts proposed at position j
     position_accepted: np.ndarray | None = None        # drafts accepted at position j
+    position_reached: np.ndarray | None = None         # position j drafted with all before it accepted
     seq_steps: int = 0                                  # (sequence, verify step) pairs
     emitted_unclipped: int = 0                          # accepted + 1 over those pairs
     token_budget: int = 0
@@ -174,6 +175,7 @@ class Engine:
         steps_out, reqs_out = res.steps, res.requests
         hist_d = np.zeros(K + 1, np.int64)   # histogram of drafted per (sequence, step)
         hist_a = np.zeros(K + 1, np.int64)   # histogram of accepted
+        hist_f = np.zeros(K + 1, np.int64)   # histogram of depth among fully accepted drafts
         st = BatchState(H, cfg.acceptance_prior)
         view = StepView(st, self.budget, K, cfg.max_num_batched_tokens, self.cost)
         cap = min(cfg.max_batch_size, cfg.max_num_batched_tokens)
@@ -279,9 +281,11 @@ class Engine:
                     st.racc += accepted
                     hist_d += np.bincount(drafted, minlength=K + 1)
                     hist_a += np.bincount(accepted, minlength=K + 1)
+                    hist_f += np.bincount(accepted[accepted == drafted], minlength=K + 1)
                 else:
                     hist_d[0] += n
                     hist_a[0] += n
+                    hist_f[0] += n
                 st.hptr = (st.hptr + 1) % H
                 st.hacc[:, st.hptr] = accepted
                 st.hdr[:, st.hptr] = drafted
@@ -317,9 +321,12 @@ class Engine:
                 ex.retire(keep)
         if pbar is not None:
             pbar.close()
-        # proposed / accepted at position j = (sequence, step) pairs with drafted / accepted > j
-        res.position_proposed = np.cumsum(hist_d[::-1])[::-1][1:]
-        res.position_accepted = np.cumsum(hist_a[::-1])[::-1][1:]
+        # over (sequence, step) pairs: position j was drafted (drafted > j), reached (drafted > j and the
+        # j drafts before it accepted), accepted (accepted > j)
+        ge_d, ge_a = np.cumsum(hist_d[::-1])[::-1], np.cumsum(hist_a[::-1])[::-1]
+        res.position_proposed = ge_d[1:]
+        res.position_accepted = ge_a[1:]
+        res.position_reached = ge_a[:-1] - hist_f[:-1]
         res.seq_steps, res.emitted_unclipped = seq_steps, emitted_total
         res.wall_s = time.perf_counter() - t0
         res.extra = ex.finish()

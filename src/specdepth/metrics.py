@@ -30,7 +30,9 @@ def summarize(res: RunResult, **meta) -> dict:
     draft_flops = float(S["draft_flops"].sum())
     prop = res.position_proposed
     last = int(np.flatnonzero(prop)[-1]) + 1 if prop is not None and prop.any() else 0
-    per_pos = [float(res.position_accepted[j] / prop[j]) for j in range(last)]
+    # P(draft j accepted | drafts 0..j-1 accepted), 0-based j: the per-token rate a depth policy needs
+    reach = res.position_reached
+    per_pos = [float(res.position_accepted[j] / reach[j]) if reach[j] else None for j in range(last)]
     out = dict(meta)
     out.update(
         requests=int(reqs.shape[0]),

@@ -1,0 +1,54 @@
+"""Policies defined outside the package, as a user's own module would be (used by the tests)."""
+import numpy as np
+
+from specdepth import Policy
+
+
+class Alternating(Policy):
+    """Depth `depth` for even rows, 0 for odd rows: ragged depths inside one verify."""
+
+    name = "alternating"
+
+    def __init__(self, depth: int = 3):
+        self.depth = depth
+
+    def plan(self, view):
+        d = np.zeros(view.batch_size, dtype=np.int64)
+        d[::2] = self.depth
+        return d
+
+
+class Broken(Policy):
+    """Returns whatever `answer` says: a shape, dtype or value that breaks one rule."""
+
+    def __init__(self, answer: str = "ok"):
+        self.answer = answer
+
+    def plan(self, view):
+        n = view.batch_size
+        return {
+            "ok": lambda: np.ones(n, dtype=np.int64),
+            "short": lambda: np.ones(n - 1 if n > 1 else 2, dtype=np.int64),
+            "float": lambda: np.ones(n),
+            "nan": lambda: np.full(n, np.nan),
+            "negative": lambda: np.full(n, -1, dtype=np.int64),
+            "too_deep": lambda: np.full(n, view.max_depth + 1, dtype=np.int64),
+            "over_cap": lambda: np.full(n, view.max_depth, dtype=np.int64),
+            "none": lambda: None,
+            "list": lambda: [1] * n,
+        }.get(self.answer, lambda: np.full(n, 2, dtype=np.int64))()
+
+    def keep_drafting(self, view, position, confidence):
+        if self.answer == "bad_mask":
+            return np.ones(view.batch_size + 1, dtype=bool)
+        if self.answer == "int_mask":
+            return np.ones(view.batch_size, dtype=np.int64)
+        return np.ones(view.batch_size, dtype=bool)
+
+
+class Vandal(Policy):
+    """Tries to write into the view."""
+
+    def plan(self, view):
+        view.context_lens[0] = 0
+        return np.zeros(view.batch_size, dtype=np.int64)

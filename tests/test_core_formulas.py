@@ -1,0 +1,74 @@
+"""The simulator against closed forms: Leviathan et al. 2023 and the roofline's shape."""
+import numpy as np
+import pytest
+
+from sdtest import run_sim
+from specdepth.cost import RooflineCost
+from specdepth.app import make
+from sdtest import cfg
+
+
+def leviathan_tokens(a, k):
+    return (1 - a ** (k + 1)) / (1 - a)
+
+
+def leviathan_speedup(a, k, c):
+    return leviathan_tokens(a, k) / (k * c + 1)
+
+
+@pytest.mark.parametrize("alpha,k", [(0.6, 2), (0.8, 4), (0.9, 6)])
+def test_leviathan_tokens_and_speedup(tmp_path, alpha, k):
+    c = 0.05
+    common = ["cost=constant", f"cost.draft_ratio={c}", "acceptance=iid", f"acceptance.alpha={alpha}",
+              "workload.batch_size=1", "workload.output_len=40000", "workload.prompt_len=16",
+              "engine.token_budget=64"]
+    spec = run_sim(tmp_path / "k", *common, "policy=fixed", f"policy.depth={k}")
+    base = run_sim(tmp_path / "0", *common, "policy=none")
+    assert spec["tokens_per_step"] == pytest.approx(leviathan_tokens(alpha, k), rel=0.01)
+    assert base["tokens_per_step"] == 1.0
+    speedup = spec["throughput_tok_s"] / base["throughput_tok_s"]
+    assert speedup == pytest.approx(leviathan_speedup(alpha, k, c), rel=0.01)
+    # per-position acceptance of i.i.d. drafts is alpha at every position
+    assert np.allclose(spec["per_position_acceptance"], alpha, atol=0.02)
+
+
+def _roofline(hardware="h100_sxm", model="llama3_8b"):
+    c = cfg(f"hardware={hardware}", f"model={model}")
+    pair, hw = make(c, "model"), make(c, "hardware")
+    return make(c, "cost", target=pair.target_arch, draft=pair.draft_arch, hardware=hw)
+
+
+def test_roofline_breadth_equals_depth():
+    cost = _roofline()
+    assert isinstance(cost, RooflineCost)
+    t = lambda ctx, q: cost.target_forward(np.array(ctx), np.array(q))[0]
+    one = t([512], [1])
+    assert t([512, 512], [1, 1]) == pytest.approx(one, rel=0.05)        # 2 x 1 ~ 1 x 1
+    assert t([16] * 5, [1] * 5) == pytest.approx(t([16], [5]), rel=0.01)  # 5 x 1 == 1 x 5
+    assert t([0] * 5, [1] * 5) == pytest.approx(t([0], [5]), rel=1e-9)
+
+
+def test_roofline_linear_past_ridge():
+    cost = _roofline()
+    t = lambda n: cost.target_forward(np.zeros(n, dtype=np.int64))[0]
+    ridge = cost.ridge_tokens(0.05)
+    assert 100 < ridge < 400          # h100: 989 TFLOP/s x 0.6 / (3.35 TB/s x 0.8) ~ 221 FLOP/B
+    assert t(ridge // 4) == pytest.approx(t(1), rel=0.06)      # flat below the ridge
+    assert t(8192) / t(4096) == pytest.approx(2.0, rel=0.02)    # linear far past it
+    assert t(16384) / t(8192) == pytest.approx(2.0, rel=0.01)
+
+
+def test_ridge_moves_with_hardware():
+    h100, a100 = _roofline("h100_sxm").ridge_tokens(), _roofline("a100_80g").ridge_tokens()
+    h200 = _roofline("h200").ridge_tokens()
+    assert h200 < h100          # more bandwidth, same compute: ridge moves left
+    assert a100 < h100          # 312/2.039 = 153 < 989/3.35 = 295
+
+
+def test_speculation_costs_flops(tmp_path):
+    common = ["acceptance=iid", "acceptance.alpha=0.7", "workload.batch_size=8", "workload.output_len=256"]
+    spec = run_sim(tmp_path / "k", *common, "policy=fixed", "policy.depth=4")
+    base = run_sim(tmp_path / "0", *common, "policy=none")
+    assert spec["flops_per_token"] > base["flops_per_token"]
+    assert spec["steps"] < base["steps"]
+    assert spec["draft_flops"] > 0 and base["draft_flops"] > 0  # the draft's prefill is paid in both

@@ -1,0 +1,127 @@
+"""Acceptance models, workloads, trace replay and the config tree."""
+import json
+
+import numpy as np
+import pytest
+from hydra.core.global_hydra import GlobalHydra
+
+from sdtest import cfg, run_sim
+from specdepth import ConfigError
+from specdepth.acceptance import IID, Beta, Confidence, Trace
+
+
+def _draw(model, n=4000, k=8, seed=0):
+    model.reset(np.random.default_rng(seed))
+    model.admit(n)
+    return model.sample(n, k)
+
+
+@pytest.mark.parametrize("model,mean", [(IID(0.7), 0.7), (Beta(0.6, 10), 0.6), (Confidence(0.75), 0.75),
+                                        (Confidence(0.5, spread=1.0, seq_concentration=None), 0.5)])
+def test_acceptance_models_hit_their_mean(model, mean):
+    conf, acc = _draw(model)
+    assert acc.mean() == pytest.approx(mean, abs=0.02)
+    assert conf.shape == acc.shape == (4000, 8)
+
+
+def test_confidence_is_a_calibrated_signal():
+    conf, acc = _draw(Confidence(0.7, spread=2.0))
+    lo, hi = conf < 0.3, conf > 0.8
+    assert acc[lo].mean() < 0.3 < 0.8 < acc[hi].mean()
+    # calibration > 1: the draft is over-confident, accepts less than it claims
+    conf2, acc2 = _draw(Confidence(0.7, spread=2.0, calibration=2.0))
+    assert acc2.mean() < conf2.mean() - 0.1
+
+
+def test_rows_follow_admission_and_retirement():
+    m = Beta(0.5, 2.0)
+    m.reset(np.random.default_rng(1))
+    m.admit(3)
+    a = m.alpha.copy()
+    m.retire(np.array([True, False, True]))
+    m.admit(1)
+    assert np.array_equal(m.alpha[:2], a[[0, 2]]) and m.alpha.size == 3
+
+
+def test_trace_replays_recorded_acceptance(tmp_path):
+    # record with the simulator, replay the file, get the same acceptance statistics back
+    run_sim(tmp_path / "rec", "policy=fixed", "policy.depth=3", "acceptance=iid", "acceptance.alpha=0.65",
+            "workload.batch_size=16", "workload.output_len=200", "engine.record_trace=true")
+    trace = tmp_path / "rec" / "acceptance_trace.jsonl"
+    rec = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert len(rec) == 16 and set(rec[0]) == {"request_id", "confidence", "accepted"}
+    s = run_sim(tmp_path / "rep", "policy=fixed", "policy.depth=3", "acceptance=trace",
+                f"acceptance.path={trace}", "workload.batch_size=16", "workload.output_len=200")
+    assert np.mean(s["per_position_acceptance"]) == pytest.approx(0.65, abs=0.03)
+
+
+def test_trace_file_errors_name_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="acceptance.path: trace file not found"):
+        Trace(tmp_path / "missing.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"confidence": [0.5], "accepted": [1]}\n{"confidence": [2.0], "accepted": [1]}\n')
+    with pytest.raises(ConfigError, match=r"bad.jsonl:2"):
+        Trace(bad)
+
+
+def test_poisson_and_file_workloads(tmp_path):
+    s = run_sim(tmp_path / "p", "workload=poisson", "workload.rate=50", "workload.num_requests=30")
+    assert s["requests"] == 30 and s["ttft_p50_s"] > 0
+    f = tmp_path / "w.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in [
+        {"prompt_len": 100, "output_len": 20}, {"prompt_len": 50, "output_len": 10, "arrival_s": 0.5},
+        {"prompt_ids": [1, 2, 3], "output_len": 5}]))
+    s = run_sim(tmp_path / "f", "workload=file", f"workload.path={f}")
+    assert s["requests"] == 3 and s["output_tokens"] == 35
+    f.write_text('{"prompt_len": 10}\n')
+    with pytest.raises(ConfigError, match="w.jsonl:1: output_len"):
+        run_sim(tmp_path / "g", "workload=file", f"workload.path={f}")
+
+
+def test_continuous_batching_respects_max_batch_size(tmp_path):
+    s = run_sim(tmp_path, "workload=poisson", "workload.rate=1e6", "workload.num_requests=50",
+                "engine.max_batch_size=8", "policy=fixed")
+    import csv
+    sizes = [int(r["batch_size"]) for r in csv.DictReader(open(tmp_path / "steps.csv"))]
+    assert max(sizes) == 8 and s["requests"] == 50
+
+
+def test_output_len_one_finishes_at_prefill(tmp_path):
+    s = run_sim(tmp_path, "workload.batch_size=3", "workload.output_len=1")
+    assert s["output_tokens"] == 3 and s["steps"] == 0
+
+
+def test_model_arch_from_config_json(tmp_path):
+    from specdepth.models import ModelPair
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                                   num_key_value_heads=2, intermediate_size=128, vocab_size=300,
+                                                   tie_word_embeddings=True, torch_dtype="float32")))
+    pair = ModelPair(target=str(d), draft=str(d), dtype="float32")   # the dtype the backend runs at
+    assert pair.target_arch.layers == 2 and pair.target_arch.bytes_per_param == 4
+    assert pair.target_arch.hd == 16 and pair.target_arch.tie_embeddings
+    with pytest.raises(ConfigError, match="model.target_arch"):
+        ModelPair(target=str(tmp_path / "nowhere"))
+
+
+@pytest.mark.parametrize("group,options", [
+    ("hardware", ["a100_80g", "h100_sxm", "h200", "b200"]),
+    ("model", ["llama3_8b", "llama3_70b", "qwen2_5_7b"]),
+    ("acceptance", ["iid", "beta", "confidence"]),
+    ("cost", ["roofline", "constant"]),
+    ("policy", ["none", "fixed", "batch_scaled", "confidence"]),
+])
+def test_every_config_option_builds(tmp_path, group, options):
+    for opt in options:
+        s = run_sim(tmp_path / opt, f"{group}={opt}", "workload.batch_size=2", "workload.output_len=8")
+        assert s["output_tokens"] == 16
+
+
+def test_main_experiment_composes():
+    c = cfg("experiment=main", hydra_cfg=True)
+    assert c.hydra.mode.name == "MULTIRUN"
+    params = c.hydra.sweeper.params
+    assert str(params["workload.batch_size"]) == "1,8,64,256"
+    assert set(str(params["policy"]).split(",")) == {"none", "fixed", "batch_scaled", "confidence"}
+    GlobalHydra.instance().clear()
