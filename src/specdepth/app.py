@@ -5,6 +5,9 @@
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import logging
 import shutil
 import sys
@@ -19,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import specdepth.conf
 from . import results
+from ._resolvers import run_identity
 from .engine import REQUEST_COLUMNS, STEP_COLUMNS, Engine
 from .errors import ConfigError, SpecdepthError, as_int
 from .metrics import summarize
@@ -74,14 +78,59 @@ def _choice(group: str, default: str) -> str:
         return default
 
 
+@contextlib.contextmanager
+def _claim(run_dir: str | Path):
+    """Hold run_dir's lock for the whole run: two jobs with the same config (a duplicated grid point, or
+    the same sweep started twice) never write one run dir at once; the second one then resumes."""
+    path = Path(run_dir) / ".lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            log.info("waiting for another job running the same config in %s", run_dir)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def finished(run_dir: str | Path, config_yaml: str) -> dict | None:
+    """The summary of a finished run in run_dir whose config matches config_yaml, else None. Keys that
+    do not change results (resume, name, logger, engine.progress: _resolvers.VOLATILE) may differ."""
+    done = results.completed(run_dir, config_yaml)
+    if done is not None:
+        return done
+    s, c = Path(run_dir) / results.SUMMARY, Path(run_dir) / results.CONFIG
+    if not (s.is_file() and c.is_file()):
+        return None
+    try:
+        old = OmegaConf.to_container(OmegaConf.create(c.read_text()))
+        new = OmegaConf.to_container(OmegaConf.create(config_yaml))
+        if not isinstance(old, dict) or run_identity(old) != run_identity(new):
+            return None
+        return json.loads(s.read_text())
+    except Exception:  # an unreadable config.yaml or summary.json: run again
+        return None
+
+
 def run(cfg: DictConfig, run_dir: str | Path) -> dict:
-    """Run one configuration and write its results into run_dir. Returns summary.json's content."""
+    """Run one configuration and write its results into run_dir. Returns summary.json's content.
+
+    resume=true (the default): a run dir that already holds summary.json for the same config is not run
+    again; its summary is returned."""
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-    if cfg.get("resume", True):
-        done = results.completed(run_dir, config_yaml)
-        if done is not None:
-            log.info("skipping %s: finished earlier with the same config (resume=true)", run_dir)
-            return done
+    with _claim(run_dir):
+        if cfg.get("resume", True):
+            done = finished(run_dir, config_yaml)
+            if done is not None:
+                log.info("skipping %s: finished earlier with the same config (resume=true)", run_dir)
+                return done
+        return _execute(cfg, run_dir, config_yaml)
+
+
+def _execute(cfg: DictConfig, run_dir: str | Path, config_yaml: str) -> dict:
     parts = build(cfg)
     logger = make(cfg, "logger") if cfg.get("logger") is not None else None
     meta = dict(
