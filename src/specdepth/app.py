@@ -184,12 +184,12 @@ def format_summary(s: dict) -> str:
 
 def _discard_run_dir(run_dir) -> None:
     """A run that failed at start leaves nothing behind: drop its dir if it holds only Hydra's own
-    files (.hydra/, the job log), never a result."""
+    files (.hydra/, the job log) and the run lock, never a result."""
     d = Path(run_dir)
     if not d.is_dir():
         return
     entries = list(d.iterdir())
-    if all(e.name == ".hydra" or e.suffix == ".log" for e in entries):
+    if all(e.name in (".hydra", ".lock") or e.suffix == ".log" for e in entries):
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -144,7 +144,7 @@ class Engine:
             if d.dtype.kind == "f" and np.isnan(d).any():
                 self._bad("plan() returned NaN depths")
             self._bad(f"plan() must return integer depths, got dtype {d.dtype}")
-        lo, hi, total = int(d.min()), int(d.max()), int(d.sum())
+        lo, hi, total = (int(d.min()), int(d.max()), int(d.sum())) if n else (0, 0, 0)
         if lo < 0:
             self._bad(f"plan() returned a negative depth ({lo})")
         if hi > self.cfg.max_depth:
@@ -173,9 +173,7 @@ class Engine:
         reqs, nreq = self.requests, len(self.requests)
         res = RunResult(token_budget=self.budget, trace=trace)
         steps_out, reqs_out = res.steps, res.requests
-        hist_d = np.zeros(K + 1, np.int64)   # histogram of drafted per (sequence, step)
-        hist_a = np.zeros(K + 1, np.int64)   # histogram of accepted
-        hist_f = np.zeros(K + 1, np.int64)   # histogram of depth among fully accepted drafts
+        joint = np.zeros((K + 1) * (K + 1), np.int64)   # histogram of (drafted, accepted) per (sequence, step)
         st = BatchState(H, cfg.acceptance_prior)
         view = StepView(st, self.budget, K, cfg.max_num_batched_tokens, self.cost)
         cap = min(cfg.max_batch_size, cfg.max_num_batched_tokens)
@@ -214,8 +212,9 @@ class Engine:
                 continue
 
             gen, olen = st.gen, st.olen
-            done = gen >= olen   # requests with output_len == 1 finish at prefill
-            if not done.any():
+            # requests with output_len == 1 finish at their prefill (other rows finished are retired below)
+            done = gen >= olen if admitted else None
+            if done is None or not done.any():
                 view.step, view.now_s, view.batch_size = step, clock, n
                 view._depths = view._drafted = view._conf = None
                 if pol.requires_oracle:
@@ -279,13 +278,9 @@ class Engine:
                     st.R += accepted < drafted
                     st.rdr += drafted
                     st.racc += accepted
-                    hist_d += np.bincount(drafted, minlength=K + 1)
-                    hist_a += np.bincount(accepted, minlength=K + 1)
-                    hist_f += np.bincount(accepted[accepted == drafted], minlength=K + 1)
+                    joint += np.bincount(drafted * (K + 1) + accepted, minlength=joint.size)
                 else:
-                    hist_d[0] += n
-                    hist_a[0] += n
-                    hist_f[0] += n
+                    joint[0] += n
                 st.hptr = (st.hptr + 1) % H
                 st.hacc[:, st.hptr] = accepted
                 st.hdr[:, st.hptr] = drafted
@@ -305,11 +300,14 @@ class Engine:
                 else:
                     step_s, overhead = clock - step_start, 0.0
                 done = gen >= olen
+                n_done = int(np.count_nonzero(done))
                 steps_out.append((step, step_start, n, kmax, d_sum, a_sum, out_step, n + d_sum, admitted,
-                                  int(done.sum()), draft_s, verify_s, prefill_s, overhead, step_s, tfl, dfl))
+                                  n_done, draft_s, verify_s, prefill_s, overhead, step_s, tfl, dfl))
                 step += 1
+            else:
+                n_done = int(np.count_nonzero(done))
             # -- retire finished sequences
-            if done.any():
+            if n_done:
                 for i in np.flatnonzero(done):
                     g = int(gen[i])
                     reqs_out.append((int(st.rid[i]), int(st.plen[i]), int(olen[i]), float(st.arr[i]),
@@ -323,6 +321,8 @@ class Engine:
             pbar.close()
         # over (sequence, step) pairs: position j was drafted (drafted > j), reached (drafted > j and the
         # j drafts before it accepted), accepted (accepted > j)
+        joint = joint.reshape(K + 1, K + 1)
+        hist_d, hist_a, hist_f = joint.sum(axis=1), joint.sum(axis=0), np.diagonal(joint)
         ge_d, ge_a = np.cumsum(hist_d[::-1])[::-1], np.cumsum(hist_a[::-1])[::-1]
         res.position_proposed = ge_d[1:]
         res.position_accepted = ge_a[1:]
