@@ -159,3 +159,12 @@ def test_oracle_style_policy_refused_without_outcomes():
 
     with pytest.raises(ConfigError, match="oracle.*backend 'real'"):
         Engine(Peeker(), NoOracle(), None, EngineConfig(token_budget=8), [])
+
+
+def test_python_m_is_the_same_app(tmp_path):
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "specdepth", "policy=fixed", "workload.batch_size=2",
+                        "workload.output_len=8", "hydra.run.dir=r"], cwd=tmp_path, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["output_tokens"] == 16
