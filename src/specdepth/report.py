@@ -1,29 +1,77 @@
-"""Collect the runs of a sweep directory into one table.
+"""Collect the runs of a sweep directory into one table, and plot them.
 
-    specdepth-report outputs/multirun/main
+    specdepth-report outputs/multirun/policy_grid              # table + CSV + PNG plots in <sweep>/report/
+    specdepth-report outputs/multirun/policy_grid --no-plots --out /tmp/r
+
+Reads every run's summary.json and config.yaml below the sweep dir (finished runs only), writes
+`runs.csv` (one row per run: the summary, then the config keys the sweep varied, then the run dir),
+prints markdown pivot tables (batch size x policy) and draws, against batch size with one line per
+policy: throughput.png, tpot.png (p50 solid, p99 dashed), tokens_per_step.png and speedup.png (over
+no speculation, i.e. the run with no draft tokens and otherwise the same config). A sweep that varies
+other keys too (e.g. acceptance.mean) gets one panel (and one table) per combination of them.
+Partial sweeps are fine: the report says which runs of the last sweep launched there are missing.
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
 import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
+from ._resolvers import config_hash, run_identity
+
 KEYS = ("policy", "batch_size", "throughput_tok_s", "tokens_per_step", "acceptance_rate", "tpot_p50_s",
         "flops_per_token")
+SUMMARY, CONFIG = "summary.json", "config.yaml"
+
+
+# ----------------------------------------------------------------------------------------------- collect
+def _flatten(d, prefix: str = "") -> dict:
+    out = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        if not d and prefix:
+            out[prefix[:-1]] = "{}"
+    else:
+        out[prefix[:-1]] = json.dumps(d) if isinstance(d, list) else d
+    return out
+
+
+def _load_config(run_dir: Path) -> dict | None:
+    p = run_dir / CONFIG
+    if not p.is_file():
+        return None
+    try:
+        from omegaconf import OmegaConf
+        c = OmegaConf.to_container(OmegaConf.load(p))
+        return c if isinstance(c, dict) else None
+    except Exception:
+        return None
 
 
 def collect(sweep_dir) -> list[dict]:
-    """Every finished run (a summary.json) below sweep_dir, with its run dir."""
+    """Every finished run (a summary.json) below sweep_dir: its summary plus `run_dir`, and `config`
+    (the flattened run identity from config.yaml; {} when there is none)."""
     rows = []
-    for s in sorted(Path(sweep_dir).rglob("summary.json")):
+    sweep_dir = Path(sweep_dir)
+    for s in sorted(sweep_dir.rglob(SUMMARY)):
+        if any(part.startswith(".") for part in s.relative_to(sweep_dir).parts[:-1]):
+            continue  # .submitit/, .hydra/
         try:
             row = json.loads(s.read_text())
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, OSError):
             continue
+        if not isinstance(row, dict):
+            continue
+        cfg = _load_config(s.parent)
         row["run_dir"] = str(s.parent)
+        row["config"] = _flatten(run_identity(cfg)) if cfg else {}
+        row["_baseline_key"] = _baseline_key(cfg) if cfg else None
         rows.append(row)
     return rows
 
@@ -32,23 +80,140 @@ def _group_key(row: dict) -> tuple:
     return tuple(row.get(k) for k in ("backend", "model", "hardware", "cost", "acceptance", "workload", "batch_size"))
 
 
+def _baseline_key(cfg: dict) -> str:
+    """Everything of the run's config but the policy: runs with the same key differ only in policy."""
+    ident = run_identity(cfg)
+    ident.pop("policy", None)
+    return config_hash(ident, 16)
+
+
 def add_speedup(rows: list[dict]) -> list[dict]:
-    """speedup_vs_none: throughput over the no-speculation run (0 draft tokens) of the same setting."""
+    """speedup_vs_none: throughput over the no-speculation run (0 draft tokens) of the same setting:
+    the same config but the policy (or, for runs without config.yaml, the same model, hardware, cost,
+    acceptance, workload and batch size)."""
+    def key(r):
+        return r.get("_baseline_key") or _group_key(r)
+
     base = {}
     for r in rows:
         if r.get("draft_tokens") == 0 and r.get("throughput_tok_s"):
-            base[_group_key(r)] = r["throughput_tok_s"]
+            base[key(r)] = r["throughput_tok_s"]
     for r in rows:
-        b = base.get(_group_key(r))
+        b = base.get(key(r))
         r["speedup_vs_none"] = (r["throughput_tok_s"] / b) if b and r.get("throughput_tok_s") else None
     return rows
 
 
-def pivot_markdown(rows: list[dict], value: str = "throughput_tok_s", fmt: str = ",.0f") -> str:
-    """Rows = batch size, columns = policy."""
-    policies = list(dict.fromkeys(r["policy"] for r in rows))
+def varying_keys(rows: list[dict]) -> list[str]:
+    """Config keys (dotted) whose value differs between runs, in config order."""
+    keys = list(dict.fromkeys(k for r in rows for k in r.get("config", {})))
+    return [k for k in keys if len({json.dumps(r.get("config", {}).get(k), default=str) for r in rows}) > 1]
+
+
+def _is_batch_key(k: str) -> bool:
+    return k in ("workload.batch_size", "workload.max_concurrency")
+
+
+def label_rows(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """Adds `series` (the policy label, plus the policy keys the sweep varied when the label alone does
+    not tell runs apart) and `facet` (the other varied keys, e.g. "acceptance.mean=0.9"; "" if none)."""
+    vary = varying_keys(rows)
+    pol = [k for k in vary if k == "policy" or k.startswith("policy.")]
+    facet_keys = [k for k in vary if not (k in pol or _is_batch_key(k))]
+    for r in rows:
+        c = r.get("config", {})
+        r["facet"] = ", ".join(f"{k}={c.get(k)}" for k in facet_keys)
+    # does the label separate the runs of one (facet, batch size)?
+    seen, ambiguous = {}, False
+    for r in rows:
+        k = (r["facet"], r.get("batch_size"), r.get("policy"))
+        ident = tuple(r.get("config", {}).get(p) for p in pol)
+        if seen.setdefault(k, ident) != ident:
+            ambiguous = True
+    for r in rows:
+        c = r.get("config", {})
+        extra = [f"{k.split('.', 1)[-1]}={c.get(k)}" for k in pol if k != "policy._target_" and k in c]
+        r["series"] = f"{r.get('policy')} ({', '.join(extra)})" if ambiguous and extra else str(r.get("policy"))
+    return rows, facet_keys
+
+
+def _series_order(rows: list[dict]) -> list[str]:
+    """Baselines (no draft tokens) first, then by name."""
+    names = {}
+    for r in rows:
+        names.setdefault(r["series"], r.get("draft_tokens") == 0)
+    return sorted(names, key=lambda s: (not names[s], s))
+
+
+# ------------------------------------------------------------------------------------------- missing runs
+def expected_jobs(sweep_dir) -> tuple[list[tuple[str, ...]], list[str]] | None:
+    """The jobs of the last sweep launched in sweep_dir (its multirun.yaml, basic sweeper only), each as
+    its sorted overrides minus the keys that do not change results; and those excluded keys."""
+    p = Path(sweep_dir) / "multirun.yaml"
+    if not p.is_file():
+        return None
+    try:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from omegaconf import OmegaConf
+
+        m = OmegaConf.load(p)
+        h = m.hydra
+        if "BasicSweeper" not in str(h.sweeper.get("_target_", "")):
+            return None
+        params = h.sweeper.get("params") or {}
+        args = [f"{k}={v}" for k, v in params.items()] + list(h.overrides.task)
+        parsed = OverridesParser.create().parse_overrides(args)
+        jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+        exclude = list(h.job.config.override_dirname.get("exclude_keys") or [])
+        return [_job_key(j, exclude) for j in jobs], exclude
+    except Exception:
+        return None
+
+
+def _job_key(overrides, exclude) -> tuple[str, ...]:
+    keep = []
+    for o in overrides:
+        k = o.split("=", 1)[0].lstrip("+~")
+        if k.startswith("hydra.") or k in exclude:
+            continue
+        keep.append(o)
+    return tuple(sorted(keep))
+
+
+def missing(sweep_dir, rows: list[dict]) -> dict:
+    """{expected: n or None, missing: [override strings], unfinished: [run dirs without summary.json]}."""
+    sweep_dir = Path(sweep_dir)
+    done = {str(Path(r["run_dir"]).resolve()) for r in rows}
+    unfinished = sorted(str(d) for d in sweep_dir.iterdir()
+                        if d.is_dir() and (d / ".hydra").is_dir() and str(d.resolve()) not in done) \
+        if sweep_dir.is_dir() else []
+    exp = expected_jobs(sweep_dir)
+    if exp is None:
+        return dict(expected=None, missing=[], unfinished=unfinished)
+    jobs, exclude = exp
+    have = set()
+    for r in rows:
+        ov = Path(r["run_dir"]) / ".hydra" / "overrides.yaml"
+        try:
+            from omegaconf import OmegaConf
+            have.add(_job_key(OmegaConf.to_container(OmegaConf.load(ov)), exclude))
+        except Exception:
+            pass
+    miss = [" ".join(j) for j in dict.fromkeys(jobs) if j not in have]
+    return dict(expected=len(set(jobs)), missing=miss, unfinished=unfinished)
+
+
+# ------------------------------------------------------------------------------------------------ tables
+def pivot_markdown(rows: list[dict], value: str = "throughput_tok_s", fmt: str = ",.0f",
+                   series: str = "policy") -> str:
+    """Rows = batch size, columns = policy (or another `series` key)."""
+    if series == "series" and all("series" in r for r in rows):
+        policies = _series_order(rows)
+    else:
+        policies = list(dict.fromkeys(r[series] for r in rows))
     sizes = sorted({r["batch_size"] for r in rows})
-    cell = {(r["batch_size"], r["policy"]): r.get(value) for r in rows}
+    cell = {(r["batch_size"], r[series]): r.get(value) for r in rows}
     out = ["| batch | " + " | ".join(policies) + " |", "|---:|" + "---:|" * len(policies)]
     for b in sizes:
         vals = [cell.get((b, p)) for p in policies]
@@ -56,32 +221,193 @@ def pivot_markdown(rows: list[dict], value: str = "throughput_tok_s", fmt: str =
     return "\n".join(out)
 
 
-def render(sweep_dir) -> str:
-    rows = add_speedup(collect(sweep_dir))
+def _csv_value(v):
+    if v is None:
+        return ""
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    return v
+
+
+def write_csv(rows: list[dict], path) -> Path:
+    """One row per run: summary fields, then `cfg.<key>` for each key the sweep varied, then run_dir."""
+    from .results import atomic_write
+
+    skip = {"run_dir", "config", "_baseline_key", "series", "facet"}
+    cols = list(dict.fromkeys(k for r in rows for k in r if k not in skip))
+    vary = varying_keys(rows)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(cols + [f"cfg.{k}" for k in vary] + ["run_dir"])
+    for r in rows:
+        w.writerow([_csv_value(r.get(c)) for c in cols] + [_csv_value(r["config"].get(k)) for k in vary]
+                   + [r["run_dir"]])
+    path = Path(path)
+    atomic_write(path, buf.getvalue())
+    return path
+
+
+# ------------------------------------------------------------------------------------------------- plots
+PLOTS = (  # file, title, y label, [(metric, scale, line style)]
+    ("throughput.png", "Throughput", "output tokens / s", [("throughput_tok_s", 1.0, "-")]),
+    ("tpot.png", "Time per output token (p50 solid, p99 dashed)", "ms",
+     [("tpot_p50_s", 1e3, "-"), ("tpot_p99_s", 1e3, "--")]),
+    ("tokens_per_step.png", "Tokens per step (per sequence)", "tokens / step", [("tokens_per_step", 1.0, "-")]),
+    ("speedup.png", "Speed-up over no speculation", "x throughput of no speculation",
+     [("speedup_vs_none", 1.0, "-")]),
+)
+
+
+def plot(rows: list[dict], out_dir) -> list[Path]:
+    """The PNGs of PLOTS in out_dir: x = batch size (log 2), one line per series, one panel per facet."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    facets = sorted({r["facet"] for r in rows})
+    series = _series_order(rows)
+    colors = {s: f"C{i % 10}" for i, s in enumerate(series)}
+    written = []
+    n = len(facets)
+    ncol = min(n, 3)
+    nrow = (n + ncol - 1) // ncol
+    for fname, title, ylabel, metrics in PLOTS:
+        if not any(r.get(m) is not None for r in rows for m, _, _ in metrics):
+            continue
+        fig, axes = plt.subplots(nrow, ncol, figsize=(5.2 * ncol, 3.8 * nrow), squeeze=False)
+        for ax in axes.flat[n:]:
+            ax.set_visible(False)
+        for ax, facet in zip(axes.flat, facets):
+            sub = [r for r in rows if r["facet"] == facet]
+            for s in series:
+                pts = sorted((r["batch_size"], r) for r in sub if r["series"] == s and r.get("batch_size"))
+                for m, scale, style in metrics:
+                    xy = [(b, r[m] * scale) for b, r in pts if r.get(m) is not None]
+                    if not xy:
+                        continue
+                    ax.plot([x for x, _ in xy], [y for _, y in xy], style, marker="o", ms=3, color=colors[s],
+                            label=s if style == "-" else None)
+            if fname == "speedup.png":
+                ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("batch size")
+            ax.set_ylabel(ylabel)
+            ax.set_title(facet or title, fontsize=9 if facet else 10)
+            ax.grid(alpha=0.3)
+        handles, labels = axes.flat[0].get_legend_handles_labels()
+        if handles:
+            fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 6), fontsize=8,
+                       bbox_to_anchor=(0.5, 1.0))
+        if facets != [""]:
+            fig.suptitle(title, y=0.02, va="bottom", fontsize=10)
+        fig.tight_layout(rect=(0, 0.04 if facets != [""] else 0, 1, 0.92))
+        path = out_dir / fname
+        tmp = out_dir / f".{fname}.tmp.png"
+        fig.savefig(tmp, dpi=110)
+        plt.close(fig)
+        tmp.replace(path)
+        written.append(path)
+    return written
+
+
+# ------------------------------------------------------------------------------------------------ report
+def render(sweep_dir, rows: list[dict] | None = None, gaps: dict | None = None) -> str:
+    """The markdown report: per facet, throughput and speed-up by batch size x policy; what is missing."""
+    rows = add_speedup(collect(sweep_dir)) if rows is None else rows
+    if gaps is None:
+        gaps = missing(sweep_dir, rows)
+    parts = []
     if not rows:
-        return f"no finished runs (summary.json) under {sweep_dir}"
-    parts = [f"{len(rows)} runs under {sweep_dir}", "", "Throughput (output tokens/s):", pivot_markdown(rows)]
-    if any(r.get("speedup_vs_none") is not None for r in rows):
-        parts += ["", "Speed-up over no speculation:", pivot_markdown(rows, "speedup_vs_none", ".2f")]
+        parts.append(f"no finished runs (summary.json) under {sweep_dir}")
+    else:
+        label_rows(rows)
+        parts.append(f"{len(rows)} runs under {sweep_dir}")
+        for facet in sorted({r["facet"] for r in rows}):
+            sub = [r for r in rows if r["facet"] == facet]
+            if facet:
+                parts += ["", f"### {facet}"]
+            parts += ["", "Throughput (output tokens/s):", pivot_markdown(sub, series="series")]
+            if any(r.get("speedup_vs_none") is not None for r in sub):
+                parts += ["", "Speed-up over no speculation:",
+                          pivot_markdown(sub, "speedup_vs_none", ".2f", series="series")]
+    parts += _gaps_text(gaps)
     return "\n".join(parts)
 
 
+def _gaps_text(gaps: dict, limit: int = 20) -> list[str]:
+    out = []
+    if gaps["expected"] is not None:
+        miss = gaps["missing"]
+        if miss:
+            out += ["", f"MISSING: {len(miss)} of {gaps['expected']} runs of the last sweep here have no "
+                        f"summary.json (rerun the same sweep command: finished runs are skipped):"]
+            out += [f"  {m}" for m in miss[:limit]]
+            if len(miss) > limit:
+                out.append(f"  ... and {len(miss) - limit} more")
+        else:
+            out += ["", f"complete: all {gaps['expected']} runs of the last sweep here are finished"]
+    if gaps["unfinished"]:
+        out += ["", f"{len(gaps['unfinished'])} run dirs without summary.json (failed, killed or still running):"]
+        out += [f"  {d}" for d in gaps["unfinished"][:limit]]
+    return out
+
+
+def report(sweep_dir, out_dir=None, plots: bool = True) -> tuple[str, list[Path]]:
+    """Write runs.csv (+ PNGs) to out_dir (default <sweep_dir>/report); returns (markdown, files)."""
+    sweep_dir = Path(sweep_dir)
+    rows = add_speedup(collect(sweep_dir))
+    gaps = missing(sweep_dir, rows)
+    text = render(sweep_dir, rows, gaps)
+    files = []
+    if rows:
+        out_dir = Path(out_dir) if out_dir is not None else sweep_dir / "report"
+        files.append(write_csv(rows, out_dir / "runs.csv"))
+        if plots:
+            files += plot(rows, out_dir)
+    return text, files
+
+
 class ReportCallback(Callback):
-    """Hydra callback: print the sweep's table when a multirun ends."""
+    """Hydra callback: print the sweep's table when a multirun ends (and, with files=true, write the CSV
+    and plots to <sweep dir>/report)."""
+
+    def __init__(self, files: bool = False, plots: bool = False) -> None:
+        self.files, self.plots = files, plots
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        print(render(config.hydra.sweep.dir), flush=True)
+        sweep_dir = config.hydra.sweep.dir
+        if self.files:
+            text, written = report(sweep_dir, plots=self.plots)
+            if written:
+                text += f"\n\nwritten: {', '.join(str(p) for p in written)}"
+        else:
+            text = render(sweep_dir)
+        print(text, flush=True)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="specdepth-report", description=__doc__)
-    ap.add_argument("sweep_dir")
+    ap = argparse.ArgumentParser(prog="specdepth-report", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sweep_dir", help="a sweep dir, e.g. outputs/multirun/<name>")
+    ap.add_argument("--out", help="where runs.csv and the PNGs go (default: <sweep_dir>/report)")
+    ap.add_argument("--no-plots", action="store_true", help="only the table and runs.csv")
     a = ap.parse_args(argv)
     if not Path(a.sweep_dir).is_dir():
         print(f"specdepth-report: error: not a directory: {a.sweep_dir}", file=sys.stderr)
         return 2
-    print(render(a.sweep_dir))
-    return 0
+    try:
+        text, files = report(a.sweep_dir, a.out, plots=not a.no_plots)
+    except ImportError as e:
+        print(f"specdepth-report: error: {e} (plots need matplotlib: pip install 'specdepth[report]', "
+              f"or pass --no-plots)", file=sys.stderr)
+        return 2
+    print(text)
+    if files:
+        print("\nwritten:\n" + "\n".join(f"  {p}" for p in files))
+        return 0
+    return 1
 
 
 if __name__ == "__main__":
