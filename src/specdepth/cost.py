@@ -186,3 +186,102 @@ class ConstantCost(CostModel):
     def ridge_tokens(self, tolerance: float = 0.05, context: int = 0) -> int:
         """Flat cost has no ridge: every forward up to the engine's hard cap costs the same."""
         return 1 << 30
+
+
+class TableCost(CostModel):
+    """Forward times interpolated from a profile CSV written by `specdepth-profile` on this machine.
+
+    CSV columns: model (target|draft), batch, query (new tokens per sequence), context (cached tokens per
+    sequence), seconds. A forward over n sequences with t new tokens and c cached tokens in total is looked up
+    at (batch n, query t/n, context c/n): multilinear interpolation in (log2 batch, log2 query, context) inside
+    the grid; beyond the largest batch x query the time scales with the number of tokens, beyond the largest
+    context it extrapolates linearly from the last two context points. FLOPs stay analytic (base class).
+    """
+
+    COLUMNS = ("model", "batch", "query", "context", "seconds")
+
+    def __init__(self, target, draft=None, path: str | None = None, **_):
+        super().__init__(target, draft)
+        if not path:
+            raise ConfigError("cost.path: cost=table needs the CSV written by specdepth-profile (cost.path=...)")
+        import csv
+        from pathlib import Path
+        p = Path(str(path))
+        if not p.is_file():
+            raise ConfigError(f"cost.path: profile CSV not found: {p}")
+        rows: dict[str, dict] = {"target": {}, "draft": {}}
+        with p.open(newline="") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in self.COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise ConfigError(f"cost.path: {p} lacks columns {missing} (a specdepth-profile CSV has {list(self.COLUMNS)})")
+            for lineno, r in enumerate(reader, 2):
+                which = r["model"]
+                if which not in rows:
+                    raise ConfigError(f"{p}:{lineno}: model must be target or draft, got {which!r}")
+                try:
+                    key = (int(r["batch"]), int(r["query"]), int(r["context"]))
+                    sec = float(r["seconds"])
+                except ValueError as e:
+                    raise ConfigError(f"{p}:{lineno}: {e}") from None
+                if min(key[:2]) < 1 or key[2] < 0 or not sec > 0:
+                    raise ConfigError(f"{p}:{lineno}: batch and query must be >= 1, context >= 0, seconds > 0")
+                rows[which][key] = sec
+        if not rows["target"]:
+            raise ConfigError(f"cost.path: {p} has no target rows")
+        if not rows["draft"]:
+            rows["draft"] = rows["target"]
+        self.path = str(p)
+        self._grid = {w: self._build(rows[w], p, w) for w in rows}
+
+    @staticmethod
+    def _build(points: dict, p, which):
+        B = np.array(sorted({k[0] for k in points}), float)
+        Q = np.array(sorted({k[1] for k in points}), float)
+        C = np.array(sorted({k[2] for k in points}), float)
+        T = np.full((B.size, Q.size, C.size), np.nan)
+        for (b, q, c), s in points.items():
+            T[np.searchsorted(B, b), np.searchsorted(Q, q), np.searchsorted(C, c)] = s
+        if np.isnan(T).any():
+            raise ConfigError(f"cost.path: {p}: the {which} rows do not form a full batch x query x context grid "
+                              f"({int(np.isnan(T).sum())} of {T.size} points missing)")
+        return np.log2(B), np.log2(Q), C, T
+
+    @staticmethod
+    def _axis(grid: np.ndarray, x: float, extrapolate: bool = False):
+        """(lower index, weight of the upper point) of x on a sorted axis; clamped unless extrapolate."""
+        if grid.size == 1:
+            return 0, 0.0
+        i = int(np.clip(np.searchsorted(grid, x, side="right") - 1, 0, grid.size - 2))
+        w = (x - grid[i]) / (grid[i + 1] - grid[i])
+        return i, (w if extrapolate else min(max(w, 0.0), 1.0))
+
+    def lookup(self, which: str, batch: float, query: float, context: float) -> float:
+        lb, lq, C, T = self._grid[which]
+        b2, q2 = np.log2(max(batch, 1.0)), np.log2(max(query, 1.0))
+        scale = 1.0
+        if b2 > lb[-1]:
+            scale *= 2.0 ** (b2 - lb[-1])
+            b2 = lb[-1]
+        if q2 > lq[-1]:
+            scale *= 2.0 ** (q2 - lq[-1])
+            q2 = lq[-1]
+        ib, wb = self._axis(lb, b2)
+        iq, wq = self._axis(lq, q2)
+        ic, wc = self._axis(C, float(context), extrapolate=context > C[-1])
+        total = 0.0
+        for db, fb in ((0, 1 - wb), (1, wb)):
+            if fb == 0.0 or ib + db >= lb.size:
+                continue
+            for dq, fq in ((0, 1 - wq), (1, wq)):
+                if fq == 0.0 or iq + dq >= lq.size:
+                    continue
+                for dc, fc in ((0, 1 - wc), (1, wc)):
+                    if fc == 0.0 or ic + dc >= C.size:
+                        continue
+                    total += fb * fq * fc * T[ib + db, iq + dq, ic + dc]
+        return max(total, float(T.min()) * 0.5) * scale
+
+    def _time(self, which, tokens, flops, ctx_tokens, seqs):
+        n = max(float(seqs), 1.0)
+        return self.lookup(which, n, tokens / n, ctx_tokens / n)

@@ -127,3 +127,84 @@ class File(Workload):
     def requests(self, rng):
         return [Request(r.request_id, r.arrival_s, r.prompt_len, r.output_len,
                         list(r.prompt_ids) if r.prompt_ids else None) for r in self._reqs]
+
+
+_DATA_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
+
+
+class Dataset(Workload):
+    """Prompts from a dataset, loaded with the `datasets` library: a local JSON/JSONL/CSV/parquet/text file
+    (or a directory `datasets` can read), or a hub name (needs the network or the local HF cache).
+
+    `num_requests` prompts (null = every row; more than the rows cycles through them), each generating
+    `output_len` tokens (an int or a length distribution). Arrivals: all at t=0 (`rate: null`), or a Poisson
+    process of `rate` requests/s. backend=hf tokenizes each prompt; the simulator, which has no tokenizer,
+    counts len(text) / chars_per_token tokens.
+    """
+
+    def __init__(self, path: str, text_field: str = "text", split: str = "train", num_requests: int | None = None,
+                 output_len=128, name: str | None = None, rate: float | None = None,
+                 max_concurrency: int | None = None, chars_per_token: float = 4.0):
+        if not path:
+            raise ConfigError("workload.path: give a local file (json, jsonl, csv, parquet, txt) or a hub dataset name")
+        self.path, self.text_field, self.split = str(path), str(text_field), str(split)
+        self.output_len = output_len
+        lengths(output_len, "workload.output_len", 1, np.random.default_rng(0))
+        self.rate = None if rate is None else as_float(rate, "workload.rate", min=0, min_open=True)
+        self.chars_per_token = as_float(chars_per_token, "workload.chars_per_token", min=0, min_open=True)
+        texts = self._load(name)
+        if not texts:
+            raise ConfigError(f"workload.path: {self.path} (split {self.split!r}) holds no rows")
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise ConfigError(f"workload.text_field: row {i} of {self.path} has a non-text "
+                                  f"{self.text_field!r} ({type(t).__name__})")
+            if not t.strip():
+                raise ConfigError(f"workload.path: row {i} of {self.path} has an empty prompt "
+                                  f"({self.text_field!r} is empty)")
+        self.num_requests = (len(texts) if num_requests is None
+                             else as_int(num_requests, "workload.num_requests", min=1))
+        self.texts = texts
+        self.batch_size = (as_int(max_concurrency, "workload.max_concurrency", min=1)
+                           if max_concurrency is not None else self.num_requests)
+
+    def _load(self, name):
+        try:
+            import datasets
+        except ImportError:
+            raise ConfigError("workload=dataset needs the `datasets` package: pip install 'specdepth[hf]'") from None
+        p = Path(self.path)
+        try:
+            if p.is_file():
+                builder = _DATA_BUILDERS.get(p.suffix.lower())
+                if builder is None:
+                    raise ConfigError(f"workload.path: {p}: unknown file type {p.suffix!r}; "
+                                      f"use one of {sorted(_DATA_BUILDERS)}")
+                ds = datasets.load_dataset(builder, data_files=str(p), split=self.split)
+            else:
+                ds = datasets.load_dataset(self.path, name, split=self.split)
+        except ConfigError:
+            raise
+        except Exception as e:
+            where = "file" if p.exists() else "hub dataset (offline? not in the local cache?)"
+            raise ConfigError(f"workload.path: cannot load {self.path!r} as a {where} with split {self.split!r}: "
+                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        if self.text_field not in ds.column_names:
+            raise ConfigError(f"workload.text_field: {self.path} has no column {self.text_field!r}; "
+                              f"columns: {ds.column_names}")
+        return list(ds[self.text_field])
+
+    def requests(self, rng):
+        n = self.num_requests
+        o = lengths(self.output_len, "workload.output_len", n, rng)
+        if self.rate is None:
+            arrivals = np.zeros(n)
+        else:
+            arrivals = np.cumsum(rng.exponential(1.0 / self.rate, n))
+            arrivals -= arrivals[0]
+        out = []
+        for i in range(n):
+            text = self.texts[i % len(self.texts)]
+            est = max(1, int(round(len(text) / self.chars_per_token)))
+            out.append(Request(i, float(arrivals[i]), est, int(o[i]), text=text))
+        return out

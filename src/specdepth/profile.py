@@ -1,0 +1,144 @@
+"""`specdepth-profile`: measure target and draft forward times on this machine over a grid of
+(batch size, query tokens per sequence, context length) and write a CSV that `cost=table` interpolates.
+
+    specdepth-profile model=tiny_pair                      # the default grid (docs/real_backend.md)
+    specdepth-profile model=tiny_pair grid.batch=[1,8] grid.query=[1,4] grid.context=[128] repeats=3
+    specdepth cost=table cost.path=<run dir>/profile.csv model=tiny_pair ...
+
+Each point is one forward of the backend's own code path (`specdepth.hf.Runner`: slot KV cache, explicit
+4D mask and position ids) with `batch` rows each feeding `query` new tokens on top of `context` cached ones;
+the cached keys are placeholders (their values do not change the cost). The median of `repeats` timed
+forwards after `warmup` untimed ones is recorded (CUDA: synchronized). Points whose context + query exceed
+the model's max_position_embeddings are skipped.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from .app import CONF_DIR, make
+from .errors import ConfigError, SpecdepthError, as_int
+from .results import atomic_write
+
+log = logging.getLogger("specdepth.profile")
+COLUMNS = ("model", "batch", "query", "context", "seconds", "device", "dtype", "name")
+
+
+def _ints(values, key):
+    try:
+        out = sorted({as_int(v, key, min=0) for v in values})
+    except TypeError:
+        raise ConfigError(f"{key} must be a list of integers, got {values!r}") from None
+    if not out:
+        raise ConfigError(f"{key} is empty")
+    return out
+
+
+def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from .hf import Runner
+
+    pair = make(cfg, "model")
+    grid = cfg.get("grid") or {}
+    batches = _ints(grid.get("batch", [1]), "grid.batch")
+    queries = _ints(grid.get("query", [1]), "grid.query")
+    contexts = _ints(grid.get("context", [0]), "grid.context")
+    if batches[0] < 1 or queries[0] < 1:
+        raise ConfigError("grid.batch and grid.query must be >= 1")
+    repeats = as_int(cfg.get("repeats", 5), "repeats", min=1)
+    warmup = as_int(cfg.get("warmup", 2), "warmup", min=0)
+    which = list(cfg.get("models", ["target", "draft"]))
+    if cfg.get("num_threads") is not None:
+        torch.set_num_threads(as_int(cfg.num_threads, "num_threads", min=1))
+    if pair.dtype not in ("float32", "float16", "bfloat16"):
+        raise ConfigError(f"model.dtype: profiling supports float32/float16/bfloat16, got {pair.dtype!r}")
+    dev = pair.device if pair.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, pair.dtype)
+    rows = []
+    t_all = time.perf_counter()
+    for w in which:
+        if w not in ("target", "draft"):
+            raise ConfigError(f"models: entries must be target or draft, got {w!r}")
+        path = pair.target if w == "target" else pair.draft
+        if not path:
+            log.warning("model.%s is not set: skipped", w)
+            continue
+        kw = dict(dtype=dtype, attn_implementation=cfg.get("attn_implementation", "sdpa"))
+        if w == "target" and pair.device_map is not None:
+            kw["device_map"] = pair.device_map
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(path), **kw)
+        except Exception as e:
+            raise ConfigError(f"model.{w}: cannot load {path!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        if "device_map" not in kw:
+            model = model.to(dev)
+        model.eval()
+        limit = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        device = model.get_input_embeddings().weight.device
+        vocab = int(model.get_input_embeddings().weight.shape[0])
+        rng = np.random.default_rng(0)
+        for b in batches:
+            runner = Runner(model, b, max(contexts) + max(queries) + 1)
+            for c in contexts:
+                for q in queries:
+                    if c + q > limit:
+                        continue
+                    toks = rng.integers(0, vocab, (b, q))
+                    lens = np.full(b, c, np.int64)
+                    times = []
+                    with torch.inference_mode():
+                        for r in range(warmup + repeats):
+                            if device.type == "cuda":
+                                torch.cuda.synchronize(device)
+                            t0 = time.perf_counter()
+                            runner.forward(slice(0, b), toks, lens, None, "all" if q > 1 else "last")
+                            if device.type == "cuda":
+                                torch.cuda.synchronize(device)
+                            if r >= warmup:
+                                times.append(time.perf_counter() - t0)
+                    sec = statistics.median(times)
+                    rows.append((w, b, q, c, sec, str(device), pair.dtype, pair.name))
+                    log.info("%s batch=%d query=%d context=%d: %.3f ms", w, b, q, c, sec * 1e3)
+            del runner
+        del model
+    buf = io.StringIO()
+    wr = csv.writer(buf, lineterminator="\n")
+    wr.writerow(COLUMNS)
+    for r in rows:
+        wr.writerow([repr(v) if isinstance(v, float) else v for v in r])
+    atomic_write(Path(out_path), buf.getvalue())
+    log.info("profiled %d points in %.1f s -> %s", len(rows), time.perf_counter() - t_all, out_path)
+    return rows
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="profile")
+def _task(cfg: DictConfig):
+    out = Path(str(cfg.get("output", "profile.csv")))
+    if not out.is_absolute():
+        out = Path(HydraConfig.get().runtime.output_dir) / out
+    try:
+        rows = profile(cfg, out)
+    except SpecdepthError as e:
+        print(f"specdepth-profile: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    print(f"{len(rows)} points -> {out}", flush=True)
+
+
+def main():
+    _task()
+
+
+if __name__ == "__main__":
+    main()
