@@ -292,17 +292,21 @@ def plot(rows: list[dict], out_dir) -> list[Path]:
             if fname == "speedup.png":
                 ax.axhline(1.0, color="grey", lw=0.8, ls=":")
             ax.set_xscale("log", base=2)
+            sizes = sorted({r["batch_size"] for r in sub if r.get("batch_size")})
+            if sizes:
+                ax.set_xticks(sizes, [str(b) for b in sizes])
+                ax.minorticks_off()
             ax.set_xlabel("batch size")
             ax.set_ylabel(ylabel)
             ax.set_title(facet or title, fontsize=9 if facet else 10)
             ax.grid(alpha=0.3)
         handles, labels = axes.flat[0].get_legend_handles_labels()
+        faceted = facets != [""]
+        if faceted:
+            fig.suptitle(title, fontsize=11)
         if handles:
-            fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 6), fontsize=8,
-                       bbox_to_anchor=(0.5, 1.0))
-        if facets != [""]:
-            fig.suptitle(title, y=0.02, va="bottom", fontsize=10)
-        fig.tight_layout(rect=(0, 0.04 if facets != [""] else 0, 1, 0.92))
+            fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, 0.07 if handles else 0, 1, 0.96 if faceted else 1))
         path = out_dir / fname
         tmp = out_dir / f".{fname}.tmp.png"
         fig.savefig(tmp, dpi=110)
