@@ -106,4 +106,5 @@ class WandbLogger:
             self._fail("finish", e)
             return
         if self.resolved_mode() == "offline":
-            log.info("wandb: offline run in %s; upload it with `wandb sync %s`", run.dir, Path(run.dir).parent)
+            d = Path(run.dir).parent
+            log.info("wandb: offline run saved in %s; upload it with `wandb sync %s`", d, d)
