@@ -167,6 +167,7 @@ def test_ragged_depths_in_one_verify_and_cache_lengths(tiny_pair):
     assert 0 < accepted < drafted
 
 
+@pytest.mark.slow
 def test_long_generation_cache_stays_bounded(tiny_pair):
     """A long generation with many rejections: the cache never holds rejected slots beyond the buffer's
     fixed slack (the allocation is set by the longest sequence, not by steps)."""
