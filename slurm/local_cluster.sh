@@ -33,7 +33,9 @@ alive() {
   local pid
   pid=$(cat "$1" 2>/dev/null) || return 1
   [[ -n $pid && -r /proc/$pid/comm ]] || return 1
-  [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$2"* ]]
+  [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$2"* ]] || return 1
+  # a zombie (killed, not yet reaped) is not running
+  [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]]
 }
 
 # wait_for SECONDS WHAT CMD...: poll CMD every 0.25 s
