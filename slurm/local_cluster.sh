@@ -209,9 +209,12 @@ stop() {  # stop PIDFILE NAME
   alive "$1" "$2" || { rm -f "$1"; return 0; }
   local pid; pid=$(cat "$1")
   kill "$pid" 2>/dev/null || true
-  local end=$((SECONDS + 20))
-  while kill -0 "$pid" 2>/dev/null; do
-    if ((SECONDS >= end)); then say "$2 ($pid) ignored SIGTERM; SIGKILL"; kill -9 "$pid" 2>/dev/null || true; fi
+  local end=$((SECONDS + 20)) killed=
+  while alive "$1" "$2"; do
+    if ((SECONDS >= end)) && [[ -z $killed ]]; then
+      say "$2 ($pid) ignored SIGTERM for 20 s; SIGKILL"; kill -9 "$pid" 2>/dev/null || true; killed=1
+    fi
+    ((SECONDS < end + 10)) || { say "$2 ($pid) still there after SIGKILL; giving up"; break; }
     sleep 0.2
   done
   rm -f "$1"
