@@ -152,6 +152,22 @@ def test_resume_after_a_sweep_killed_midway(tmp_path):
     assert {d: (d / "summary.json").stat().st_mtime_ns for d in done} == done
 
 
+def test_optuna_preset_tunes_for_throughput(tmp_path):
+    """experiment=tune_confidence: the Optuna sweeper maximizes the runs' throughput (the app's return value)."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="hydra-optuna-sweeper not installed")
+    p = specdepth("--multirun", "experiment=tune_confidence", "hydra.sweeper.n_trials=3", *TINY, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    sweep = tmp_path / "outputs" / "multirun" / "tune_confidence"
+    dirs = run_dirs(sweep)
+    assert len(dirs) == 3
+    best = OmegaConf.load(sweep / "optimization_results.yaml")
+    tputs = [json.loads((d / "summary.json").read_text())["throughput_tok_s"] for d in dirs]
+    assert best.best_value == pytest.approx(max(tputs))
+    assert set(best.best_params) == {"policy.threshold", "policy.max_depth"}
+    text, _ = report.report(sweep, tmp_path / "rep", plots=False)
+    assert "Optuna best:" in text and "3 runs under" in text
+
+
 # ------------------------------------------------------------------------------------ in-process, fast
 def test_run_id_resolver_names_configs_apart():
     base = {"seed": 0, "name": "a", "resume": True, "logger": {"_target_": "x"},

@@ -336,8 +336,25 @@ def render(sweep_dir, rows: list[dict] | None = None, gaps: dict | None = None) 
             if any(r.get("speedup_vs_none") is not None for r in sub):
                 parts += ["", "Speed-up over no speculation:",
                           pivot_markdown(sub, "speedup_vs_none", ".2f", series="series")]
+    parts += _optuna_text(sweep_dir)
     parts += _gaps_text(gaps)
     return "\n".join(parts)
+
+
+def _optuna_text(sweep_dir) -> list[str]:
+    """The Optuna sweeper's result (optimization_results.yaml), when the sweep was a study."""
+    p = Path(sweep_dir) / "optimization_results.yaml"
+    if not p.is_file():
+        return []
+    try:
+        from omegaconf import OmegaConf
+        r = OmegaConf.to_container(OmegaConf.load(p))
+        params = ", ".join(f"{k}={v}" for k, v in (r.get("best_params") or {}).items())
+        value = r.get("best_value")
+        return ["", f"Optuna best: {value:,.1f} ({params})" if isinstance(value, (int, float))
+                else f"Optuna best: {value} ({params})"]
+    except Exception:
+        return []
 
 
 def _gaps_text(gaps: dict, limit: int = 20) -> list[str]:
