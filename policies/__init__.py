@@ -1,6 +1,14 @@
 """Built-in depth policies (importable as `specdepth.policies`), one small file each."""
+from .bandit import Bandit
 from .batch_scaled import BatchScaled
+from .batch_table import BatchTable
 from .confidence import ConfidenceThreshold
+from .disable_by_batch import DisableByBatch
+from .ema import EMA
 from .fixed import FixedDepth
+from .goodput import Goodput
+from .heuristic import Heuristic
+from .oracle import Oracle
 
-__all__ = ["FixedDepth", "BatchScaled", "ConfidenceThreshold"]
+__all__ = ["FixedDepth", "BatchScaled", "ConfidenceThreshold", "DisableByBatch", "BatchTable", "Heuristic",
+           "EMA", "Goodput", "Oracle", "Bandit"]

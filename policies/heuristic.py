@@ -1,0 +1,33 @@
+import numpy as np
+
+from specdepth.errors import as_int
+from specdepth.policy import Policy
+
+from ._common import PerRequest
+
+
+class Heuristic(Policy):
+    """Hugging Face assisted generation, `num_assistant_tokens_schedule="heuristic"`, per sequence: start
+    at `initial` drafts; +2 after a draft that was fully accepted, else max(1, n - 1). HF's defaults:
+    20 initial tokens and no cap; here the count is kept within [1, `max_depth`] (and the engine's cap
+    applies), so that a long run of full acceptances cannot bank depth the engine would never draft."""
+
+    name = "heuristic"
+
+    def __init__(self, initial: int = 20, max_depth: int = 16):
+        self.initial = as_int(initial, "policy.initial", min=1)
+        self.max_depth = as_int(max_depth, "policy.max_depth", min=1)
+        self._n = PerRequest(1, float(initial))
+
+    def reset(self):
+        self._n.reset()
+
+    def plan(self, view):
+        n = self._n.align(view.request_ids)[:, 0]
+        return np.minimum(n, min(self.max_depth, view.max_depth)).astype(np.int64)
+
+    def observe(self, view, accepted):
+        n = self._n.align(view.request_ids)
+        drafted = view.drafted
+        full = (accepted >= drafted) & (drafted > 0)
+        n[:, 0] = np.clip(np.where(full, n[:, 0] + 2, np.where(drafted > 0, n[:, 0] - 1, n[:, 0])), 1, self.max_depth)
