@@ -109,3 +109,23 @@ def best_prefix(n_rows: int, rows: np.ndarray, pos: np.ndarray, value: np.ndarra
     g = e / t
     m = int(np.argmax(g))
     return m, float(g[m])
+
+
+def fit_token_cap(depths: np.ndarray, view) -> np.ndarray:
+    """Clip depths at the largest c with batch + sum(min(depths, c)) <= view.max_num_batched_tokens (the
+    engine's hard cap), so that a policy's plan is valid at any batch size."""
+    room = view.max_num_batched_tokens - view.batch_size
+    if int(depths.sum()) <= room:
+        return depths
+    if room <= 0:
+        return np.zeros_like(depths)
+    srt = np.sort(depths)
+    # total(c) = sum(min(d, c)) is nondecreasing in c: largest c with total(c) <= room
+    lo, hi = 0, int(srt[-1])
+    while lo < hi:
+        c = (lo + hi + 1) // 2
+        if int(np.minimum(srt, c).sum()) <= room:
+            lo = c
+        else:
+            hi = c - 1
+    return np.minimum(depths, lo)

@@ -5,6 +5,8 @@ import numpy as np
 from specdepth.errors import ConfigError, as_float, as_int
 from specdepth.policy import Policy
 
+from ._common import fit_token_cap
+
 
 class Bandit(Policy):
     """BanditSpec-style UCB1 over a small set of depths (`arms`), one depth for the whole batch per step.
@@ -59,7 +61,7 @@ class Bandit(Policy):
             ucb = mean / max(mean.max(), 1e-300) + self.c * np.sqrt(2 * math.log(max(t, 1.0)) / self._n)
             arm = int(np.argmax(ucb))
         self._arm, self._t0 = arm, view.now_s
-        return np.full(view.batch_size, min(self.arms[arm], view.max_depth), np.int64)
+        return fit_token_cap(np.full(view.batch_size, min(self.arms[arm], view.max_depth), np.int64), view)
 
     def observe(self, view, accepted):
         emitted = np.minimum(accepted + 1, view.remaining).sum()

@@ -3,6 +3,8 @@ import numpy as np
 from specdepth.errors import ConfigError, as_int
 from specdepth.policy import Policy
 
+from ._common import fit_token_cap
+
 
 class BatchTable(Policy):
     """vLLM V1 dynamic speculation (`num_speculative_tokens_per_batch_size`): a user table of
@@ -39,7 +41,7 @@ class BatchTable(Policy):
 
     def plan(self, view):
         k = min(self.depth_for(view.batch_size), view.max_depth)
-        return np.full(view.batch_size, k, dtype=np.int64)
+        return fit_token_cap(np.full(view.batch_size, k, dtype=np.int64), view)
 
     @property
     def label(self):

@@ -3,6 +3,8 @@ import numpy as np
 from specdepth.errors import as_int
 from specdepth.policy import Policy
 
+from ._common import fit_token_cap
+
 
 class DisableByBatch(Policy):
     """vLLM V0 `speculative_disable_by_batch_size`: every sequence drafts `depth` tokens while the running
@@ -16,4 +18,4 @@ class DisableByBatch(Policy):
 
     def plan(self, view):
         k = min(self.depth, view.max_depth) if view.batch_size < self.threshold else 0
-        return np.full(view.batch_size, k, dtype=np.int64)
+        return fit_token_cap(np.full(view.batch_size, k, dtype=np.int64), view)

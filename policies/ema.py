@@ -3,7 +3,7 @@ import numpy as np
 from specdepth.errors import ConfigError, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
-from ._common import PerRequest
+from ._common import PerRequest, fit_token_cap
 
 
 class EMA(Policy):
@@ -67,9 +67,9 @@ class EMA(Policy):
     def plan(self, view):
         n = view.batch_size
         if self.scope == "batch":
-            return np.full(n, min(int(self._depth), view.max_depth), np.int64)
+            return fit_token_cap(np.full(n, min(int(self._depth), view.max_depth), np.int64), view)
         st = self._seq.align(view.request_ids)
-        return np.minimum(st[:, 1], view.max_depth).astype(np.int64)
+        return fit_token_cap(np.minimum(st[:, 1], view.max_depth).astype(np.int64), view)
 
     def observe(self, view, accepted):
         drafted = view.drafted

@@ -3,7 +3,7 @@ import numpy as np
 from specdepth.errors import as_int
 from specdepth.policy import Policy
 
-from ._common import PerRequest
+from ._common import PerRequest, fit_token_cap
 
 
 class Heuristic(Policy):
@@ -24,7 +24,7 @@ class Heuristic(Policy):
 
     def plan(self, view):
         n = self._n.align(view.request_ids)[:, 0]
-        return np.minimum(n, min(self.max_depth, view.max_depth)).astype(np.int64)
+        return fit_token_cap(np.minimum(n, min(self.max_depth, view.max_depth)).astype(np.int64), view)
 
     def observe(self, view, accepted):
         n = self._n.align(view.request_ids)

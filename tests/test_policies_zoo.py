@@ -125,6 +125,15 @@ def test_heuristic_caps_at_max_depth():
     assert p.plan(v).tolist() == [16]
 
 
+def test_every_zoo_policy_fits_the_engine_token_cap_at_any_batch():
+    v = make_view(512, cap=8192)
+    for p in (Heuristic(initial=16), DisableByBatch(depth=16, threshold=1000), BatchTable(table=[[1, 1000, 16]]),
+              EMA(scope="sequence", initial=7), Bandit(arms=[16]), Goodput(), FixedDepth(0)):
+        d = p.plan(v)
+        assert 512 + int(d.sum()) <= 8192, p.label
+    assert Heuristic(initial=16).plan(v).tolist() == [15] * 512
+
+
 # ---- ema ----------------------------------------------------------------------------------------
 
 def test_ema_batch_scope_follows_accepted_length_on_its_schedule():
