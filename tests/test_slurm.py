@@ -18,7 +18,7 @@ from specdepth import report
 
 from test_sweeps import KILLPOL, TINY, run_dirs, specdepth
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 def _cluster_problem() -> str | None:

@@ -114,6 +114,7 @@ def test_report_over_the_sweep(grid, tmp_path, capsys):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png
 
 
+@pytest.mark.slow
 def test_resume_after_a_sweep_killed_midway(tmp_path):
     """A sweep killed hard after 2 of 4 runs; the rerun runs only the 2 missing ones, in the same dirs.
     A different grid under the same name then adds dirs and never touches the earlier results."""
@@ -152,20 +153,21 @@ def test_resume_after_a_sweep_killed_midway(tmp_path):
     assert {d: (d / "summary.json").stat().st_mtime_ns for d in done} == done
 
 
+@pytest.mark.slow
 def test_optuna_preset_tunes_for_throughput(tmp_path):
     """experiment=tune_confidence: the Optuna sweeper maximizes the runs' throughput (the app's return value)."""
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="hydra-optuna-sweeper not installed")
-    p = specdepth("--multirun", "experiment=tune_confidence", "hydra.sweeper.n_trials=3", *TINY, cwd=tmp_path)
+    p = specdepth("--multirun", "experiment=tune_confidence", "hydra.sweeper.n_trials=2", *TINY, cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     sweep = tmp_path / "outputs" / "multirun" / "tune_confidence"
     dirs = run_dirs(sweep)
-    assert len(dirs) == 3
+    assert len(dirs) == 2
     best = OmegaConf.load(sweep / "optimization_results.yaml")
     tputs = [json.loads((d / "summary.json").read_text())["throughput_tok_s"] for d in dirs]
     assert best.best_value == pytest.approx(max(tputs))
     assert set(best.best_params) == {"policy.threshold", "policy.max_depth"}
     text, _ = report.report(sweep, tmp_path / "rep", plots=False)
-    assert "Optuna best:" in text and "3 runs under" in text
+    assert "Optuna best:" in text and "2 runs under" in text
 
 
 # ------------------------------------------------------------------------------------ in-process, fast

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -60,7 +61,16 @@ def test_offline_run_files_hold_config_summary_and_steps(tmp_path, no_wandb_env)
     assert json.loads((tmp_path / "summary.json").read_text()) == summary   # local results as always
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, "offline unless a mode is set"
-    recs = list(wandb_records(next(runs[0].glob("run-*.wandb"))))
+    # wandb's service process writes the .wandb file; it may finish flushing just after finish() returns
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            recs = list(wandb_records(next(runs[0].glob("run-*.wandb"))))
+        except Exception:  # a record still being written
+            recs = []
+        if any(r.WhichOneof("record_type") == "exit" for r in recs) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     kinds = [r.WhichOneof("record_type") for r in recs]
     r = next(r.run for r in recs if r.WhichOneof("record_type") == "run")
     assert r.run_group == "wb" and r.job_type == "fixed(4)" and r.display_name == tmp_path.name
