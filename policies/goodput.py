@@ -37,7 +37,7 @@ class Goodput(Policy):
     name = "goodput"
 
     def __init__(self, max_depth: int = 16, estimator: str = "confidence", prior_strength: float = 8.0,
-                 pool_memory: float = 2000.0, use_confidence: bool = True, extend: int = 16,
+                 pool_memory: float = 20000.0, use_confidence: bool = True, extend: int = 16,
                  ranking: str = "position"):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
