@@ -109,6 +109,8 @@ class Confidence(AcceptanceModel):
     def reset(self, rng):
         super().reset(rng)
         self.mu = np.empty(0)
+        self._z = self._u = np.empty(0)
+        self._used = 0
 
     def admit(self, n):
         if self.seq_concentration is None:
@@ -121,13 +123,21 @@ class Confidence(AcceptanceModel):
     def retire(self, keep):
         self.mu = self.mu[keep]
 
+    def _noise(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Standard normals and uniforms, drawn in large blocks (one RNG call per many steps)."""
+        if self._used + size > self._z.size:
+            block = max(size, 1 << 16)
+            self._z, self._u, self._used = self.rng.standard_normal(block), self.rng.random(block), 0
+        lo, self._used = self._used, self._used + size
+        return self._z[lo:self._used], self._u[lo:self._used]
+
     def sample(self, n, k):
-        z = self.rng.standard_normal((n, k))
-        z *= self.spread
+        zn, u = self._noise(n * k)
+        z = zn.reshape(n, k) * self.spread
         z += self.mu[:, None]
         conf = 1.0 / (1.0 + np.exp(-z))
         p = conf if self.calibration == 1.0 else conf ** self.calibration
-        return conf, self.rng.random((n, k)) < p
+        return conf, u.reshape(n, k) < p
 
 
 class Trace(AcceptanceModel):

@@ -93,15 +93,17 @@ class CostModel:
         seconds = flops = 0.0
         a, b = self._df
         rows = depths.shape[0]
-        if int(depths.sum()) == rows * k:   # one depth for all: no need to split the rows
-            cnt = np.full(k + 1, rows)
-            csum = np.full(k + 1, float(ctx.sum()))
+        if int(depths.sum()) == rows * k:   # one depth for all: every row drafts every position
+            cnt, csum = None, float(ctx.sum())
         else:                               # rows with depth > p, and the sum of their contexts
-            cnt = np.cumsum(np.bincount(depths, minlength=k + 1)[::-1])[::-1]
-            csum = np.cumsum(np.bincount(depths, weights=ctx, minlength=k + 1)[::-1])[::-1]
+            cnt = np.cumsum(np.bincount(depths, minlength=k + 1)[::-1])[::-1].tolist()
+            csum = np.cumsum(np.bincount(depths, weights=ctx, minlength=k + 1)[::-1])[::-1].tolist()
         for p in range(k):
-            n = float(cnt[p + 1])
-            c = float(csum[p + 1]) + p * n
+            if cnt is None:
+                n, c = float(rows), csum + p * rows
+            else:
+                n = float(cnt[p + 1])
+                c = csum[p + 1] + p * n
             f = a * n + b * (c + n)
             seconds += self._time("draft", n, f, c, n)
             flops += f

@@ -77,7 +77,7 @@ class BatchState:
     one float matrix so that admitting and retiring rows costs a few array operations, not one per field."""
 
     INT = ("rid", "plen", "gen", "olen", "adm", "rdr", "racc")
-    FLT = ("arr", "first", "A", "R")
+    FLT = ("arr", "first", "A", "R")   # A, R: decayed accepted / rejected draft counts (adjacent: see run)
 
     def __init__(self, history: int, prior: float):
         self.I = np.empty((0, len(self.INT)), np.int64)
@@ -267,13 +267,11 @@ class Engine:
                 gen += clipped
                 out_step = int(clipped.sum())
                 if kmax:
+                    AR = st.F[:, 2:4]              # the (A, R) columns, decayed together
                     if d_sum == n * kmax:          # everyone drafted: the plain decay
-                        st.A *= decay
-                        st.R *= decay
+                        AR *= decay
                     else:
-                        dv = np.where(drafted > 0, decay, 1.0)
-                        st.A *= dv
-                        st.R *= dv
+                        AR *= np.where(drafted > 0, decay, 1.0)[:, None]
                     st.A += accepted
                     st.R += accepted < drafted
                     st.rdr += drafted
