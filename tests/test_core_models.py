@@ -123,5 +123,5 @@ def test_main_experiment_composes():
     assert c.hydra.mode.name == "MULTIRUN"
     params = c.hydra.sweeper.params
     assert str(params["workload.batch_size"]) == "1,8,64,256"
-    assert set(str(params["policy"]).split(",")) == {"none", "fixed", "batch_scaled", "confidence"}
+    assert set(str(params["policy"]).split(",")) == {"none", "fixed", "batch_scaled", "confidence", "goodput"}
     GlobalHydra.instance().clear()
