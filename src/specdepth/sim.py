@@ -6,6 +6,7 @@ import numpy as np
 
 from .acceptance import AcceptanceModel
 from .cost import CostModel
+from .errors import as_float
 from .executor import Executor
 
 
@@ -14,8 +15,14 @@ class SimExecutor(Executor):
     clock = "model"
     supports_oracle = True
 
-    def __init__(self, cost: CostModel, acceptance: AcceptanceModel, seed: int = 0, **_):
+    def __init__(self, cost: CostModel, acceptance: AcceptanceModel, seed: int = 0, step_overhead_s: float = 0.0,
+                 position_overhead_s: float = 0.0, **_):
         self.cost = cost
+        # a real backend's fixed costs outside the model forwards (engine and policy bookkeeping, sampling,
+        # host copies), which a cost model of forwards alone does not see: seconds per step (charged with
+        # the verify) and per draft position (charged with the draft). 0 = forwards only (the default).
+        self.step_overhead_s = as_float(step_overhead_s, "backend.step_overhead_s", min=0)
+        self.position_overhead_s = as_float(position_overhead_s, "backend.position_overhead_s", min=0)
         self.acceptance = acceptance
         self.rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x51D]))
         acceptance.reset(self.rng)
@@ -46,13 +53,17 @@ class SimExecutor(Executor):
 
     def draft(self, rows, position):
         t, f = self.cost.draft_forward(self.ctx[rows] + position)
-        return self._conf[rows, position], t, f
+        return self._conf[rows, position], t + self.position_overhead_s, f
 
     def draft_block(self, depths):
-        return self.cost.draft_positions(self.ctx, depths)
+        t, f = self.cost.draft_positions(self.ctx, depths)
+        if self.position_overhead_s:
+            t += self.position_overhead_s * int(depths.max(initial=0))
+        return t, f
 
     def verify(self, drafted):
         t, f = self.cost.target_forward(self.ctx, drafted + 1)
+        t += self.step_overhead_s
         if self._acc is None:
             accepted = np.zeros_like(drafted)
         else:

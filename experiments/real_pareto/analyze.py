@@ -1,0 +1,229 @@
+"""Study 7 (issue 7): adaptive depth policies vs no speculation vs the best fixed depth on the real backend.
+
+    .venv/bin/python experiments/real_pareto/analyze.py [SWEEP] [--out DIR] [--readme FILE]
+
+SWEEP (default outputs/multirun/real_pareto): the backend=hf runs of experiment=real_pareto, laid out
+r<rep>/b<batch>/<pol>/, read with specdepth.report.collect. Per (batch, policy) the throughput is the mean
+over repetitions of
+  e2e     summary.json throughput_tok_s: output tokens / wall time, prefill included (the headline)
+  decode  (output tokens - batch) / (wall time - prefill seconds): the decode phase only (prefill is the
+          same for every policy and dilutes their differences)
+Baseline per batch = max(none, best fixed depth among fixed1..fixed8, chosen per batch in hindsight).
+Gap of an adaptive policy = its throughput / baseline - 1. Goal (issue 7): the best adaptive policy is never
+more than 3% below the baseline, i.e. its worst gap over batch sizes >= -3%.
+Writes results.md and PNG figures into --out (default: this folder) and the README's results section
+(between `<!-- results:begin -->` and `<!-- results:end -->`) when --readme is given.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from specdepth.report import collect  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+FIXED = ("fixed1", "fixed2", "fixed3", "fixed4", "fixed6", "fixed8")
+NONE = "none"
+ADAPTIVE = ("batch_scaled", "confidence", "goodput", "ema", "heuristic", "disable_by_batch", "batch_table",
+            "bandit")
+GOAL = -0.03
+
+
+def load(sweep: Path) -> dict:
+    """cells[batch][pol] = {e2e, decode, tps, reps: [e2e per rep]}"""
+    raw = defaultdict(lambda: defaultdict(list))
+    for row in collect(sweep):
+        try:
+            rel = Path(row["run_dir"]).relative_to(sweep).parts
+        except ValueError:
+            continue
+        if len(rel) != 3 or not rel[0].startswith("r") or not rel[1].startswith("b"):
+            continue
+        row["_rep"] = int(rel[0][1:])
+        raw[int(rel[1][1:])][rel[2]].append(row)
+    cells = {}
+    for b, pols in raw.items():
+        cells[b] = {}
+        for p, rows in pols.items():
+            dec = []
+            for r in rows:
+                t = r["time_s"] - (r.get("prefill_time_s") or 0.0)
+                dec.append((r["output_tokens"] - r["requests"]) / t if t > 0 else None)
+            cells[b][p] = dict(e2e=statistics.fmean(r["throughput_tok_s"] for r in rows),
+                               decode=statistics.fmean(d for d in dec if d is not None),
+                               tps=statistics.fmean(r["tokens_per_step"] for r in rows),
+                               reps=[r["throughput_tok_s"] for r in sorted(rows, key=lambda r: r["_rep"])],
+                               by_rep={r["_rep"]: dict(e2e=r["throughput_tok_s"], decode=d)
+                                       for r, d in zip(rows, dec)})
+    return cells
+
+
+def baseline(cell: dict, metric: str):
+    cands = {p: cell[p][metric] for p in (NONE,) + FIXED if p in cell}
+    if not cands:
+        return None, None
+    p = max(cands, key=cands.get)
+    return p, cands[p]
+
+
+def gaps(cells: dict, metric: str) -> dict:
+    """gaps[pol][batch] = throughput / baseline - 1, computed within each repetition (the policies of one
+    batch size run back to back, so a machine slowed down by other processes for minutes slows them alike)
+    and then averaged over the repetitions."""
+    out = defaultdict(dict)
+    for b, cell in cells.items():
+        reps = sorted({r for v in cell.values() for r in v.get("by_rep", {})}) or [None]
+        acc = defaultdict(list)
+        for rep in reps:
+            view = ({p: v["by_rep"][rep] for p, v in cell.items() if rep in v.get("by_rep", {})}
+                    if rep is not None else cell)
+            _, base = baseline(view, metric)
+            if not base:
+                continue
+            for p, v in view.items():
+                if v.get(metric):
+                    acc[p].append(v[metric] / base - 1)
+        for p, g in acc.items():
+            out[p][b] = statistics.fmean(g)
+    return out
+
+
+def table(cells: dict, metric: str) -> str:
+    batches = sorted(cells)
+    g = gaps(cells, metric)
+    pols = [p for p in (NONE,) + FIXED + ADAPTIVE if any(p in cells[b] for b in batches)]
+    lines = [f"**{metric}** throughput, tok/s, mean over repetitions (gap to max(none, best fixed) at that batch, "
+             "computed within each repetition, then averaged):", "",
+             "| policy | " + " | ".join(f"b={b}" for b in batches) + " | worst gap |",
+             "|---|" + "---|" * (len(batches) + 1)]
+    for p in pols:
+        cs = []
+        for b in batches:
+            v = cells[b].get(p)
+            cs.append("-" if v is None else f"{v[metric]:.1f} ({100 * g[p][b]:+.1f}%)")
+        worst = min(g[p].values()) if g.get(p) else None
+        lines.append(f"| {p} | " + " | ".join(cs) + f" | {'-' if worst is None else f'{100 * worst:+.1f}%'} |")
+    base = [baseline(cells[b], metric) for b in batches]
+    lines.append("| **baseline** (of the mean) | " + " | ".join(f"{v:.1f} ({p})" for p, v in base) + " | |")
+    tps = []
+    for p in pols:
+        tps.append(f"| {p} | " + " | ".join("-" if p not in cells[b] else f"{cells[b][p]['tps']:.2f}"
+                                             for b in batches) + " |")
+    lines += ["", "tokens per step (mean emitted per sequence per verify):", "",
+              "| policy | " + " | ".join(f"b={b}" for b in batches) + " |", "|---|" + "---|" * len(batches)] + tps
+    return "\n".join(lines)
+
+
+def verdict(cells: dict, metric: str) -> tuple[str, str | None, float | None]:
+    g = gaps(cells, metric)
+    batches = sorted(cells)
+    worst = {p: min(g[p][b] for b in batches if b in g[p]) for p in ADAPTIVE if p in g
+             and all(b in g[p] for b in batches)}
+    if not worst:
+        return "no adaptive policy ran at every batch size", None, None
+    best = max(worst, key=worst.get)
+    per_batch = []
+    for b in batches:
+        ad = {p: g[p][b] for p in ADAPTIVE if p in g and b in g[p]}
+        per_batch.append(max(ad.values()) if ad else float("nan"))
+    ok = worst[best] >= GOAL
+    text = (f"{metric}: best adaptive policy over all batch sizes = **{best}**, worst gap {100 * worst[best]:+.1f}% "
+            f"-> goal (>= -3%) {'**met**' if ok else '**missed**'}. Per batch, the best adaptive policy chosen "
+            f"in hindsight: worst gap {100 * min(per_batch):+.1f}%.")
+    return text, best, worst[best]
+
+
+def figure(cells: dict, metric: str, out: Path) -> str:
+    batches = sorted(cells)
+    g = gaps(cells, metric)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    ax = axes[0]
+    for p in (NONE,) + FIXED + ADAPTIVE:
+        if p not in g:
+            continue
+        xs = [b for b in batches if p in cells[b]]
+        style = dict(ls="--", lw=1, color="0.5") if p in FIXED else dict(lw=1.6)
+        if p == NONE:
+            style = dict(lw=2, color="k")
+        ax.plot(xs, [cells[b][p][metric] for b in xs], marker="o", ms=3, label=p, **style)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.set_xlabel("batch size")
+    ax.set_ylabel(f"{metric} throughput (tok/s)")
+    ax.set_title("real backend (CPU, tiny_pair): throughput", fontsize=9)
+    ax.legend(fontsize=6, ncol=2)
+    ax = axes[1]
+    for p in ADAPTIVE:
+        if p not in g:
+            continue
+        xs = [b for b in batches if b in g[p]]
+        ax.plot(xs, [100 * g[p][b] for b in xs], marker="o", ms=3, lw=1.4, label=p)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.axhline(100 * GOAL, color="r", lw=0.8, ls=":", label="goal -3%")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("gap to max(none, best fixed) (%)")
+    ax.set_title("adaptive policies vs the per-batch best static choice", fontsize=9)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    name = f"real_pareto_{metric}.png"
+    fig.savefig(out / name, dpi=130)
+    plt.close(fig)
+    return name
+
+
+def noise(cells: dict) -> str | None:
+    d = [abs(v["reps"][1] / v["reps"][0] - 1) for c in cells.values() for v in c.values() if len(v["reps"]) > 1]
+    if not d:
+        return None
+    return (f"Repeatability: the same cell's e2e throughput in rep 1 vs rep 0 differs by {100 * statistics.fmean(d):.1f}% "
+            f"on average, {100 * max(d):.1f}% at most ({len(d)} cells): differences below that are noise.")
+
+
+def report(sweep: Path, out: Path) -> str:
+    cells = load(sweep)
+    if not cells:
+        raise SystemExit(f"no runs under {sweep}")
+    out.mkdir(parents=True, exist_ok=True)
+    md = [f"Runs: `{sweep}` ({sum(len(c) for c in cells.values())} cells)."]
+    n = noise(cells)
+    if n:
+        md += ["", n]
+    figs = []
+    for metric in ("e2e", "decode"):
+        md += ["", verdict(cells, metric)[0], "", table(cells, metric)]
+        figs.append(figure(cells, metric, out))
+    md += ["", "Figures: " + ", ".join(f"[{f}]({f})" for f in figs)]
+    text = "\n".join(md) + "\n"
+    (out / "results.md").write_text(text)
+    return text
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sweep", nargs="?", default="outputs/multirun/real_pareto")
+    ap.add_argument("--out", default=str(HERE))
+    ap.add_argument("--readme", default=None)
+    a = ap.parse_args(argv)
+    text = report(Path(a.sweep), Path(a.out))
+    print(text)
+    if a.readme:
+        p = Path(a.readme)
+        old = p.read_text()
+        if BEGIN in old and END in old:
+            head, rest = old.split(BEGIN, 1)
+            p.write_text(head + BEGIN + "\n" + text + END + rest.split(END, 1)[1])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Studies 6 and 7 of issue 7 (experiments/fidelity, experiments/real_pareto): the experiment configs compose,
+and both analysis scripts run on a tiny fake sweep (no models, no real runs)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import compose_cfg
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _compose_with_hydra(overrides):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from specdepth.app import CONF_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=True)
+
+
+def _module(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem + "_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("exp,backend", [("real_pareto", "specdepth.hf.HFExecutor"),
+                                         ("fidelity_sim", "specdepth.sim.SimExecutor")])
+def test_configs_compose(exp, backend):
+    cfg = _compose_with_hydra([f"experiment={exp}", "pol=goodput", "workload.batch_size=4", "rep=1"])
+    assert cfg.backend._target_ == backend
+    assert cfg.cost._target_ == "specdepth.cost.TableCost"
+    assert cfg.policy._target_ == "specdepth.policies.goodput.Goodput"
+    assert cfg.workload.batch_size == 4 and cfg.model.name == "tiny_pair"
+    params = cfg.hydra.sweeper.params
+    assert [int(b) for b in params["workload.batch_size"].split(",")] == [1, 2, 4, 8, 16, 32]
+    pols = params.pol.split(",")
+    assert "oracle" not in pols and {"none", "fixed4", "goodput", "bandit"} <= set(pols)
+    if exp == "real_pareto":
+        for p in pols:   # every policy preset resolves to a class
+            c = compose_cfg([f"experiment={exp}", f"pol={p}"])
+            assert c.policy._target_.startswith("specdepth.policies.")
+    if exp == "fidelity_sim":
+        assert cfg.acceptance._target_ == "specdepth.acceptance.Trace"
+        assert cfg.acceptance.path == "outputs/fidelity_traces/r1/b4/goodput.jsonl"
+
+
+def _fake_run(d: Path, policy: str, batch: int, tput: float, tps: float, drafted: int, trace=None):
+    d.mkdir(parents=True)
+    s = dict(policy=policy, backend="x", batch_size=batch, requests=batch, output_tokens=32 * batch, steps=10,
+             time_s=32 * batch / tput, throughput_tok_s=tput, tokens_per_step=tps, draft_tokens=drafted,
+             prefill_time_s=0.1, draft_time_s=0.2, verify_time_s=0.5, overhead_time_s=0.01)
+    (d / "summary.json").write_text(json.dumps(s))
+    if trace is not None:
+        (d / "acceptance_trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trace))
+
+
+def test_analyze_on_fake_sweeps(tmp_path):
+    real, sim = tmp_path / "real", tmp_path / "sim"
+    trace = [{"request_id": 0, "confidence": [0.9, 0.2], "accepted": [1, 0]}]
+    for rep in (0, 1):
+        for b in (1, 4):
+            for k, pol in enumerate(("none", "fixed1", "fixed2", "goodput", "bandit")):
+                t = 100.0 * b * (1 + 0.1 * k) * (1 + 0.02 * rep)
+                _fake_run(real / f"r{rep}" / f"b{b}" / pol, pol, b, t, 1 + 0.3 * k, 5 * k,
+                          trace=[] if pol == "none" else trace)
+                _fake_run(sim / f"r{rep}" / f"b{b}" / pol, pol, b, t * 1.04, 1 + 0.3 * k, 5 * k)
+    fid = _module(ROOT / "experiments" / "fidelity" / "analyze.py")
+    out = tmp_path / "fid"
+    readme = tmp_path / "README.md"
+    readme.write_text("x\n<!-- results:begin -->\nold\n<!-- results:end -->\ny\n")
+    fid.main([str(real), str(sim), "--out", str(out), "--readme", str(readme)])
+    text = (out / "results.md").read_text()
+    assert "| sim | 20 | 4.0% | 4.0% | 0.0% | 0.0% | 0.0% | 0.0% |" in text
+    assert "old" not in readme.read_text() and "4.0%" in readme.read_text()
+    for f in ("sim_vs_real.png", "error_by_batch.png", "time_split.png", "cells.csv"):
+        assert (out / f).stat().st_size > 0
+
+    prep = _module(ROOT / "experiments" / "fidelity" / "prepare.py")
+    made = prep.prepare(real, tmp_path / "traces")
+    assert len(made) == 20
+    assert Path(made[("r0", "b1", "none")]).parent.name == "fixed1"      # empty trace: borrowed
+    assert (tmp_path / "traces" / "r1" / "b4" / "goodput.jsonl").read_text().strip()
+
+    rp = _module(ROOT / "experiments" / "real_pareto" / "analyze.py")
+    out2 = tmp_path / "rp"
+    rp.main([str(real), "--out", str(out2)])
+    text = (out2 / "results.md").read_text()
+    assert "best adaptive policy over all batch sizes = **bandit**" in text
+    assert "goal (>= -3%) **met**" in text
+    cells = rp.load(real)
+    assert cells[4]["goodput"]["reps"][1] == pytest.approx(cells[4]["goodput"]["reps"][0] * 1.02)
+    assert (out2 / "real_pareto_e2e.png").stat().st_size > 0
+
+
+def test_sim_overheads_are_charged_per_step_and_position():
+    """backend.step_overhead_s / position_overhead_s (SimExecutor): 0 by default (unchanged results); else the
+    clock grows by exactly step x steps + position x draft positions."""
+    from specdepth.app import build
+
+    def run(*extra):
+        cfg = compose_cfg(["cost=constant", "acceptance=iid", "policy=fixed", "policy.depth=3",
+                           "workload.batch_size=4", "workload.output_len=20", "engine.progress=false", *extra])
+        res = build(cfg)["engine"].run()
+        return res, sum(r[-3] for r in res.steps)   # step_s
+
+    base, t0 = run()
+    same, t1 = run("+backend.step_overhead_s=0", "+backend.position_overhead_s=0")
+    assert t1 == t0 and [r[:10] for r in same.steps] == [r[:10] for r in base.steps]
+    oh, t2 = run("+backend.step_overhead_s=0.001", "+backend.position_overhead_s=0.0005")
+    positions = sum(r[3] for r in oh.steps)   # max_depth column: draft positions of the step
+    assert len(oh.steps) == len(base.steps)
+    assert t2 == pytest.approx(t0 + 0.001 * len(oh.steps) + 0.0005 * positions)
