@@ -67,8 +67,13 @@ def test_sweep_on_slurm(cluster, tmp_path):
     jobs = sorted(d.name for d in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+_\d+", d.name))
     assert len(jobs) == 4
     array_id = jobs[0].split("_")[0]
-    acct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", array_id, "-o", "JobID,State"],
-                          capture_output=True, text=True, timeout=15).stdout.split()
+    # slurmctld hands finished jobs to the accounting daemon asynchronously: give it a few seconds
+    for _ in range(30):
+        acct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", array_id, "-o", "JobID,State"],
+                              capture_output=True, text=True, timeout=15).stdout.split()
+        if len(acct) == 4 and all(line.endswith("|COMPLETED") for line in acct):
+            break
+        time.sleep(1)
     assert len(acct) == 4 and all(line.endswith("|COMPLETED") for line in acct), acct
     text, _ = report.report(sweep, tmp_path / "rep", plots=False)
     assert "complete: all 4 runs" in text
