@@ -51,12 +51,13 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--assets", type=Path, default=common.DEFAULT_ASSETS)
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results.json")
-    p.add_argument("--n-prompts", type=int, default=200)
-    p.add_argument("--gen-tokens", type=int, default=128)
-    p.add_argument("--gen-batch", type=int, default=25)
-    p.add_argument("--loss-bytes", type=int, default=131072)
+    p.add_argument("--n-prompts", type=int, default=100)
+    p.add_argument("--gen-tokens", type=int, default=96)
+    p.add_argument("--gen-batch", type=int, default=50)
+    p.add_argument("--loss-bytes", type=int, default=65536)
     p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (1: on a shared 2-core CPU, 2 intra-op threads were several times slower)")
     p.add_argument("--bins", type=int, default=10)
     return p.parse_args(argv)
 
@@ -69,39 +70,29 @@ def load(path: Path):
     return m
 
 
-@torch.no_grad()
-def heldout_loss(models: dict, stream: torch.Tensor, seq_len: int, max_tokens: int, batch: int = 8):
+@torch.inference_mode()
+def heldout_loss_and_agreement(target, draft, stream: torch.Tensor, seq_len: int, max_tokens: int, batch: int = 8):
+    """One pass over non-overlapping held-out windows: CE (nats/byte) of both models, and the position-1
+    greedy agreement of draft and target on natural (teacher-forced) text."""
     n = min(stream.numel() - 1, max_tokens)
     n = (n // seq_len) * seq_len
     x = stream[: n + 1]
     windows = torch.stack([x[s : s + seq_len + 1] for s in range(0, n, seq_len)])
-    res = {}
-    for name, m in models.items():
-        tot = 0.0
-        for i in range(0, windows.size(0), batch):
-            w = windows[i : i + batch]
-            logits = m(input_ids=w[:, :-1]).logits
-            tot += F.cross_entropy(logits.reshape(-1, logits.size(-1)), w[:, 1:].reshape(-1), reduction="sum").item()
-        res[name] = tot / (windows.size(0) * seq_len)
-    return res, int(windows.size(0) * seq_len)
-
-
-@torch.no_grad()
-def natural_agreement(target, draft, stream, seq_len, max_tokens, batch=8):
-    n = min(stream.numel() - 1, max_tokens)
-    n = (n // seq_len) * seq_len
-    windows = torch.stack([stream[s : s + seq_len] for s in range(0, n, seq_len)])
-    agree = tot = 0
+    tot = {"target": 0.0, "draft": 0.0}
+    agree = 0
     for i in range(0, windows.size(0), batch):
         w = windows[i : i + batch]
-        gt = target(input_ids=w).logits.argmax(-1)
-        gd = draft(input_ids=w).logits.argmax(-1)
-        agree += (gt == gd).sum().item()
-        tot += gt.numel()
-    return agree / tot
+        lab = w[:, 1:].reshape(-1)
+        lt = target(input_ids=w[:, :-1]).logits
+        ld = draft(input_ids=w[:, :-1]).logits
+        tot["target"] += F.cross_entropy(lt.reshape(-1, lt.size(-1)), lab, reduction="sum").item()
+        tot["draft"] += F.cross_entropy(ld.reshape(-1, ld.size(-1)), lab, reduction="sum").item()
+        agree += (lt.argmax(-1) == ld.argmax(-1)).sum().item()
+    n_tok = int(windows.size(0) * seq_len)
+    return {k: v / n_tok for k, v in tot.items()}, n_tok, agree / n_tok
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def greedy_paths(target, tok, texts, gen_tokens, batch):
     """Target greedy continuation of each prompt (left-padded batched generate with KV cache)."""
     tok.padding_side = "left"
@@ -118,7 +109,7 @@ def greedy_paths(target, tok, texts, gen_tokens, batch):
     return out
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def teacher_forced(target, draft, paths, batch=16):
     """Per generated position t: target greedy token, draft greedy token, draft prob of it."""
     recs = []
@@ -203,8 +194,8 @@ def main(argv=None):
         parts += [[common.BOS_ID], list(common.read_bytes(rel)), [common.EOS_ID]]
     stream = torch.tensor([b for part in parts for b in part], dtype=torch.long)
     print(f"held-out loss on {min(args.loss_bytes, stream.numel())} tokens of {len(held)} held-out files ...", flush=True)
-    loss, n_loss = heldout_loss({"target": target, "draft": draft}, stream, args.seq_len, args.loss_bytes)
-    agree_nat = natural_agreement(target, draft, stream, args.seq_len, args.loss_bytes)
+    loss, n_loss, agree_nat = heldout_loss_and_agreement(target, draft, stream, args.seq_len, args.loss_bytes)
+    print(f"  done ({time.time() - t0:.0f}s)", flush=True)
 
     # acceptance on prompts
     ds = load_dataset("json", data_files=str(args.assets / "prompts.jsonl"), split="train")

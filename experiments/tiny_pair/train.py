@@ -37,19 +37,24 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=common.DEFAULT_ASSETS)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--world-size", type=int, default=2,
+                   help="data-parallel CPU processes (gloo), one per core; batch sizes below are per process")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--target-steps", type=int, default=280)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--target-lr", type=float, default=2.5e-3)
-    p.add_argument("--distill-steps", type=int, default=80)
-    p.add_argument("--distill-batch-size", type=int, default=8)
+    p.add_argument("--target-steps", type=int, default=210)
+    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--target-lr", type=float, default=3e-3)
+    p.add_argument("--distill-steps", type=int, default=40)
+    p.add_argument("--distill-batch-size", type=int, default=4)
     p.add_argument("--draft-lr", type=float, default=3e-3)
+    p.add_argument("--phase1-max-minutes", type=float, default=19.0,
+                   help="wall-clock guard: end phase 1 early (logged) if it passes this many minutes since start")
+    p.add_argument("--port", type=int, default=29517)
     p.add_argument("--kl-weight", type=float, default=1.0)
     p.add_argument("--ce-weight", type=float, default=0.1)
-    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--n-prompts", type=int, default=200)
-    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--log-every", type=int, default=25)
     # architecture
     p.add_argument("--target-hidden", type=int, default=256)
     p.add_argument("--target-layers", type=int, default=6)
@@ -154,18 +159,39 @@ def save_model(model, tokenizer, path: Path):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.world_size > 1:
+        import torch.multiprocessing as mp
+
+        mp.spawn(worker, args=(args, sys.argv[1:]), nprocs=args.world_size, join=True)
+    else:
+        worker(0, args, sys.argv[1:])
+
+
+def worker(rank, args, argv):
+    import os
+
+    import torch.distributed as dist
+
     t_start = time.time()
+    ws = args.world_size
     torch.set_num_threads(args.threads)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     from transformers import LlamaForCausalLM
 
+    if ws > 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(args.port))
+        dist.init_process_group("gloo", rank=rank, world_size=ws)
+    main_rank = rank == 0
+
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    log = Logger(out / "train_log.txt")
-    log(f"# tiny_pair train.py  argv={sys.argv[1:]}")
-    log(f"# python {sys.version.split()[0]}  torch {torch.__version__}  threads {torch.get_num_threads()}  stdlib {common.stdlib_root()}")
+    log = Logger(out / "train_log.txt") if main_rank else (lambda msg: None)
+    log(f"# tiny_pair train.py  argv={argv}")
+    log(f"# python {sys.version.split()[0]}  torch {torch.__version__}  processes {ws} x threads {torch.get_num_threads()}  "
+        f"stdlib {common.stdlib_root()}")
 
     train_files, held_files = common.split_files()
     train_stream = build_stream(train_files)
@@ -177,7 +203,7 @@ def main(argv=None):
     sample = common.read_bytes(train_files[0]).decode("utf-8", errors="replace")
     assert tokenizer(sample[:1000])["input_ids"] == list(sample[:1000].encode("utf-8"))
 
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed)  # identical init on every rank
     target = LlamaForCausalLM(make_config(args.target_hidden, args.target_layers, args.target_ffn,
                                           args.target_heads, args.max_positions))
     draft = LlamaForCausalLM(make_config(args.draft_hidden, args.draft_layers, args.draft_ffn,
@@ -186,54 +212,77 @@ def main(argv=None):
     n_d = sum(p.numel() for p in draft.parameters())
     log(f"# params: target {n_t:,}  draft {n_d:,}  ratio {n_d / n_t:.3%}")
     assert n_d <= 0.10 * n_t, "draft must be <= 10% of the target"
+    if ws > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        target_m, draft_m = DDP(target), DDP(draft)
+    else:
+        target_m, draft_m = target, draft
 
     opt_t = torch.optim.AdamW(target.parameters(), lr=args.target_lr, betas=(0.9, 0.95), weight_decay=0.1)
     opt_d = torch.optim.AdamW(draft.parameters(), lr=args.draft_lr, betas=(0.9, 0.95), weight_decay=0.1)
-    gen = torch.Generator().manual_seed(args.seed + 1)
+    gen = torch.Generator().manual_seed(args.seed + 1 + 1000 * rank)
     draft_total = args.target_steps + args.distill_steps
-    history = []
+    log(f"# global batch: phase 1 {ws} x {args.batch_size} x {args.seq_len} bytes, "
+        f"phase 2 {ws} x {args.distill_batch_size} x {args.seq_len} bytes")
+
+    def stop_flag(cond: bool) -> bool:
+        # all ranks agree (rank 0's clock decides)
+        if ws == 1:
+            return cond
+        f = torch.tensor([1.0 if (cond and main_rank) else 0.0])
+        dist.broadcast(f, 0)
+        return bool(f.item())
 
     # ---- phase 1: target CE, draft distilled online from the current target
     target.train(); draft.train()
     t1 = time.time()
-    bar = tqdm(range(args.target_steps), desc="phase1 target", dynamic_ncols=True, mininterval=2.0)
+    steps_done = 0
+    stopped_early = False
+    bar = tqdm(range(args.target_steps), desc="phase1 target", dynamic_ncols=True, mininterval=2.0,
+               disable=not main_rank)
     for step in bar:
+        if step % 10 == 0 and stop_flag(time.time() - t_start > 60 * args.phase1_max_minutes):
+            log(f"# wall-clock guard: phase 1 stopped after {step} of {args.target_steps} steps "
+                f"({time.time() - t_start:.0f}s > {args.phase1_max_minutes} min)")
+            stopped_early = True
+            break
         x = sample_batch(train_stream, args.batch_size, args.seq_len, gen)
         inp, lab = x[:, :-1], x[:, 1:]
         for g in opt_t.param_groups:
             g["lr"] = lr_at(step, args.target_steps, args.target_lr, args.warmup)
         for g in opt_d.param_groups:
             g["lr"] = lr_at(step, draft_total, args.draft_lr, args.warmup)
-        t_logits = target(input_ids=inp).logits
+        t_logits = target_m(input_ids=inp).logits
         loss_t = F.cross_entropy(t_logits.reshape(-1, t_logits.size(-1)), lab.reshape(-1))
         opt_t.zero_grad(set_to_none=True)
         loss_t.backward()
         torch.nn.utils.clip_grad_norm_(target.parameters(), 1.0)
         opt_t.step()
-        d_logits = draft(input_ids=inp).logits
+        d_logits = draft_m(input_ids=inp).logits
         loss_d, kl, ce_d = distill_loss(d_logits, t_logits.detach(), lab, args.kl_weight, args.ce_weight)
         opt_d.zero_grad(set_to_none=True)
         loss_d.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         opt_d.step()
+        steps_done = step + 1
         bar.set_postfix(t_ce=f"{loss_t.item():.3f}", d_kl=f"{kl.item():.3f}", d_ce=f"{ce_d.item():.3f}")
-        rec = {"phase": 1, "step": step + 1, "target_ce": loss_t.item(), "draft_kl": kl.item(), "draft_ce": ce_d.item(),
-               "elapsed_s": round(time.time() - t_start, 1)}
-        history.append(rec)
         if (step + 1) % args.log_every == 0 or step == 0 or step + 1 == args.target_steps:
             log(f"phase1 step {step + 1:4d}/{args.target_steps}  target_ce {loss_t.item():.4f}  "
-                f"draft_kl {kl.item():.4f}  draft_ce {ce_d.item():.4f}  elapsed {time.time() - t_start:.0f}s")
+                f"draft_kl {kl.item():.4f}  draft_ce {ce_d.item():.4f}  lr {opt_t.param_groups[0]['lr']:.2e}  "
+                f"elapsed {time.time() - t_start:.0f}s")
     bar.close()
     phase1_s = time.time() - t1
-    ho_t = heldout_loss(target, held_stream, args.seq_len)
-    log(f"# phase1 done in {phase1_s:.0f}s; held-out (first 32k tokens) target CE {ho_t:.4f} nats/byte")
+    ho_t = heldout_loss(target, held_stream, args.seq_len) if main_rank else float("nan")
+    log(f"# phase1 done in {phase1_s:.0f}s ({steps_done} steps); held-out (first 32k tokens) target CE {ho_t:.4f} nats/byte")
 
     # ---- phase 2: frozen final target, draft distillation
     target.eval()
     for p in target.parameters():
         p.requires_grad_(False)
     t2 = time.time()
-    bar = tqdm(range(args.distill_steps), desc="phase2 distill", dynamic_ncols=True, mininterval=2.0)
+    bar = tqdm(range(args.distill_steps), desc="phase2 distill", dynamic_ncols=True, mininterval=2.0,
+               disable=not main_rank)
     for i in bar:
         step = args.target_steps + i
         x = sample_batch(train_stream, args.distill_batch_size, args.seq_len, gen)
@@ -242,20 +291,23 @@ def main(argv=None):
             g["lr"] = lr_at(step, draft_total, args.draft_lr, args.warmup)
         with torch.no_grad():
             t_logits = target(input_ids=inp).logits
-        d_logits = draft(input_ids=inp).logits
+        d_logits = draft_m(input_ids=inp).logits
         loss_d, kl, ce_d = distill_loss(d_logits, t_logits, lab, args.kl_weight, args.ce_weight)
         opt_d.zero_grad(set_to_none=True)
         loss_d.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         opt_d.step()
         bar.set_postfix(d_kl=f"{kl.item():.3f}", d_ce=f"{ce_d.item():.3f}")
-        history.append({"phase": 2, "step": i + 1, "draft_kl": kl.item(), "draft_ce": ce_d.item(),
-                        "elapsed_s": round(time.time() - t_start, 1)})
         if (i + 1) % args.log_every == 0 or i == 0 or i + 1 == args.distill_steps:
             log(f"phase2 step {i + 1:4d}/{args.distill_steps}  draft_kl {kl.item():.4f}  draft_ce {ce_d.item():.4f}  "
                 f"elapsed {time.time() - t_start:.0f}s")
     bar.close()
     phase2_s = time.time() - t2
+    if ws > 1:
+        dist.barrier()
+    if not main_rank:
+        dist.destroy_process_group()
+        return
     ho_d = heldout_loss(draft, held_stream, args.seq_len)
     log(f"# phase2 done in {phase2_s:.0f}s; held-out (first 32k tokens) draft CE {ho_d:.4f} nats/byte")
 
@@ -268,20 +320,24 @@ def main(argv=None):
     Dataset.from_list(prompts).to_json(str(out / "prompts.jsonl"), lines=True, orient="records")
     total_s = time.time() - t_start
     info = {
-        "command": "python experiments/tiny_pair/train.py " + " ".join(sys.argv[1:]),
+        "command": "python experiments/tiny_pair/train.py " + " ".join(argv),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "params": {"target": n_t, "draft": n_d, "ratio": n_d / n_t},
         "corpus": {"stdlib": str(common.stdlib_root()), "python": sys.version.split()[0],
                    "train_files": len(train_files), "heldout_files": len(held_files),
                    "train_tokens": train_stream.numel(), "heldout_tokens": held_stream.numel(),
                    "split_rule": f"held out iff int(sha1(relpath)[:8],16) % 1000 < {common.HELDOUT_PERMILLE}"},
+        "phase1_steps_done": steps_done, "phase1_stopped_by_wall_clock_guard": stopped_early,
+        "tokens_seen_target": steps_done * ws * args.batch_size * args.seq_len,
         "heldout_ce_32k": {"target": ho_t, "draft": ho_d},
         "time_s": {"phase1": phase1_s, "phase2": phase2_s, "total": total_s},
-        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "torch": torch.__version__, "processes": ws, "threads_per_process": torch.get_num_threads(),
         "n_prompts": len(prompts),
     }
     (out / "train_info.json").write_text(json.dumps(info, indent=2) + "\n")
     log(f"# saved to {out}; {len(prompts)} prompts; total wall time {total_s:.0f}s ({total_s / 60:.1f} min)")
+    if ws > 1:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
