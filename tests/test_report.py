@@ -119,3 +119,15 @@ def test_report_callback_still_prints(sweep, capsys):
     # the old helpers keep their signatures
     rows = report.add_speedup(report.collect(sweep))
     assert report.pivot_markdown(rows).startswith("| batch |")
+
+
+def test_replace_results_rewrites_only_between_the_markers(tmp_path):
+    from specdepth.report import RESULTS_BEGIN, RESULTS_END, replace_results
+    p = tmp_path / "README.md"
+    p.write_text(f"intro\n{RESULTS_BEGIN}\nold table\n{RESULTS_END}\noutro\n")
+    assert replace_results(p, "new table\n")
+    assert p.read_text() == f"intro\n{RESULTS_BEGIN}\nnew table\n{RESULTS_END}\noutro\n"
+    q = tmp_path / "plain.md"
+    q.write_text("no markers\n")
+    assert not replace_results(q, "x") and q.read_text() == "no markers\n"
+    assert not replace_results(tmp_path / "missing.md", "x")

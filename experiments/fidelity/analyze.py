@@ -29,10 +29,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
-from specdepth.report import collect  # noqa: E402
+from specdepth.report import collect, replace_results  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 POL_ORDER = ("none", "fixed1", "fixed2", "fixed3", "fixed4", "fixed6", "fixed8", "batch_scaled", "confidence",
              "goodput", "ema", "heuristic", "disable_by_batch", "batch_table", "bandit")
 PARTS = ("prefill_time_s", "draft_time_s", "verify_time_s", "overhead_time_s")
@@ -299,11 +298,7 @@ def main(argv=None):
     text = report(Path(a.real), [Path(s) for s in a.sim], Path(a.out))
     print(text)
     if a.readme:
-        p = Path(a.readme)
-        old = p.read_text()
-        if BEGIN in old and END in old:
-            head, rest = old.split(BEGIN, 1)
-            p.write_text(head + BEGIN + "\n" + text + END + rest.split(END, 1)[1])
+        replace_results(a.readme, text)
 
 
 if __name__ == "__main__":

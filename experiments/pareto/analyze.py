@@ -29,7 +29,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from specdepth.report import collect  # noqa: E402
+from specdepth.report import collect, replace_results  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -38,7 +38,6 @@ ORACLE = "oracle"
 DESIGNED = "goodput"     # the one adaptive policy the goal is about (one config for every cell)
 ACC_ORDER = ("iid05", "iid07", "iid09", "confidence")
 ACC_LABEL = {"iid05": "iid a=0.5", "iid07": "iid a=0.7", "iid09": "iid a=0.9", "confidence": "confidence model"}
-BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
 def steady_decode(run_dir: Path, batch: int) -> float | None:
@@ -282,13 +281,7 @@ def main(argv=None):
                         replicate_table(dirs), ""]
     text = "\n".join(parts) + "\n"
     (out / "results.md").write_text(text)
-    readme = Path(a.readme)
-    if readme.is_file():
-        r = readme.read_text()
-        if BEGIN in r and END in r:
-            head, rest = r.split(BEGIN, 1)
-            _, tail = rest.split(END, 1)
-            readme.write_text(head + BEGIN + "\n" + text + END + tail)
+    replace_results(a.readme, text)
     print(verdict(dec, "decode"))
     print(verdict(e2e, "e2e"))
     print(f"wrote {out / 'results.md'} and {len(pngs)} figures")

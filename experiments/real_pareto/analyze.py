@@ -26,10 +26,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from specdepth.report import collect  # noqa: E402
+from specdepth.report import collect, replace_results  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 FIXED = ("fixed1", "fixed2", "fixed3", "fixed4", "fixed6", "fixed8")
 NONE = "none"
 ADAPTIVE = ("batch_scaled", "confidence", "goodput", "ema", "heuristic", "disable_by_batch", "batch_table",
@@ -218,11 +217,7 @@ def main(argv=None):
     text = report(Path(a.sweep), Path(a.out))
     print(text)
     if a.readme:
-        p = Path(a.readme)
-        old = p.read_text()
-        if BEGIN in old and END in old:
-            head, rest = old.split(BEGIN, 1)
-            p.write_text(head + BEGIN + "\n" + text + END + rest.split(END, 1)[1])
+        replace_results(a.readme, text)
 
 
 if __name__ == "__main__":

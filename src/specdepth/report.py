@@ -390,6 +390,24 @@ def report(sweep_dir, out_dir=None, plots: bool = True) -> tuple[str, list[Path]
     return text, files
 
 
+RESULTS_BEGIN, RESULTS_END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+def replace_results(readme, text: str) -> bool:
+    """Put `text` between the README's results markers (atomically); False when the file or a marker is
+    missing. The studies' analyze.py scripts keep their README tables current with this."""
+    from .results import atomic_write
+    p = Path(readme)
+    if not p.is_file():
+        return False
+    old = p.read_text()
+    if RESULTS_BEGIN not in old or RESULTS_END not in old:
+        return False
+    head, rest = old.split(RESULTS_BEGIN, 1)
+    atomic_write(p, head + RESULTS_BEGIN + "\n" + text + RESULTS_END + rest.split(RESULTS_END, 1)[1])
+    return True
+
+
 class ReportCallback(Callback):
     """Hydra callback: print the sweep's table when a multirun ends (and, with files=true, write the CSV
     and plots to <sweep dir>/report)."""
