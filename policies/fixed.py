@@ -12,9 +12,18 @@ class FixedDepth(Policy):
 
     def __init__(self, depth: int = 4):
         self.depth = as_int(depth, "policy.depth", min=0)
+        self.reset()
+
+    def reset(self):
+        self._key, self._plan = None, None
 
     def plan(self, view):
-        return np.full(view.batch_size, min(self.depth, view.max_depth), dtype=np.int64)
+        key = (view.batch_size, view.max_depth)
+        if key != self._key:   # the same (read-only) answer while the batch size holds
+            self._plan = np.full(view.batch_size, min(self.depth, view.max_depth), dtype=np.int64)
+            self._plan.flags.writeable = False
+            self._key = key
+        return self._plan
 
     @property
     def label(self):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hydra.core.global_hydra import GlobalHydra
 
-from sdtest import cfg, run_sim
+from sdtest import cfg, engine, run_sim
 from specdepth import ConfigError
 from specdepth.acceptance import IID, Beta, Confidence, Trace
 
@@ -37,10 +37,57 @@ def test_rows_follow_admission_and_retirement():
     m = Beta(0.5, 2.0)
     m.reset(np.random.default_rng(1))
     m.admit(3)
-    a = m.alpha.copy()
+    a = m.row_level.copy()
     m.retire(np.array([True, False, True]))
     m.admit(1)
-    assert np.array_equal(m.alpha[:2], a[[0, 2]]) and m.alpha.size == 3
+    assert np.array_equal(m.row_level[:2], a[[0, 2]]) and m.row_level.size == 3
+
+
+@pytest.mark.parametrize("model", [IID(0.6), Beta(0.6, 5.0), Confidence(0.7, calibration=1.5)])
+def test_outcomes_are_keyed_by_request_and_position(model):
+    """Common random numbers: a draft token's (confidence, outcome) depends on (request, output position)
+    only, not on admission order, batch neighbours, or how the steps cut the positions into blocks."""
+    model.reset(np.random.default_rng(7))
+    model.admit(np.array([5, 9, 2]))
+    conf, acc = model.sample(3, 12)
+    assert 0.2 < acc.mean() < 0.95 and len({tuple(r) for r in acc}) == 3    # rows differ
+    model.reset(np.random.default_rng(7))
+    model.admit(np.array([2, 5]))                 # other order, request 9 absent
+    c1, a1 = model.sample(2, 4)
+    assert np.array_equal(a1, acc[[2, 0], :4]) and np.allclose(c1, conf[[2, 0], :4])
+    model.commit(np.array([4, 4]), np.array([1, 3]))   # request 2 moves 2 positions, request 5 moves 4
+    c2, a2 = model.sample(2, 5)
+    assert np.array_equal(a2[0], acc[2, 2:7]) and np.array_equal(a2[1], acc[0, 4:9])
+    assert np.allclose(c2[0], conf[2, 2:7]) and np.allclose(c2[1], conf[0, 4:9])
+    model.reset(np.random.default_rng(8))          # another seed: another field
+    model.admit(np.array([5, 9, 2]))
+    assert not np.array_equal(model.sample(3, 12)[1], acc)
+
+
+@pytest.mark.parametrize("depth", [1, 3, 8])
+def test_engine_consumes_the_acceptance_field_by_position(depth):
+    """Rebuild one request's acceptance field from the model and replay greedy speculation on it by
+    hand: the engine must take exactly the steps that the field dictates, for every depth."""
+    from specdepth.sim import SimExecutor
+    out_len = 300
+    eng = engine("policy=fixed", f"policy.depth={depth}", "acceptance=iid", "acceptance.alpha=0.7",
+                 "workload.batch_size=1", f"workload.output_len={out_len}", "seed=3")
+    res = eng.run()
+    ref = IID(0.7)
+    SimExecutor(eng.cost, ref, seed=3)   # resets ref exactly as the run's executor reset its model
+    ref.admit(np.array([0]))
+    field = ref.sample(1, out_len + depth + 1)[1][0]
+    pos, gen, steps, accepted = 0, 1, 0, []
+    while gen < out_len:
+        run = 0
+        while run < depth and field[pos + run]:
+            run += 1
+        accepted.append(run)
+        pos += run + 1
+        gen += run + 1
+        steps += 1
+    assert len(res.steps) == steps
+    assert [s[5] for s in res.steps] == accepted
 
 
 def test_trace_replays_recorded_acceptance(tmp_path):

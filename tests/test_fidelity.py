@@ -118,3 +118,34 @@ def test_sim_overheads_are_charged_per_step_and_position():
     positions = sum(r[3] for r in oh.steps)   # max_depth column: draft positions of the step
     assert len(oh.steps) == len(base.steps)
     assert t2 == pytest.approx(t0 + 0.001 * len(oh.steps) + 0.0005 * positions)
+
+
+def test_simulator_charges_policy_time_when_asked():
+    """engine.charge_policy_time: the policy's own measured time goes into the simulated clock and the
+    steps' overhead_s (as a real engine pays it); off (the default) the simulation is deterministic."""
+    import time
+
+    from sdtest import engine
+    from specdepth.policies import FixedDepth
+
+    class Slow(FixedDepth):
+        def plan(self, view):
+            time.sleep(0.002)
+            return super().plan(view)
+
+    runs = {}
+    for charge in (False, True):
+        eng = engine("policy=fixed", "workload.batch_size=2", "workload.output_len=20",
+                     f"engine.charge_policy_time={str(charge).lower()}")
+        eng.policy = Slow(4)
+        runs[charge] = eng.run()
+    cols = {c: i for i, c in enumerate(("step", "time_s", "batch_size", "max_depth", "drafted", "accepted",
+                                        "emitted", "verify_tokens", "admitted", "finished", "draft_s",
+                                        "verify_s", "prefill_s", "overhead_s", "step_s"))}
+    off, on = runs[False].steps, runs[True].steps
+    assert [s[cols["emitted"]] for s in off] == [s[cols["emitted"]] for s in on]   # same decisions
+    assert all(s[cols["overhead_s"]] == 0.0 for s in off)
+    assert all(s[cols["overhead_s"]] >= 0.0019 for s in on)
+    for s in on:
+        assert s[cols["step_s"]] == pytest.approx(s[cols["draft_s"]] + s[cols["verify_s"]] + s[cols["prefill_s"]]
+                                                  + s[cols["overhead_s"]], rel=1e-9)

@@ -79,7 +79,7 @@ def test_experiment_composes_as_a_multirun(name):
 def test_flops_analysis(tmp_path):
     sweep = tmp_path / "flops"
     for k in (0, 2):
-        tiny_run("flops", sweep, f"k{k}", **{"policy.depth": k, "acceptance.alpha": 0.8, "workload.output_len": 48})
+        tiny_run("flops", sweep, f"k{k}", **{"policy.depth": k, "acceptance.alpha": 0.8, "workload.output_len": 480})
     out = load("flops").analyze(sweep, tmp_path / "out")
     (row,) = [r for r in out if r["depth"] == 2]
     assert row["flops_ratio"] > 1 > row["steps_ratio"]             # more FLOPs per token, fewer steps

@@ -1,8 +1,16 @@
 """Acceptance models for the simulator: per draft token, a confidence and whether the target accepts it.
 
 Each step the simulator asks for a (rows x K) block of outcomes before drafting (`sample`), so the
-outcome of position j does not depend on the depth a policy picks (common random numbers across
-policies, and the oracle can look ahead). `commit` tells the model what was actually verified.
+outcome of position j does not depend on the depth a policy picks, and the oracle can look ahead.
+`commit` tells the model what was verified and emitted.
+
+The parametric models (iid, beta, confidence) key every outcome by (request id, output position): the
+draft token proposed for output position m of request r has one confidence and one accept/reject outcome
+for the whole run, whichever step drafts it and however deep. That is the structure of greedy speculative
+decoding (the prefix before position m is the target's own output, so the draft's proposal for m and its
+fate are fixed), and it gives every policy the same acceptance field (common random numbers): policies
+compared on one seed differ by their decisions, not by their luck. The draws come from a counter-based
+hash of (run seed, request, position), so they cost no state and do not depend on the admission order.
 
 Confidence is what a real draft reports: its probability of the token it proposed.
 """
@@ -13,7 +21,15 @@ from pathlib import Path
 
 import numpy as np
 
+from . import _kernels as _k
 from .errors import ConfigError, as_float, as_prob
+
+
+def _ids(request_ids, first: int) -> np.ndarray:
+    """Request ids of newly admitted rows: an array, or a count (ids first, first + 1, ...)."""
+    if isinstance(request_ids, (int, np.integer)):
+        return np.arange(first, first + int(request_ids), dtype=np.int64)
+    return np.asarray(request_ids, dtype=np.int64).reshape(-1)
 
 
 class AcceptanceModel:
@@ -22,8 +38,8 @@ class AcceptanceModel:
     def reset(self, rng: np.random.Generator) -> None:
         self.rng = rng
 
-    def admit(self, n: int) -> None:
-        pass
+    def admit(self, request_ids) -> None:
+        """New rows at the end, one per request id (an int n means n rows)."""
 
     def retire(self, keep: np.ndarray) -> None:
         pass
@@ -33,10 +49,48 @@ class AcceptanceModel:
         raise NotImplementedError
 
     def commit(self, drafted: np.ndarray, accepted: np.ndarray) -> None:
-        pass
+        """After every verify (also one without drafts): row i had drafted[i] drafts verified, accepted[i]
+        of them, and emitted accepted[i] + 1 tokens."""
 
 
-class IID(AcceptanceModel):
+class Keyed(AcceptanceModel):
+    """Base of the parametric models: outcomes keyed by (request id, output position); per row a level,
+    `row_level` (iid and beta: the acceptance probability; confidence: the logit location)."""
+
+    logit_normal = False
+    spread = 0.0
+    calibration = 1.0
+
+    def reset(self, rng):
+        super().reset(rng)
+        self.key = int(rng.integers(0, 1 << 63))
+        self.ids = np.empty(0, np.int64)
+        self.pos = np.empty(0, np.int64)     # the output position of each row's next token
+        self.row_level = np.empty(0)
+        self._next = 0
+
+    def levels(self, ids: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def admit(self, request_ids):
+        ids = _ids(request_ids, self._next)
+        self._next += ids.size
+        self.ids = np.concatenate([self.ids, ids])
+        self.pos = np.concatenate([self.pos, np.zeros(ids.size, np.int64)])
+        self.row_level = np.concatenate([self.row_level, self.levels(ids)])
+
+    def retire(self, keep):
+        self.ids, self.pos, self.row_level = self.ids[keep], self.pos[keep], self.row_level[keep]
+
+    def sample(self, n, k):
+        return _k.keyed_block(self.key, self.ids, self.pos, k, self.row_level, self.logit_normal, self.spread,
+                              self.calibration)
+
+    def commit(self, drafted, accepted):
+        self.pos += accepted + 1
+
+
+class IID(Keyed):
     """Every draft token accepted independently with probability `alpha` (Leviathan et al.).
 
     The confidence carries no signal: it equals `alpha` for every token.
@@ -45,12 +99,11 @@ class IID(AcceptanceModel):
     def __init__(self, alpha: float = 0.8):
         self.alpha = as_prob(alpha, "acceptance.alpha")
 
-    def sample(self, n, k):
-        conf = np.full((n, k), self.alpha)
-        return conf, self.rng.random((n, k)) < self.alpha
+    def levels(self, ids):
+        return np.full(ids.size, self.alpha)
 
 
-class Beta(AcceptanceModel):
+class Beta(Keyed):
     """Per sequence alpha_i ~ Beta(mean x concentration, (1 - mean) x concentration), i.i.d. within it.
 
     Some prompts are easy, some hard. The confidence equals the sequence's alpha_i (a per-sequence
@@ -63,23 +116,12 @@ class Beta(AcceptanceModel):
             raise ConfigError("acceptance.mean must be < 1 for a Beta distribution, got 1.0")
         self.concentration = as_float(concentration, "acceptance.concentration", min=0, min_open=True)
 
-    def reset(self, rng):
-        super().reset(rng)
-        self.alpha = np.empty(0)
-
-    def admit(self, n):
-        a = self.rng.beta(self.mean * self.concentration, (1 - self.mean) * self.concentration, n)
-        self.alpha = np.concatenate([self.alpha, a])
-
-    def retire(self, keep):
-        self.alpha = self.alpha[keep]
-
-    def sample(self, n, k):
-        conf = np.broadcast_to(self.alpha[:, None], (n, k))
-        return conf, self.rng.random((n, k)) < conf
+    def levels(self, ids):
+        c = self.concentration
+        return _k.keyed_beta(self.key, ids, self.mean * c, (1 - self.mean) * c)
 
 
-class Confidence(AcceptanceModel):
+class Confidence(Keyed):
     """Each draft token gets a confidence c and is accepted with probability c ** calibration.
 
     logit(c) ~ Normal(mu_i, spread): a logit-normal confidence around a per-sequence level, where mu_i is
@@ -87,6 +129,8 @@ class Confidence(AcceptanceModel):
     (easy and hard prompts; m_i = mean for all when seq_concentration is null).
     calibration = 1 is a perfectly calibrated draft; > 1 over-confident; < 1 under-confident.
     """
+
+    logit_normal = True
 
     def __init__(self, mean: float = 0.75, spread: float = 2.0, seq_concentration: float | None = 20.0,
                  calibration: float = 1.0):
@@ -106,38 +150,13 @@ class Confidence(AcceptanceModel):
         """The logit location mu giving mean confidence m."""
         return np.interp(m, self._means, self._mu)
 
-    def reset(self, rng):
-        super().reset(rng)
-        self.mu = np.empty(0)
-        self._z = self._u = np.empty(0)
-        self._used = 0
-
-    def admit(self, n):
+    def levels(self, ids):
         if self.seq_concentration is None:
-            m = np.full(n, self.mean)
+            m = np.full(ids.size, self.mean)
         else:
             s = self.seq_concentration
-            m = np.clip(self.rng.beta(self.mean * s, (1 - self.mean) * s, n), 1e-3, 1 - 1e-3)
-        self.mu = np.concatenate([self.mu, self.level(m)])
-
-    def retire(self, keep):
-        self.mu = self.mu[keep]
-
-    def _noise(self, size: int) -> tuple[np.ndarray, np.ndarray]:
-        """Standard normals and uniforms, drawn in large blocks (one RNG call per many steps)."""
-        if self._used + size > self._z.size:
-            block = max(size, 1 << 16)
-            self._z, self._u, self._used = self.rng.standard_normal(block), self.rng.random(block), 0
-        lo, self._used = self._used, self._used + size
-        return self._z[lo:self._used], self._u[lo:self._used]
-
-    def sample(self, n, k):
-        zn, u = self._noise(n * k)
-        z = zn.reshape(n, k) * self.spread
-        z += self.mu[:, None]
-        conf = 1.0 / (1.0 + np.exp(-z))
-        p = conf if self.calibration == 1.0 else conf ** self.calibration
-        return conf, u.reshape(n, k) < p
+            m = np.clip(_k.keyed_beta(self.key, ids, self.mean * s, (1 - self.mean) * s), 1e-3, 1 - 1e-3)
+        return self.level(m)
 
 
 class Trace(AcceptanceModel):
@@ -189,7 +208,8 @@ class Trace(AcceptanceModel):
         self.pos = np.empty(0, dtype=np.int64)
         self._next = 0
 
-    def admit(self, n):
+    def admit(self, request_ids):
+        n = _ids(request_ids, 0).size
         s = (self._next + np.arange(n)) % len(self.lengths)
         self._next += n
         self.stream = np.concatenate([self.stream, s])

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import _kernels as _k
 from .errors import ConfigError, as_float
 from .models import ModelArch
 
@@ -48,11 +49,14 @@ class Hardware:
 
 def _sums(ctx: np.ndarray, q: np.ndarray | None):
     """(query tokens, attended (query, key) pairs, context tokens read) of a ragged forward."""
+    int64 = ctx.dtype == np.int64
     if q is None:  # one query token per sequence: the decode/draft fast path
         n = ctx.shape[0]
-        c = float(ctx.sum())
+        c = float(_k.int_sum(ctx) if int64 else ctx.sum())
         return float(n), c + n, c
     q = np.asarray(q)
+    if int64 and q.dtype == np.int64 and q.shape == ctx.shape:
+        return _k.ragged_sums(ctx, q)   # the same sums in one compiled pass
     t = float(q.sum())
     c = float(ctx.sum())
     pairs = float(np.dot(q, ctx)) + float(np.dot(q, q + 1)) * 0.5   # causal within the query block
@@ -87,23 +91,18 @@ class CostModel:
     def draft_positions(self, ctx: np.ndarray, depths: np.ndarray) -> tuple[float, float]:
         """Every draft forward of a step in one call: at position p, one token for each row with
         depths > p, at context ctx + p. Same result as calling draft_forward per position."""
-        k = int(depths.max(initial=0))
-        if not k:
-            return 0.0, 0.0
+        if ctx.dtype == np.int64 and depths.dtype == np.int64:
+            cnt, csum = _k.position_counts(ctx, depths)   # rows with depth > p, the sum of their contexts
+        else:
+            k = int(depths.max(initial=0))
+            cnt = np.cumsum(np.bincount(depths, minlength=k + 1)[::-1])[::-1][1:]
+            csum = np.cumsum(np.bincount(depths, weights=ctx, minlength=k + 1)[::-1])[::-1][1:]
         seconds = flops = 0.0
         a, b = self._df
-        rows = depths.shape[0]
-        if int(depths.sum()) == rows * k:   # one depth for all: every row drafts every position
-            cnt, csum = None, float(ctx.sum())
-        else:                               # rows with depth > p, and the sum of their contexts
-            cnt = np.cumsum(np.bincount(depths, minlength=k + 1)[::-1])[::-1].tolist()
-            csum = np.cumsum(np.bincount(depths, weights=ctx, minlength=k + 1)[::-1])[::-1].tolist()
-        for p in range(k):
-            if cnt is None:
-                n, c = float(rows), csum + p * rows
-            else:
-                n = float(cnt[p + 1])
-                c = csum[p + 1] + p * n
+        cnt, csum = cnt.tolist(), csum.tolist()
+        for p in range(len(cnt)):
+            n = float(cnt[p])
+            c = float(csum[p]) + p * n
             f = a * n + b * (c + n)
             seconds += self._time("draft", n, f, c, n)
             flops += f
@@ -170,6 +169,12 @@ class RooflineCost(CostModel):
     def _time(self, which, tokens, flops, ctx_tokens, seqs):
         mem = self._w[which] + self._kv[which] * (ctx_tokens + tokens)
         return max(flops * self._inv_f, mem * self._inv_b) + self._oh[which]
+
+    def draft_positions(self, ctx, depths):
+        if ctx.dtype == np.int64 and depths.dtype == np.int64:   # the base class's sum, in one compiled pass
+            return _k.roofline_positions(ctx, depths, self._df[0], self._df[1], self._w["draft"],
+                                         self._kv["draft"], self._inv_f, self._inv_b, self._oh["draft"])
+        return super().draft_positions(ctx, depths)
 
 
 class ConstantCost(CostModel):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import _kernels as _k
 from .cost import CostModel
 from .errors import ConfigError, PolicyError, as_float, as_int
 from .executor import Executor
@@ -32,7 +33,7 @@ class EngineConfig:
     def __init__(self, max_batch_size: int = 512, max_num_batched_tokens: int = 8192, token_budget="auto",
                  max_depth: int = 16, acceptance_prior: float = 0.7, acceptance_decay: float = 0.8,
                  history: int = 8, budget_tolerance: float = 0.05, record_trace: bool = False,
-                 progress: str | bool = "auto"):
+                 progress: str | bool = "auto", charge_policy_time: bool = False):
         self.max_batch_size = as_int(max_batch_size, "engine.max_batch_size", min=1)
         self.max_num_batched_tokens = as_int(max_num_batched_tokens, "engine.max_num_batched_tokens", min=1)
         if token_budget != "auto":
@@ -44,6 +45,9 @@ class EngineConfig:
         self.history = as_int(history, "engine.history", min=1)
         self.budget_tolerance = as_float(budget_tolerance, "engine.budget_tolerance", min=0)
         self.record_trace = bool(record_trace)
+        # model clock only: add the policy's own measured time (plan, keep_drafting, observe) to each step,
+        # as a real engine pays it; makes simulated times depend on this CPU (off: deterministic)
+        self.charge_policy_time = bool(charge_policy_time)
         if progress not in ("auto", True, False):
             raise ConfigError(f"engine.progress must be auto, true or false, got {progress!r}")
         self.progress = progress
@@ -74,40 +78,47 @@ def _overrides(policy: Policy, hook: str) -> bool:
 
 class BatchState:
     """The running batch, row i = one sequence, in the executor's row order. Columns live in one int and
-    one float matrix so that admitting and retiring rows costs a few array operations, not one per field."""
+    one float matrix, preallocated for the batch cap (grown by doubling past it): admitting writes rows at
+    the end, retiring compacts the kept rows to the front in place (one compiled call), so neither
+    allocates per step."""
 
     INT = ("rid", "plen", "gen", "olen", "adm", "rdr", "racc")
-    FLT = ("arr", "first", "A", "R")   # A, R: decayed accepted / rejected draft counts (adjacent: see run)
+    FLT = ("arr", "first", "A", "R")   # A, R: decayed accepted / rejected draft counts
 
-    def __init__(self, history: int, prior: float):
-        self.I = np.empty((0, len(self.INT)), np.int64)
-        self.F = np.empty((0, len(self.FLT)))
-        self.hacc = np.empty((0, history), np.int64)   # ring buffers, column hptr = newest
-        self.hdr = np.empty((0, history), np.int64)
+    def __init__(self, history: int, prior: float, capacity: int = 0):
+        self._I = np.zeros((capacity, len(self.INT)), np.int64)
+        self._F = np.zeros((capacity, len(self.FLT)))
+        self._hacc = np.full((capacity, history), -1, np.int64)   # ring buffers, column hptr = newest
+        self._hdr = np.full((capacity, history), -1, np.int64)
+        self.n = 0
         self.hptr = 0
         self.prior = prior
-        self._columns()
+        self._views()
 
-    def _columns(self):
-        for j, name in enumerate(self.INT):
-            setattr(self, name, self.I[:, j])
-        for j, name in enumerate(self.FLT):
-            setattr(self, name, self.F[:, j])
+    def _views(self):
+        n = self.n
+        self.I, self.F, self.hacc, self.hdr = self._I[:n], self._F[:n], self._hacc[:n], self._hdr[:n]
 
     def append(self, requests: list[Request], clock: float, step: int) -> None:
-        m, H = len(requests), self.hacc.shape[1]
+        n, m = self.n, len(requests)
+        if n + m > self._I.shape[0]:   # past the preallocated rows (the engine sizes them for its batch cap)
+            cap = max(n + m, 2 * self._I.shape[0], 8)
+            for name, fill in (("_I", 0), ("_F", 0.0), ("_hacc", -1), ("_hdr", -1)):
+                old = getattr(self, name)
+                new = np.full((cap, old.shape[1]), fill, old.dtype)
+                new[:n] = old[:n]
+                setattr(self, name, new)
         # prefill emits each request's first token: gen = 1
-        I = np.array([(r.request_id, r.prompt_len, 1, r.output_len, step, 0, 0) for r in requests], np.int64)
-        F = np.array([(r.arrival_s, clock, 0.0, 0.0) for r in requests])
-        self.I = np.concatenate([self.I, I])
-        self.F = np.concatenate([self.F, F])
-        self.hacc = np.concatenate([self.hacc, np.full((m, H), -1, np.int64)])
-        self.hdr = np.concatenate([self.hdr, np.full((m, H), -1, np.int64)])
-        self._columns()
+        self._I[n:n + m] = [(r.request_id, r.prompt_len, 1, r.output_len, step, 0, 0) for r in requests]
+        self._F[n:n + m] = [(r.arrival_s, clock, 0.0, 0.0) for r in requests]
+        self._hacc[n:n + m] = -1
+        self._hdr[n:n + m] = -1
+        self.n = n + m
+        self._views()
 
     def keep(self, keep: np.ndarray) -> None:
-        self.I, self.F, self.hacc, self.hdr = self.I[keep], self.F[keep], self.hacc[keep], self.hdr[keep]
-        self._columns()
+        self.n = int(_k.compact(keep, self.I, self.F, self.hacc, self.hdr))
+        self._views()
 
     def acceptance(self) -> np.ndarray:
         return (self.A + self.prior) / (self.A + self.R + 1.0)
@@ -115,6 +126,12 @@ class BatchState:
     def recent(self, ring: np.ndarray) -> np.ndarray:
         H = ring.shape[1]
         return ring[:, (self.hptr - np.arange(H)) % H]
+
+
+for _j, _name in enumerate(BatchState.INT):
+    setattr(BatchState, _name, property(lambda s, j=_j: s.I[:, j], doc=f"int column {_name}"))
+for _j, _name in enumerate(BatchState.FLT):
+    setattr(BatchState, _name, property(lambda s, j=_j: s.F[:, j], doc=f"float column {_name}"))
 
 
 class Engine:
@@ -144,7 +161,10 @@ class Engine:
             if d.dtype.kind == "f" and np.isnan(d).any():
                 self._bad("plan() returned NaN depths")
             self._bad(f"plan() must return integer depths, got dtype {d.dtype}")
-        lo, hi, total = (int(d.min()), int(d.max()), int(d.sum())) if n else (0, 0, 0)
+        if d.dtype == np.int64:
+            lo, hi, total = _k.depth_stats(d)
+        else:
+            lo, hi, total = (int(d.min()), int(d.max()), int(d.sum())) if n else (0, 0, 0)
         if lo < 0:
             self._bad(f"plan() returned a negative depth ({lo})")
         if hi > self.cfg.max_depth:
@@ -152,7 +172,7 @@ class Engine:
         if n + total > self.cfg.max_num_batched_tokens:
             self._bad(f"the step's verify tokens ({n + total} = {n} sequences + {total} drafts) exceed "
                       f"engine.max_num_batched_tokens={self.cfg.max_num_batched_tokens}")
-        return d if d.dtype == np.int64 else d.astype(np.int64)
+        return (d if d.dtype == np.int64 else d.astype(np.int64)), hi
 
     def _check_mask(self, mask, n: int) -> np.ndarray:
         m = np.asarray(mask) if mask is not None else None
@@ -166,6 +186,8 @@ class Engine:
         cfg, ex, pol = self.cfg, self.executor, self.policy
         K, H = cfg.max_depth, cfg.history
         wall = ex.clock == "wall"
+        charge = cfg.charge_policy_time and not wall
+        perf = time.perf_counter
         has_keep, has_obs = _overrides(pol, "keep_drafting"), _overrides(pol, "observe")
         trace = {} if (cfg.record_trace or getattr(ex, "record_trace", False)) else None
         need_conf = has_keep or has_obs or trace is not None
@@ -174,24 +196,24 @@ class Engine:
         res = RunResult(token_budget=self.budget, trace=trace)
         steps_out, reqs_out = res.steps, res.requests
         joint = np.zeros((K + 1) * (K + 1), np.int64)   # histogram of (drafted, accepted) per (sequence, step)
-        st = BatchState(H, cfg.acceptance_prior)
-        view = StepView(st, self.budget, K, cfg.max_num_batched_tokens, self.cost)
         cap = min(cfg.max_batch_size, cfg.max_num_batched_tokens)
+        st = BatchState(H, cfg.acceptance_prior, cap)
+        view = StepView(st, self.budget, K, cfg.max_num_batched_tokens, self.cost)
 
         pol.reset()
         pbar = self._progress(sum(r.output_len for r in reqs))
         t0 = time.perf_counter()
         clock = 0.0
         nxt = step = seq_steps = emitted_total = 0
-        while nxt < nreq or st.rid.size:
+        while nxt < nreq or st.n:
             step_start = clock
             t_step0 = time.perf_counter()
             prefill_s = tfl = dfl = 0.0
             admitted = 0
             # -- admission: every arrived request, up to the batch and token limits
-            if nxt < nreq and st.rid.size < cap and reqs[nxt].arrival_s <= clock:
+            if nxt < nreq and st.n < cap and reqs[nxt].arrival_s <= clock:
                 end = nxt
-                while end < nreq and end - nxt < cap - st.rid.size and reqs[end].arrival_s <= clock:
+                while end < nreq and end - nxt < cap - st.n and reqs[end].arrival_s <= clock:
                     end += 1
                 new = reqs[nxt:end]
                 nxt, admitted = end, end - nxt
@@ -200,7 +222,7 @@ class Engine:
                 st.append(new, clock, step)
                 if pbar is not None:
                     pbar.update(admitted)
-            n = st.rid.size
+            n = st.n
             if n == 0:
                 # idle: jump (or, on a real backend, sleep) to the next arrival
                 wait = reqs[nxt].arrival_s - clock
@@ -211,20 +233,22 @@ class Engine:
                     clock = max(clock, reqs[nxt].arrival_s)
                 continue
 
-            gen, olen = st.gen, st.olen
             # requests with output_len == 1 finish at their prefill (other rows finished are retired below)
-            done = gen >= olen if admitted else None
+            done = st.gen >= st.olen if admitted else None
             if done is None or not done.any():
                 view.step, view.now_s, view.batch_size = step, clock, n
                 view._depths = view._drafted = view._conf = None
                 if pol.requires_oracle:
                     view._oracle = ex.peek_accepted(K)
-                depths = self._check_depths(pol.plan(view), n)
+                if charge:
+                    pol_s = -perf()
+                depths, kmax = self._check_depths(pol.plan(view), n)
+                if charge:
+                    pol_s += perf()
                 view._depths = depths
                 ex.begin_step(depths)
 
                 # -- draft: position by position over the rows still drafting
-                kmax = int(depths.max())
                 draft_s = 0.0
                 conf = None
                 if not kmax:
@@ -250,38 +274,30 @@ class Engine:
                         if p + 1 < kmax:
                             active &= depths > p + 1
                             if has_keep:
+                                if charge:
+                                    pol_s -= perf()
                                 active &= self._check_mask(pol.keep_drafting(view, p, conf[:, p]), n)
+                                if charge:
+                                    pol_s += perf()
 
                 # -- verify
                 accepted, verify_s, f = ex.verify(drafted)
                 tfl += f
                 if has_obs:
                     view._drafted = drafted
+                    if charge:
+                        pol_s -= perf()
                     pol.observe(view, accepted)
-                clock = time.perf_counter() - t0 if wall else clock + draft_s + verify_s
+                    if charge:
+                        pol_s += perf()
+                clock = time.perf_counter() - t0 if wall else clock + draft_s + verify_s + (pol_s if charge else 0.0)
 
-                # -- commit: accepted drafts plus the bonus/correction token, clipped at output_len
-                a_sum = int(accepted.sum())
-                d_sum = int(drafted.sum())
-                clipped = np.minimum(accepted + 1, olen - gen)
-                gen += clipped
-                out_step = int(clipped.sum())
-                if kmax:
-                    AR = st.F[:, 2:4]              # the (A, R) columns, decayed together
-                    if d_sum == n * kmax:          # everyone drafted: the plain decay
-                        AR *= decay
-                    else:
-                        AR *= np.where(drafted > 0, decay, 1.0)[:, None]
-                    st.A += accepted
-                    st.R += accepted < drafted
-                    st.rdr += drafted
-                    st.racc += accepted
-                    joint += np.bincount(drafted * (K + 1) + accepted, minlength=joint.size)
-                else:
-                    joint[0] += n
+                # -- commit: accepted drafts plus the bonus/correction token, clipped at output_len; the
+                # acceptance estimate's counts (decayed in rows that drafted), per-row totals, the history
+                # ring and the (drafted, accepted) histogram: one compiled pass over the rows
                 st.hptr = (st.hptr + 1) % H
-                st.hacc[:, st.hptr] = accepted
-                st.hdr[:, st.hptr] = drafted
+                a_sum, d_sum, out_step, n_done = _k.commit(st.I, st.F, st.hacc, st.hdr, st.hptr, drafted,
+                                                           accepted, decay, joint, K + 1, kmax > 0)
                 seq_steps += n
                 emitted_total += a_sum + n
                 if trace is not None and kmax:
@@ -296,9 +312,9 @@ class Engine:
                     step_s = time.perf_counter() - t_step0
                     overhead = step_s - draft_s - verify_s - prefill_s
                 else:
-                    step_s, overhead = clock - step_start, 0.0
-                done = gen >= olen
-                n_done = int(np.count_nonzero(done))
+                    step_s, overhead = clock - step_start, (pol_s if charge else 0.0)
+                if n_done:
+                    done = st.gen >= st.olen
                 steps_out.append((step, step_start, n, kmax, d_sum, a_sum, out_step, n + d_sum, admitted,
                                   n_done, draft_s, verify_s, prefill_s, overhead, step_s, tfl, dfl))
                 step += 1
@@ -307,11 +323,10 @@ class Engine:
             # -- retire finished sequences
             if n_done:
                 for i in np.flatnonzero(done):
-                    g = int(gen[i])
-                    reqs_out.append((int(st.rid[i]), int(st.plen[i]), int(olen[i]), float(st.arr[i]),
-                                     float(st.first[i]), clock, float(st.first[i] - st.arr[i]),
-                                     clock - float(st.arr[i]), (clock - float(st.first[i])) / (g - 1) if g > 1 else 0.0,
-                                     step - int(st.adm[i]), int(st.rdr[i]), int(st.racc[i])))
+                    rid, plen, g, olen, adm, rdr, racc = st.I[i].tolist()
+                    arr, first = float(st.F[i, 0]), float(st.F[i, 1])
+                    reqs_out.append((rid, plen, olen, arr, first, clock, first - arr, clock - arr,
+                                     (clock - first) / (g - 1) if g > 1 else 0.0, step - adm, rdr, racc))
                 keep = ~done
                 st.keep(keep)
                 ex.retire(keep)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _kernels as _k
 from .acceptance import AcceptanceModel
 from .cost import CostModel
 from .errors import as_float
@@ -35,7 +36,7 @@ class SimExecutor(Executor):
         t1, f1 = self.cost.target_forward(zeros, plen)
         t2, f2 = self.cost.draft_forward(zeros, plen)
         self.ctx = np.concatenate([self.ctx, plen])
-        self.acceptance.admit(len(requests))
+        self.acceptance.admit(np.fromiter((r.request_id for r in requests), np.int64, len(requests)))
         return t1 + t2, f1, f2
 
     def _sample(self, k: int):
@@ -43,11 +44,10 @@ class SimExecutor(Executor):
 
     def peek_accepted(self, k):
         self._sample(k)
-        acc = self._acc
-        return np.where(acc.all(axis=1), k, acc.argmin(axis=1))
+        return _k.leading_run(self._acc)
 
     def begin_step(self, depths):
-        k = int(depths.max()) if depths.size else 0
+        k = _k.depth_stats(depths)[1] if depths.dtype == np.int64 else int(depths.max(initial=0))
         if k and (self._acc is None or self._acc.shape[1] < k):
             self._sample(k)
 
@@ -64,16 +64,14 @@ class SimExecutor(Executor):
     def verify(self, drafted):
         t, f = self.cost.target_forward(self.ctx, drafted + 1)
         t += self.step_overhead_s
-        if self._acc is None:
+        if self._acc is None:   # nothing drafted this step: one token each
             accepted = np.zeros_like(drafted)
+            self.ctx += 1
         else:
-            acc = self._acc
-            k = acc.shape[1]
-            run = np.where(acc.all(axis=1), k, acc.argmin(axis=1))   # leading accepted positions
-            accepted = np.minimum(run, drafted)
-            self.acceptance.commit(drafted, accepted)
+            # leading accepted positions, at most the drafts; ctx advances by those + 1
+            accepted = _k.leading_accepted(self._acc, drafted, self.ctx)
             self._conf = self._acc = None
-        self.ctx += accepted + 1
+        self.acceptance.commit(drafted, accepted)
         return accepted, t, f
 
     def retire(self, keep):
