@@ -1,5 +1,5 @@
 """Shared pieces of the tiny_pair experiment: corpus discovery, the fixed train/held-out split,
-the byte-level tokenizer and prompt construction.  Used by train.py and evaluate.py; needs only
+the byte-level BPE tokenizer and prompt construction.  Used by train.py and evaluate.py; needs only
 the standard library plus torch/transformers/tokenizers/datasets (no specdepth engine)."""
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ASSETS = REPO_ROOT / "src" / "specdepth" / "assets" / "tiny_pair"
 
-# Token ids: 0..255 are the raw bytes, then three specials.
-PAD_ID, BOS_ID, EOS_ID = 256, 257, 258
-VOCAB_SIZE = 259
+# Tokenizer: byte-level BPE (GPT-2 style: bytes mapped to printable characters, merges learned on the
+# training files), VOCAB_SIZE tokens in all, the three specials first.
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+VOCAB_SIZE = 1024
 
 # Split rule (fixed, documented): a file is held out iff
 #   int(sha1(relative_path_utf8).hexdigest()[:8], 16) % 1000 < HELDOUT_PERMILLE
@@ -57,33 +58,28 @@ def read_bytes(rel: str, root: Path | None = None) -> bytes:
     return (root / rel).read_bytes()
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable unicode char map (what tokenizers' ByteLevel uses)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
+def read_text(rel: str, root: Path | None = None) -> str:
+    return read_bytes(rel, root).decode("utf-8", errors="replace")
 
 
-def build_tokenizer(model_max_length: int = 1024):
-    """Byte-level tokenizer: token id == byte value (0..255), plus <pad>=256, <bos>=257, <eos>=258.
-    No normalisation, no prefix space, no merges, no automatic bos/eos: decode(encode(s)) == s for any str."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+def build_tokenizer(train_files: list[str], model_max_length: int = 1024, vocab_size: int = VOCAB_SIZE,
+                    root: Path | None = None):
+    """Byte-level BPE trained on the training files: the 256 bytes (GPT-2's byte-to-unicode alphabet) plus
+    merges up to `vocab_size` tokens, with <pad>=0, <bos>=1, <eos>=2 first. ByteLevel pre-tokenizer (GPT-2's
+    regex, no prefix space) and decoder; no normaliser, no automatic bos/eos, so decode(encode(s)) == s for
+    any string. Deterministic: same files, same merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    b2u = _bytes_to_unicode()
-    vocab = {b2u[b]: b for b in range(256)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok = Tokenizer(models.BPE(fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIALS)
-    assert tok.token_to_id("<pad>") == PAD_ID and tok.token_to_id("<eos>") == EOS_ID
-    fast = PreTrainedTokenizerFast(
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=2)
+    tok.train_from_iterator((read_text(rel, root) for rel in train_files), trainer=trainer,
+                            length=len(train_files))
+    assert [tok.token_to_id(t) for t in SPECIALS] == [PAD_ID, BOS_ID, EOS_ID]
+    return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<bos>",
         eos_token="<eos>",
@@ -91,12 +87,26 @@ def build_tokenizer(model_max_length: int = 1024):
         clean_up_tokenization_spaces=False,
         model_max_length=model_max_length,
     )
-    return fast
+
+
+def token_bytes(tokenizer) -> "list[int]":
+    """Bytes of text each token id stands for (0 for the specials): converts nats/token to nats/byte."""
+    # a byte-level token's string has one (mapped) character per byte
+    toks = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return [0 if i in (PAD_ID, BOS_ID, EOS_ID) else len(t) for i, t in enumerate(toks)]
+
+
+def encode_files(tokenizer, files: list[str], root: Path | None = None) -> "list[list[int]]":
+    """<bos> tokens <eos> per file."""
+    texts = [read_text(rel, root) for rel in files]
+    enc = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+    return [[BOS_ID] + e.ids + [EOS_ID] for e in enc]
 
 
 def make_prompts(held: list[str], n_prompts: int, seed: int, root: Path | None = None,
                  min_bytes: int = 200, max_bytes: int = 400) -> list[dict]:
-    """Deterministic prompts: chunks of held-out files, cut at line boundaries, min_bytes..max_bytes long.
+    """Deterministic prompts: chunks of held-out files, whole lines (the last without its newline),
+    min_bytes..max_bytes long.
     Round-robin over held-out files (sorted), random start line per chunk (seeded)."""
     import random
 
@@ -126,8 +136,12 @@ def make_prompts(held: list[str], n_prompts: int, seed: int, root: Path | None =
                 break
             chunk.append(ln)
             nb += lb
-        if nb < min_bytes or not "".join(chunk).strip():
+        # end at the end of a line but without its newline: the BPE merges a newline with the next line's
+        # indentation into one token, so a prompt ending in a bare newline token is out of distribution
+        text = "".join(chunk).rstrip("\n")
+        nb = len(text.encode("utf-8"))
+        if nb < min_bytes or not text.strip():
             continue
         used.add((rel, start))
-        records.append({"text": "".join(chunk), "source": rel, "start_line": start + 1, "n_bytes": nb})
+        records.append({"text": text, "source": rel, "start_line": start + 1, "n_bytes": nb})
     return records

@@ -2,8 +2,8 @@
 """Evaluate the tiny_pair (target + draft) on held-out data.  Standalone: needs torch/transformers/datasets only.
 
 Measures
-  * held-out loss (nats/byte) of target and draft on the held-out stdlib files (same split as train.py),
-    non-overlapping windows of --seq-len bytes, first --loss-bytes tokens of the held-out stream;
+  * held-out loss (nats/token and nats/byte) of target and draft on the held-out stdlib files (same split as
+    train.py), non-overlapping windows of --seq-len tokens, first --loss-tokens tokens of the held-out stream;
   * greedy speculative acceptance at depths 1..8 on the held-out prompts (prompts.jsonl):
       the target greedily continues each prompt for --gen-tokens tokens (HF generate, KV cache), giving the
       target's greedy path S.  On S, one teacher-forced forward of each model gives, at every generated
@@ -21,7 +21,7 @@ Measures
   * calibration: at every generated position, the draft's confidence c_t (softmax prob of its greedy
     token) vs acceptance m_t (contexts are target-greedy, so the preceding tokens are the accepted ones);
     10 equal-width bins, plus ECE, Brier score and AUROC of c_t for predicting m_t.
-  * position-1 agreement on natural held-out text (teacher forced on the real bytes) as a sanity check
+  * position-1 agreement on natural held-out text (teacher forced on the real tokens) as a sanity check
     that the generated-path figures are not inflated by repetitive target output.
 
 Writes --out (default experiments/tiny_pair/results.json) and prints markdown tables.
@@ -54,7 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--n-prompts", type=int, default=100)
     p.add_argument("--gen-tokens", type=int, default=96)
     p.add_argument("--gen-batch", type=int, default=50)
-    p.add_argument("--loss-bytes", type=int, default=65536)
+    p.add_argument("--loss-tokens", type=int, default=32768)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (1: on a shared 2-core CPU, 2 intra-op threads were several times slower)")
@@ -71,9 +71,11 @@ def load(path: Path):
 
 
 @torch.inference_mode()
-def heldout_loss_and_agreement(target, draft, stream: torch.Tensor, seq_len: int, max_tokens: int, batch: int = 8):
-    """One pass over non-overlapping held-out windows: CE (nats/byte) of both models, and the position-1
-    greedy agreement of draft and target on natural (teacher-forced) text."""
+def heldout_loss_and_agreement(target, draft, stream: torch.Tensor, seq_len: int, max_tokens: int, nbytes,
+                               batch: int = 8):
+    """One pass over non-overlapping held-out windows: CE of both models (nats per token, and per byte of
+    text the predicted tokens stand for), and the position-1 greedy agreement of draft and target on
+    natural (teacher-forced) text."""
     n = min(stream.numel() - 1, max_tokens)
     n = (n // seq_len) * seq_len
     x = stream[: n + 1]
@@ -89,7 +91,9 @@ def heldout_loss_and_agreement(target, draft, stream: torch.Tensor, seq_len: int
         tot["draft"] += F.cross_entropy(ld.reshape(-1, ld.size(-1)), lab, reduction="sum").item()
         agree += (lt.argmax(-1) == ld.argmax(-1)).sum().item()
     n_tok = int(windows.size(0) * seq_len)
-    return {k: v / n_tok for k, v in tot.items()}, n_tok, agree / n_tok
+    n_bytes = int(nbytes[windows[:, 1:]].sum())
+    return ({k: v / n_tok for k, v in tot.items()}, {k: v / n_bytes for k, v in tot.items()}, n_tok, n_bytes,
+            agree / n_tok)
 
 
 @torch.inference_mode()
@@ -189,12 +193,11 @@ def main(argv=None):
 
     # held-out loss
     _, held = common.split_files()
-    parts = []
-    for rel in held:
-        parts += [[common.BOS_ID], list(common.read_bytes(rel)), [common.EOS_ID]]
-    stream = torch.tensor([b for part in parts for b in part], dtype=torch.long)
-    print(f"held-out loss on {min(args.loss_bytes, stream.numel())} tokens of {len(held)} held-out files ...", flush=True)
-    loss, n_loss, agree_nat = heldout_loss_and_agreement(target, draft, stream, args.seq_len, args.loss_bytes)
+    stream = torch.tensor([t for ids in common.encode_files(tok, held) for t in ids], dtype=torch.long)
+    nbytes = torch.tensor(common.token_bytes(tok))
+    print(f"held-out loss on {min(args.loss_tokens, stream.numel())} tokens of {len(held)} held-out files ...", flush=True)
+    loss, loss_b, n_loss, n_loss_bytes, agree_nat = heldout_loss_and_agreement(
+        target, draft, stream, args.seq_len, args.loss_tokens, nbytes)
     print(f"  done ({time.time() - t0:.0f}s)", flush=True)
 
     # acceptance on prompts
@@ -247,8 +250,10 @@ def main(argv=None):
     results = {
         "assets": str(args.assets),
         "params": {"target": n_t, "draft": n_d, "ratio": n_d / n_t},
-        "heldout_loss_nats_per_byte": loss,
+        "heldout_loss_nats_per_token": loss,
+        "heldout_loss_nats_per_byte": loss_b,
         "heldout_loss_tokens": n_loss,
+        "heldout_loss_bytes": n_loss_bytes,
         "natural_text_position1_agreement": agree_nat,
         "prompts": len(texts), "gen_tokens": args.gen_tokens,
         "block_starts": int(len(A)), "generated_positions": int(len(m_all)),
@@ -266,7 +271,8 @@ def main(argv=None):
 
     print()
     print(f"params: target {n_t:,}, draft {n_d:,} ({n_d / n_t:.2%})")
-    print(f"held-out loss (nats/byte, {n_loss} tokens): target {loss['target']:.4f}, draft {loss['draft']:.4f}")
+    print(f"held-out loss ({n_loss} tokens, {n_loss_bytes} bytes): target {loss['target']:.4f} nats/token = "
+          f"{loss_b['target']:.4f} nats/byte, draft {loss['draft']:.4f} nats/token = {loss_b['draft']:.4f} nats/byte")
     print(f"natural held-out text, position-1 greedy agreement: {agree_nat:.4f}")
     print(f"{len(texts)} prompts x {args.gen_tokens} target-greedy tokens; {len(A)} block starts; "
           f"generate/teacher-forced target mismatches: {path_mismatch}")

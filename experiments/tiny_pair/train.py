@@ -1,13 +1,14 @@
 #!/usr/bin/env python
-"""Train the shipped tiny_pair: a byte-level Llama target (~5.2M params) and a draft (~0.46M params,
-<10% of the target) distilled from it, on the *.py sources of the running Python's standard library.
+"""Train the shipped tiny_pair: a Llama target (~5.4M params) and a draft (~0.5M params, <10% of the
+target) distilled from it, over a byte-level BPE tokenizer (1024 tokens, learned here), on the *.py sources
+of the running Python's standard library.
 
-Phase 1 ("target"): the target is trained with next-byte cross-entropy; on the same batches the draft is
+Phase 1 ("target"): the target is trained with next-token cross-entropy; on the same batches the draft is
 trained online against the (detached) current target logits: loss = kl_w * KL(target || draft) + ce_w * CE.
 Phase 2 ("distill"): the finished target is frozen and the draft is distilled further with the same loss.
 
 Outputs (default src/specdepth/assets/tiny_pair/): target/ and draft/ (HF safetensors checkpoints in
-float16, each with the same byte-level tokenizer), prompts.jsonl (held-out prompts, via `datasets`),
+float16, each with the same byte-level BPE tokenizer), prompts.jsonl (held-out prompts, via `datasets`),
 train_log.txt and train_info.json.
 
 CPU only; everything is reproducible from --seed (fixed step counts, seeded init and batch sampling).
@@ -41,18 +42,18 @@ def parse_args(argv=None):
                    help="data-parallel CPU processes (gloo), one per core; batch sizes below are per process")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--target-steps", type=int, default=210)
+    p.add_argument("--target-steps", type=int, default=720)
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--target-lr", type=float, default=3e-3)
     p.add_argument("--distill-steps", type=int, default=40)
     p.add_argument("--distill-batch-size", type=int, default=4)
     p.add_argument("--draft-lr", type=float, default=3e-3)
-    p.add_argument("--phase1-max-minutes", type=float, default=19.0,
+    p.add_argument("--phase1-max-minutes", type=float, default=26.5,
                    help="wall-clock guard: end phase 1 early (logged) if it passes this many minutes since start")
     p.add_argument("--port", type=int, default=29517)
     p.add_argument("--kl-weight", type=float, default=1.0)
     p.add_argument("--ce-weight", type=float, default=0.1)
-    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=60)
     p.add_argument("--n-prompts", type=int, default=200)
     p.add_argument("--log-every", type=int, default=25)
     # architecture
@@ -62,9 +63,10 @@ def parse_args(argv=None):
     p.add_argument("--target-heads", type=int, default=8)
     p.add_argument("--draft-hidden", type=int, default=128)
     p.add_argument("--draft-layers", type=int, default=2)
-    p.add_argument("--draft-ffn", type=int, default=384)
+    p.add_argument("--draft-ffn", type=int, default=320)
     p.add_argument("--draft-heads", type=int, default=4)
     p.add_argument("--max-positions", type=int, default=1024)
+    p.add_argument("--vocab-size", type=int, default=common.VOCAB_SIZE, help="byte-level BPE tokens in all")
     return p.parse_args(argv)
 
 
@@ -77,11 +79,11 @@ class Logger:
         self.f.write(msg + "\n")
 
 
-def make_config(hidden, layers, ffn, heads, max_pos):
+def make_config(hidden, layers, ffn, heads, max_pos, vocab_size=common.VOCAB_SIZE):
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=common.VOCAB_SIZE,
+        vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=ffn,
         num_hidden_layers=layers,
@@ -98,13 +100,9 @@ def make_config(hidden, layers, ffn, heads, max_pos):
     )
 
 
-def build_stream(files: list[str]) -> torch.Tensor:
-    """<bos> file bytes <eos>, concatenated over files (sorted order)."""
-    parts = []
-    for rel in files:
-        b = np.frombuffer(common.read_bytes(rel), dtype=np.uint8).astype(np.int16)
-        parts += [np.array([common.BOS_ID], np.int16), b, np.array([common.EOS_ID], np.int16)]
-    return torch.from_numpy(np.concatenate(parts).astype(np.int64))
+def build_stream(tokenizer, files: list[str]) -> torch.Tensor:
+    """<bos> file tokens <eos>, concatenated over files (sorted order)."""
+    return torch.tensor([t for ids in common.encode_files(tokenizer, files) for t in ids], dtype=torch.long)
 
 
 def sample_batch(stream: torch.Tensor, bsz: int, seq_len: int, gen: torch.Generator) -> torch.Tensor:
@@ -128,10 +126,11 @@ def distill_loss(draft_logits, target_logits, labels, kl_w, ce_w):
 
 
 @torch.no_grad()
-def heldout_loss(model, stream, seq_len, max_tokens=32768):
+def heldout_loss(model, stream, seq_len, nbytes, max_tokens=16384):
+    """(nats per token, nats per byte) over the first max_tokens predictions of the held-out stream."""
     model.eval()
     n = min(stream.numel() - 1, max_tokens)
-    tot, cnt = 0.0, 0
+    tot, cnt, byt = 0.0, 0, 0
     for s in range(0, n, seq_len):
         x = stream[s : min(s + seq_len + 1, n + 1)].unsqueeze(0)
         if x.size(1) < 2:
@@ -139,8 +138,9 @@ def heldout_loss(model, stream, seq_len, max_tokens=32768):
         logits = model(input_ids=x[:, :-1]).logits
         tot += F.cross_entropy(logits[0], x[0, 1:], reduction="sum").item()
         cnt += x.size(1) - 1
+        byt += int(nbytes[x[0, 1:]].sum())
     model.train()
-    return tot / cnt
+    return tot / cnt, tot / max(byt, 1)
 
 
 def save_model(model, tokenizer, path: Path):
@@ -194,20 +194,22 @@ def worker(rank, args, argv):
         f"stdlib {common.stdlib_root()}")
 
     train_files, held_files = common.split_files()
-    train_stream = build_stream(train_files)
-    held_stream = build_stream(held_files)
-    log(f"# corpus: {len(train_files)} train files ({train_stream.numel()} tokens), "
+    tokenizer = common.build_tokenizer(train_files, args.max_positions, args.vocab_size)
+    sample = common.read_text(held_files[0])
+    assert tokenizer.decode(tokenizer(sample)["input_ids"]) == sample
+    nbytes = torch.tensor(common.token_bytes(tokenizer))
+    train_stream = build_stream(tokenizer, train_files)
+    held_stream = build_stream(tokenizer, held_files)
+    train_bytes = sum(len(common.read_bytes(r)) for r in train_files)
+    log(f"# tokenizer: byte-level BPE, {len(tokenizer)} tokens; corpus: {len(train_files)} train files "
+        f"({train_bytes} bytes, {train_stream.numel()} tokens, {train_bytes / train_stream.numel():.2f} bytes/token), "
         f"{len(held_files)} held-out files ({held_stream.numel()} tokens)")
-
-    tokenizer = common.build_tokenizer(args.max_positions)
-    sample = common.read_bytes(train_files[0]).decode("utf-8", errors="replace")
-    assert tokenizer(sample[:1000])["input_ids"] == list(sample[:1000].encode("utf-8"))
 
     torch.manual_seed(args.seed)  # identical init on every rank
     target = LlamaForCausalLM(make_config(args.target_hidden, args.target_layers, args.target_ffn,
-                                          args.target_heads, args.max_positions))
+                                          args.target_heads, args.max_positions, len(tokenizer)))
     draft = LlamaForCausalLM(make_config(args.draft_hidden, args.draft_layers, args.draft_ffn,
-                                         args.draft_heads, args.max_positions))
+                                         args.draft_heads, args.max_positions, len(tokenizer)))
     n_t = sum(p.numel() for p in target.parameters())
     n_d = sum(p.numel() for p in draft.parameters())
     log(f"# params: target {n_t:,}  draft {n_d:,}  ratio {n_d / n_t:.3%}")
@@ -223,8 +225,8 @@ def worker(rank, args, argv):
     opt_d = torch.optim.AdamW(draft.parameters(), lr=args.draft_lr, betas=(0.9, 0.95), weight_decay=0.1)
     gen = torch.Generator().manual_seed(args.seed + 1 + 1000 * rank)
     draft_total = args.target_steps + args.distill_steps
-    log(f"# global batch: phase 1 {ws} x {args.batch_size} x {args.seq_len} bytes, "
-        f"phase 2 {ws} x {args.distill_batch_size} x {args.seq_len} bytes")
+    log(f"# global batch: phase 1 {ws} x {args.batch_size} x {args.seq_len} tokens, "
+        f"phase 2 {ws} x {args.distill_batch_size} x {args.seq_len} tokens")
 
     def stop_flag(cond: bool) -> bool:
         # all ranks agree (rank 0's clock decides)
@@ -273,8 +275,9 @@ def worker(rank, args, argv):
                 f"elapsed {time.time() - t_start:.0f}s")
     bar.close()
     phase1_s = time.time() - t1
-    ho_t = heldout_loss(target, held_stream, args.seq_len) if main_rank else float("nan")
-    log(f"# phase1 done in {phase1_s:.0f}s ({steps_done} steps); held-out (first 32k tokens) target CE {ho_t:.4f} nats/byte")
+    ho_t = heldout_loss(target, held_stream, args.seq_len, nbytes) if main_rank else (float("nan"),) * 2
+    log(f"# phase1 done in {phase1_s:.0f}s ({steps_done} steps); held-out (first 16k tokens) target CE "
+        f"{ho_t[0]:.4f} nats/token, {ho_t[1]:.4f} nats/byte")
 
     # ---- phase 2: frozen final target, draft distillation
     target.eval()
@@ -308,8 +311,9 @@ def worker(rank, args, argv):
     if not main_rank:
         dist.destroy_process_group()
         return
-    ho_d = heldout_loss(draft, held_stream, args.seq_len)
-    log(f"# phase2 done in {phase2_s:.0f}s; held-out (first 32k tokens) draft CE {ho_d:.4f} nats/byte")
+    ho_d = heldout_loss(draft, held_stream, args.seq_len, nbytes)
+    log(f"# phase2 done in {phase2_s:.0f}s; held-out (first 16k tokens) draft CE {ho_d[0]:.4f} nats/token, "
+        f"{ho_d[1]:.4f} nats/byte")
 
     # ---- save
     save_model(target, tokenizer, out / "target")
@@ -329,7 +333,10 @@ def worker(rank, args, argv):
                    "split_rule": f"held out iff int(sha1(relpath)[:8],16) % 1000 < {common.HELDOUT_PERMILLE}"},
         "phase1_steps_done": steps_done, "phase1_stopped_by_wall_clock_guard": stopped_early,
         "tokens_seen_target": steps_done * ws * args.batch_size * args.seq_len,
-        "heldout_ce_32k": {"target": ho_t, "draft": ho_d},
+        "tokenizer": {"kind": "byte-level BPE", "vocab_size": len(tokenizer),
+                      "train_bytes_per_token": train_bytes / train_stream.numel()},
+        "heldout_ce_16k_tokens": {"nats_per_token": {"target": ho_t[0], "draft": ho_d[0]},
+                                  "nats_per_byte": {"target": ho_t[1], "draft": ho_d[1]}},
         "time_s": {"phase1": phase1_s, "phase2": phase2_s, "total": total_s},
         "torch": torch.__version__, "processes": ws, "threads_per_process": torch.get_num_threads(),
         "n_prompts": len(prompts),
