@@ -149,3 +149,25 @@ def test_simulator_charges_policy_time_when_asked():
     for s in on:
         assert s[cols["step_s"]] == pytest.approx(s[cols["draft_s"]] + s[cols["verify_s"]] + s[cols["prefill_s"]]
                                                   + s[cols["overhead_s"]], rel=1e-9)
+
+
+def test_calibrate_recovers_fixed_costs_from_one_repetition(tmp_path):
+    """calibrate.py fits real - simulated (draft + overhead) seconds = a x steps + b x draft positions on the
+    runs of one repetition only."""
+    real, sim = tmp_path / "real", tmp_path / "sim"
+    for rep in (0, 1):
+        for b in (1, 4):
+            for k, pol in enumerate(("none", "fixed2", "fixed4")):
+                depths = [2 * k] * (10 + k)                        # steps.csv: max_depth per step
+                a_s, b_s = (0.0007, 0.0004) if rep == 0 else (0.5, 0.5)   # rep 1 must be ignored
+                extra = a_s * len(depths) + b_s * sum(depths)
+                for root, add in ((real, extra), (sim, 0.0)):
+                    d = root / f"r{rep}" / f"b{b}" / pol
+                    _fake_run(d, pol, b, 100.0, 1.0, sum(depths))
+                    s = json.loads((d / "summary.json").read_text())
+                    s["draft_time_s"] = 0.2 + 0.01 * k + add
+                    (d / "summary.json").write_text(json.dumps(s))
+                    (d / "steps.csv").write_text("max_depth\n" + "".join(f"{x}\n" for x in depths))
+    cal = _module(ROOT / "experiments" / "fidelity" / "calibrate.py")
+    a, b, n = cal.fit(real, sim, "0")
+    assert n == 6 and a == pytest.approx(0.0007, rel=1e-6) and b == pytest.approx(0.0004, rel=1e-6)

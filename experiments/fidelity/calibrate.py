@@ -1,51 +1,77 @@
-"""Measure the real backend's per-step cost outside the model forwards, for the simulator.
+"""Measure the real backend's cost outside the profiled model forwards, for the simulator.
 
-    .venv/bin/python experiments/fidelity/calibrate.py [outputs/multirun/real_pareto]
+    .venv/bin/python experiments/fidelity/calibrate.py REAL_SWEEP SIM_SWEEP [--fit-rep 0]
+    e.g. calibrate.py outputs/multirun/real_pareto outputs/multirun/real_pareto_sim_table --fit-rep 0
 
-The engine records, for every real step, overhead_s = step wall time - draft - verify - prefill seconds:
-policy.plan / keep_drafting / observe, the engine's bookkeeping and the trace recording. A profile of model
-forwards never sees it. This fits overhead_s = step_overhead_s + position_overhead_s x (draft positions of the
-step) over the steps of every run (least squares on the per-depth medians, weighted by their step counts,
-so that a few steps slowed down by other processes do not drive it), and prints the overrides for
-experiment=fidelity_sim. It reads only the overhead column, never the throughput the simulator is judged on.
+A profile of model forwards (specdepth-profile -> cost=table) does not see what the real backend spends
+around them: per draft position, the executor's sampling and host copies (softmax over the vocabulary,
+argmax, .cpu(), the token and length bookkeeping) and the engine's per-position work; per step, the
+engine's bookkeeping. The simulated sweep SIM_SWEEP (experiment=fidelity_sim with the plain profiled
+table; it already charges each policy's own measured time, engine.charge_policy_time) makes the same
+decisions as the real runs (it replays their acceptance traces), so for every run
+
+    (real draft + overhead seconds) - (simulated draft + overhead seconds)
+        ~= step_overhead_s x steps + position_overhead_s x draft positions
+
+(draft positions = the sum of each step's deepest planned draft, steps.csv `max_depth`). This fits that by
+least squares (non-negative) over the runs of repetition --fit-rep only, so the other repetition is an
+out-of-sample check, and prints the overrides for experiment=fidelity_sim. It reads the draft and overhead
+time columns, never the throughput the simulator is judged on, and never the verify or prefill times.
 """
 from __future__ import annotations
 
+import argparse
 import csv
-import statistics
-import sys
-from collections import defaultdict
+import json
 from pathlib import Path
 
 import numpy as np
 
 
-def fit(real: Path) -> tuple[float, float, int]:
-    by_k = defaultdict(list)
-    for f in sorted(real.glob("r*/b*/*/steps.csv")):
-        if not (f.parent / "summary.json").is_file():
+def _runs(root: Path, rep: str | None):
+    for s in sorted(root.glob("r*/b*/*/summary.json")):
+        r = s.parent.parent.parent.name[1:]
+        if rep is None or r == rep:
+            yield s.parent.relative_to(root), json.loads(s.read_text())
+
+
+def fit(real: Path, sim: Path, rep: str | None = "0") -> tuple[float, float, int]:
+    A, y = [], []
+    for rel, rs in _runs(real, rep):
+        ss_path = sim / rel / "summary.json"
+        if not ss_path.is_file():
             continue
-        with f.open(newline="") as fh:
-            for r in csv.DictReader(fh):
-                by_k[int(r["max_depth"])].append(float(r["overhead_s"]))
-    if not by_k:
-        raise SystemExit(f"no steps.csv under {real}")
-    ks = np.array(sorted(by_k), float)
-    med = np.array([statistics.median(by_k[int(k)]) for k in ks])
-    w = np.sqrt(np.array([len(by_k[int(k)]) for k in ks], float))
-    if ks.size == 1:
-        return max(float(med[0]), 0.0), 0.0, len(by_k[int(ks[0])])
-    A = np.stack([np.ones_like(ks), ks], axis=1) * w[:, None]
-    (a, b), *_ = np.linalg.lstsq(A, med * w, rcond=None)
-    return max(float(a), 0.0), max(float(b), 0.0), sum(len(v) for v in by_k.values())
+        ss = json.loads(ss_path.read_text())
+        with (real / rel / "steps.csv").open(newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        steps = sum(1 for r in rows)
+        positions = sum(int(r["max_depth"]) for r in rows)
+        resid = (rs["draft_time_s"] + rs["overhead_time_s"]) - (ss["draft_time_s"] + ss["overhead_time_s"])
+        A.append((steps, positions))
+        y.append(resid)
+    if not A:
+        raise SystemExit(f"no runs with both {real}/.../summary.json and {sim}/.../summary.json (rep {rep})")
+    A, y = np.array(A, float), np.array(y)
+    coef, *_ = np.linalg.lstsq(A, y, rcond=None)
+    a, b = (max(float(c), 0.0) for c in coef)
+    if coef[0] < 0:     # refit the per-position cost alone when the per-step one would be negative
+        b = max(float(A[:, 1] @ y / (A[:, 1] @ A[:, 1])), 0.0)
+    elif coef[1] < 0:
+        a = max(float(A[:, 0] @ y / (A[:, 0] @ A[:, 0])), 0.0)
+    return a, b, len(y)
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    real = Path(argv[0] if argv else "outputs/multirun/real_pareto")
-    a, b, n = fit(real)
-    print(f"# {n} real steps: overhead_s = {a * 1e3:.3f} ms + {b * 1e3:.3f} ms x draft positions")
-    print(f"backend.step_overhead_s={a:.6g} backend.position_overhead_s={b:.6g}")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("real", nargs="?", default="outputs/multirun/real_pareto")
+    ap.add_argument("sim", nargs="?", default="outputs/multirun/real_pareto_sim_table")
+    ap.add_argument("--fit-rep", default="0", help="repetition to fit on ('all' = every one)")
+    a = ap.parse_args(argv)
+    rep = None if a.fit_rep == "all" else a.fit_rep
+    s, p, n = fit(Path(a.real), Path(a.sim), rep)
+    print(f"# {n} runs of rep {a.fit_rep}: real - simulated (draft + overhead) = {s * 1e3:.3f} ms x steps "
+          f"+ {p * 1e3:.3f} ms x draft positions")
+    print(f"backend.step_overhead_s={s:.6g} backend.position_overhead_s={p:.6g}")
 
 
 if __name__ == "__main__":

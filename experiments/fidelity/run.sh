@@ -3,8 +3,8 @@
 #   bash experiments/fidelity/run.sh                 # the shipped pair (model=tiny_pair)
 #   MODEL="model.target=/tmp/t model.draft=/tmp/d model.prompts=/tmp/p.jsonl" NAME=standin bash experiments/fidelity/run.sh
 #   OUT=/tmp/x EXTRA="workload.batch_size=1,8 pol=none,fixed2,goodput" REPS=0 ...   # a small trial
-# Steps: profile -> real sweep (experiment=real_pareto) -> traces -> overhead fit -> two simulated sweeps
-# (plain table; table + fitted overheads) -> both analyses. Each step resumes (finished runs are skipped).
+# Steps: profile -> real sweep (experiment=real_pareto) -> traces -> simulated sweep (plain table) -> overhead
+# fit (rep 0) -> simulated sweep (table + fitted overheads) -> both analyses. Each step resumes (finished runs are skipped).
 set -euo pipefail
 export OMP_NUM_THREADS=1
 PY=.venv/bin/python
@@ -19,9 +19,11 @@ if [ ! -f "$PROFILE" ]; then
 fi
 .venv/bin/specdepth experiment=real_pareto $MODEL cost.path="$PROFILE" name="$NAME" rep="$REPS" $EXTRA
 $PY experiments/fidelity/prepare.py "outputs/multirun/$NAME" "outputs/fidelity_traces/$NAME"
-OH=$($PY experiments/fidelity/calibrate.py "outputs/multirun/$NAME" | tail -1)
 .venv/bin/specdepth experiment=fidelity_sim $MODEL cost.path="$PROFILE" rep="$REPS" \
   fid.traces="outputs/fidelity_traces/$NAME" name="${NAME}_sim_table" $EXTRA
+# fixed costs around the forwards, fitted on repetition 0 only (rep 1 is the out-of-sample check)
+OH=$($PY experiments/fidelity/calibrate.py "outputs/multirun/$NAME" "outputs/multirun/${NAME}_sim_table" \
+  --fit-rep "${FIT_REP:-0}" | tail -1)
 .venv/bin/specdepth experiment=fidelity_sim $MODEL cost.path="$PROFILE" rep="$REPS" \
   fid.traces="outputs/fidelity_traces/$NAME" name="${NAME}_sim_overhead" $OH $EXTRA
 if [ -n "${OUT:-}" ]; then   # a trial: figures and tables elsewhere, READMEs untouched
