@@ -111,23 +111,6 @@ def leading_run(acc):
 
 
 @njit(cache=True, nogil=True)
-def logit_normal(z, u, mu, spread, calibration, n, k):
-    """The confidence acceptance model's block: conf = sigmoid(mu_i + spread * z), accepted iff
-    u < conf ** calibration (z, u: flat standard normals and uniforms, n * k of each)."""
-    conf = np.empty((n, k))
-    acc = np.empty((n, k), np.bool_)
-    for i in range(n):
-        m = mu[i]
-        for j in range(k):
-            x = z[i * k + j] * spread + m
-            c = 1.0 / (1.0 + np.exp(-x))
-            conf[i, j] = c
-            p = c if calibration == 1.0 else c ** calibration
-            acc[i, j] = u[i * k + j] < p
-    return conf, acc
-
-
-@njit(cache=True, nogil=True)
 def commit(I, F, hacc, hdr, hptr, drafted, accepted, decay, joint, K1, drafting):
     """The engine's per-step bookkeeping over the running batch (see BatchState for the columns):
     emit accepted + 1 tokens per row (clipped at its output length), decay and update the per-row
