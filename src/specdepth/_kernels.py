@@ -3,7 +3,7 @@
 Each function replaces several numpy calls that each cost a few microseconds on arrays of a few dozen
 rows; one compiled call costs about one. They compute exactly what the numpy expressions they replace
 computed (integer sums stay integers; float operations happen in the same order), so results do not
-depend on them. The first call in a fresh checkout compiles them (a few seconds); later processes load
+depend on them. The first calls in a fresh checkout compile them (~15 s on a 2-core machine); later processes load
 the compiled code from `__pycache__` (numba's `cache=True`).
 """
 from __future__ import annotations
