@@ -92,7 +92,8 @@ def test_profile_and_table_cost(tiny_pair, tmp_path):
     r = _cli("specdepth-profile", [f"model.target={tiny_pair['target']}", f"model.draft={tiny_pair['draft']}",
                                    "model.target_arch=null", "model.draft_arch=null", "model.prompts=null",
                                    "model.dtype=float32", "model.device=cpu", "grid.batch=[1,4]", "grid.query=[1,4]",
-                                   "grid.context=[0,32]", "repeats=1", "warmup=1", f"hydra.run.dir={out}"], tmp_path)
+                                   "grid.context=[0,32]", "repeats=1", "warmup=1", "rounds=2",
+                                   f"hydra.run.dir={out}"], tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = (out / "profile.csv").read_text().splitlines()
     assert rows[0].startswith("model,batch,query,context,seconds") and len(rows) == 1 + 2 * 8

@@ -3,12 +3,15 @@
 
     specdepth-profile model=tiny_pair                      # the default grid (docs/real_backend.md)
     specdepth-profile model=tiny_pair grid.batch=[1,8] grid.query=[1,4] grid.context=[128] repeats=3
+    specdepth-profile model=tiny_pair rounds=3                # median over 3 passes of the grid
     specdepth cost=table cost.path=<run dir>/profile.csv model=tiny_pair ...
 
 Each point is one forward of the backend's own code path (`specdepth.hf.Runner`: slot KV cache, explicit
 4D mask and position ids) with `batch` rows each feeding `query` new tokens on top of `context` cached ones;
 the cached keys are placeholders (their values do not change the cost). The median of `repeats` timed
-forwards after `warmup` untimed ones is recorded (CUDA: synchronized). Points whose context + query exceed
+forwards after `warmup` untimed ones is one measurement (CUDA: synchronized); with `rounds` > 1 the whole grid
+(both models) is walked that many times and the median over rounds is recorded, which spreads a slow spell of
+a shared machine over every point instead of biasing the points measured during it. Points whose context + query exceed
 the model's max_position_embeddings are skipped.
 """
 from __future__ import annotations
@@ -59,6 +62,7 @@ def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
         raise ConfigError("grid.batch and grid.query must be >= 1")
     repeats = as_int(cfg.get("repeats", 5), "repeats", min=1)
     warmup = as_int(cfg.get("warmup", 2), "warmup", min=0)
+    rounds = as_int(cfg.get("rounds", 1), "rounds", min=1)
     which = list(cfg.get("models", ["target", "draft"]))
     if cfg.get("num_threads") is not None:
         torch.set_num_threads(as_int(cfg.num_threads, "num_threads", min=1))
@@ -66,8 +70,7 @@ def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
         raise ConfigError(f"model.dtype: profiling supports float32/float16/bfloat16, got {pair.dtype!r}")
     dev = pair.device if pair.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, pair.dtype)
-    rows = []
-    t_all = time.perf_counter()
+    loaded = []
     for w in which:
         if w not in ("target", "draft"):
             raise ConfigError(f"models: entries must be target or draft, got {w!r}")
@@ -84,35 +87,43 @@ def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
             raise ConfigError(f"model.{w}: cannot load {path!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
         if "device_map" not in kw:
             model = model.to(dev)
-        model.eval()
-        limit = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
-        device = model.get_input_embeddings().weight.device
-        vocab = int(model.get_input_embeddings().weight.shape[0])
-        rng = np.random.default_rng(0)
-        for b in batches:
-            runner = Runner(model, b, max(contexts) + max(queries) + 1)
-            for c in contexts:
-                for q in queries:
-                    if c + q > limit:
-                        continue
-                    toks = rng.integers(0, vocab, (b, q))
-                    lens = np.full(b, c, np.int64)
-                    times = []
-                    with torch.inference_mode():
-                        for r in range(warmup + repeats):
-                            if device.type == "cuda":
-                                torch.cuda.synchronize(device)
-                            t0 = time.perf_counter()
-                            runner.forward(slice(0, b), toks, lens, None, "all" if q > 1 else "last")
-                            if device.type == "cuda":
-                                torch.cuda.synchronize(device)
-                            if r >= warmup:
-                                times.append(time.perf_counter() - t0)
-                    sec = statistics.median(times)
-                    rows.append((w, b, q, c, sec, str(device), pair.dtype, pair.name))
-                    log.info("%s batch=%d query=%d context=%d: %.3f ms", w, b, q, c, sec * 1e3)
-            del runner
-        del model
+        loaded.append((w, model.eval()))
+    # every round walks the whole grid (both models); a point's figure is the median over rounds of each
+    # round's median, so a slow minute of the machine moves one round of every point, not a block of points
+    times: dict[tuple, list[float]] = {}
+    t_all = time.perf_counter()
+    for rnd in range(rounds):
+        for w, model in loaded:
+            limit = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+            device = model.get_input_embeddings().weight.device
+            vocab = int(model.get_input_embeddings().weight.shape[0])
+            rng = np.random.default_rng(rnd)
+            for b in batches:
+                runner = Runner(model, b, max(contexts) + max(queries) + 1)
+                for c in contexts:
+                    for q in queries:
+                        if c + q > limit:
+                            continue
+                        toks = rng.integers(0, vocab, (b, q))
+                        lens = np.full(b, c, np.int64)
+                        ts = []
+                        with torch.inference_mode():
+                            for r in range(warmup + repeats):
+                                if device.type == "cuda":
+                                    torch.cuda.synchronize(device)
+                                t0 = time.perf_counter()
+                                runner.forward(slice(0, b), toks, lens, None, "all" if q > 1 else "last")
+                                if device.type == "cuda":
+                                    torch.cuda.synchronize(device)
+                                if r >= warmup:
+                                    ts.append(time.perf_counter() - t0)
+                        sec = statistics.median(ts)
+                        times.setdefault((w, b, q, c, str(device)), []).append(sec)
+                        log.info("round %d/%d %s batch=%d query=%d context=%d: %.3f ms", rnd + 1, rounds, w, b, q,
+                                 c, sec * 1e3)
+                del runner
+    rows = [(w, b, q, c, statistics.median(v), device, pair.dtype, pair.name)
+            for (w, b, q, c, device), v in times.items()]
     buf = io.StringIO()
     wr = csv.writer(buf, lineterminator="\n")
     wr.writerow(COLUMNS)
