@@ -6,9 +6,11 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import compose_cfg
+from specdepth.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -112,12 +114,107 @@ def test_sim_overheads_are_charged_per_step_and_position():
         return res, sum(r[-3] for r in res.steps)   # step_s
 
     base, t0 = run()
-    same, t1 = run("+backend.step_overhead_s=0", "+backend.position_overhead_s=0")
+    same, t1 = run("backend.step_overhead_s=0", "backend.position_overhead_s=0")
     assert t1 == t0 and [r[:10] for r in same.steps] == [r[:10] for r in base.steps]
-    oh, t2 = run("+backend.step_overhead_s=0.001", "+backend.position_overhead_s=0.0005")
+    oh, t2 = run("backend.step_overhead_s=0.001", "backend.position_overhead_s=0.0005")
     positions = sum(r[3] for r in oh.steps)   # max_depth column: draft positions of the step
     assert len(oh.steps) == len(base.steps)
     assert t2 == pytest.approx(t0 + 0.001 * len(oh.steps) + 0.0005 * positions)
+
+
+def _table_csv(path, scale=1.0):
+    """A profile CSV where a forward costs 1 ms + 0.5 ms per token of query (x scale), context-free."""
+    lines = ["model,batch,query,context,seconds"]
+    for w, f in (("target", 1.0), ("draft", 0.25)):
+        for b in (1, 2, 4, 8):
+            for q in (1, 2, 4, 8, 16):
+                for c in (0, 512):
+                    lines.append(f"{w},{b},{q},{c},{scale * f * (1e-3 + 0.5e-3 * b * q)!r}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_sim_pad_ragged_charges_the_padded_forward(tmp_path):
+    """backend.pad_ragged: the verify of a ragged plan (depth 6 in rows 0 and 2, 0 in rows 1 and 3) is charged as
+    backend=hf runs it, every row padded to the largest query (4 x 7 tokens), not as the packed 16 tokens;
+    decisions and FLOPs are unchanged."""
+    from specdepth.app import build
+    from specdepth.cost import TableCost
+
+    csv_path = _table_csv(tmp_path / "p.csv")
+
+    def run(*extra):
+        cfg = compose_cfg(["cost=table", f"cost.path={csv_path}", "acceptance=iid", "acceptance.alpha=0.0",
+                           "workload.batch_size=4", "workload.prompt_len=8", "workload.output_len=3",
+                           "engine.progress=false", "policy=fixed", "policy._target_=custom_policies.Alternating", "policy.depth=6",
+                           *extra])
+        parts = build(cfg)
+        return parts["engine"].run(), parts["cost"]
+
+    packed, cost = run()
+    padded, _ = run("backend.pad_ragged=true")
+    assert isinstance(cost, TableCost)
+    assert [r[4] for r in packed.steps] == [r[4] for r in padded.steps]      # drafted per step
+    assert [r[-2:] for r in packed.steps] == [r[-2:] for r in padded.steps]  # FLOPs
+    ctx = np.full(4, 9)
+    q_packed = np.array([7, 1, 7, 1])
+    v_packed = cost.target_forward(ctx, q_packed)[0]
+    v_padded = cost.target_forward(ctx, np.full(4, 7))[0]
+    assert v_padded > 1.5 * v_packed
+    verify_col = 11   # verify_s
+    assert packed.steps[0][verify_col] == pytest.approx(v_packed)
+    assert padded.steps[0][verify_col] == pytest.approx(v_padded)
+
+
+def test_sim_clock_profile_moves_the_clock_not_the_decisions(tmp_path):
+    """backend.clock_profile: the clock charges another profile (here every forward 1.3x slower) while the
+    policies keep seeing cost.path: same steps and decisions, time x 1.3."""
+    from specdepth.app import build
+
+    a = _table_csv(tmp_path / "a.csv")
+    b = _table_csv(tmp_path / "b.csv", scale=1.3)
+
+    def run(*extra):
+        cfg = compose_cfg(["cost=table", f"cost.path={a}", "acceptance=iid", "acceptance.alpha=0.7", "policy=goodput",
+                           "workload.batch_size=4", "workload.prompt_len=8", "workload.output_len=24",
+                           "engine.progress=false", *extra])
+        return build(cfg)["engine"].run()
+
+    base = run()
+    slow = run(f"backend.clock_profile={b}")
+    assert [r[2:8] for r in base.steps] == [r[2:8] for r in slow.steps]
+    t0 = sum(r[-3] for r in base.steps)
+    t1 = sum(r[-3] for r in slow.steps)
+    assert t1 == pytest.approx(1.3 * t0, rel=1e-9)
+    with pytest.raises(ConfigError, match="backend.clock_profile: profile CSV not found"):
+        run(f"backend.clock_profile={tmp_path / 'missing.csv'}")
+
+
+def test_sim_draft_catch_up(tmp_path):
+    """backend.draft_catch_up: the draft's first forward of a step feeds the tokens its cache lacks, 2 after a
+    fully accepted step; with every draft accepted that costs (steps - 1) x (draft of 2 tokens - draft of 1)
+    more than without; with every draft rejected nothing changes."""
+    from specdepth.app import build
+
+    csv_path = _table_csv(tmp_path / "p.csv")
+
+    def run(alpha, *extra):
+        cfg = compose_cfg(["cost=table", f"cost.path={csv_path}", "acceptance=iid", f"acceptance.alpha={alpha}",
+                           "policy=fixed", "policy.depth=3", "workload.batch_size=4", "workload.prompt_len=8",
+                           "workload.output_len=17", "engine.progress=false", *extra])
+        parts = build(cfg)
+        res = parts["engine"].run()
+        return res, sum(r[10] for r in res.steps), parts["cost"]   # draft_s
+
+    off, d0, cost = run(1.0)
+    on, d1, _ = run(1.0, "backend.draft_catch_up=true")
+    assert [r[2:10] for r in on.steps] == [r[2:10] for r in off.steps] and len(on.steps) == 4
+    ctx = np.full(4, 9)
+    delta = cost.draft_forward(ctx, np.full(4, 2))[0] - cost.draft_forward(ctx)[0]
+    assert delta > 0 and d1 - d0 == pytest.approx((len(on.steps) - 1) * delta)
+    _, r0, _ = run(0.0)
+    _, r1, _ = run(0.0, "backend.draft_catch_up=true")
+    assert r1 == pytest.approx(r0)
 
 
 def test_simulator_charges_policy_time_when_asked():
