@@ -182,11 +182,13 @@ def figure(cells: dict, metric: str, out: Path) -> str:
 
 
 def noise(cells: dict) -> str | None:
-    d = [abs(v["reps"][1] / v["reps"][0] - 1) for c in cells.values() for v in c.values() if len(v["reps"]) > 1]
+    d = [abs(v["reps"][j] / v["reps"][i] - 1) for c in cells.values() for v in c.values()
+         for i in range(len(v["reps"])) for j in range(i + 1, len(v["reps"]))]
     if not d:
         return None
-    return (f"Repeatability: the same cell's e2e throughput in rep 1 vs rep 0 differs by {100 * statistics.fmean(d):.1f}% "
-            f"on average, {100 * max(d):.1f}% at most ({len(d)} cells): differences below that are noise.")
+    return (f"Repeatability: the same cell's e2e throughput in any two repetitions differs by "
+            f"{100 * statistics.fmean(d):.1f}% on average, {100 * max(d):.1f}% at most ({len(d)} pairs): differences "
+            f"below that are noise.")
 
 
 def report(sweep: Path, out: Path) -> str:
