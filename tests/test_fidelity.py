@@ -146,8 +146,8 @@ def test_sim_pad_ragged_charges_the_padded_forward(tmp_path):
     def run(*extra):
         cfg = compose_cfg(["cost=table", f"cost.path={csv_path}", "acceptance=iid", "acceptance.alpha=0.0",
                            "workload.batch_size=4", "workload.prompt_len=8", "workload.output_len=3",
-                           "engine.progress=false", "policy=fixed", "policy._target_=custom_policies.Alternating", "policy.depth=6",
-                           *extra])
+                           "engine.progress=false", "policy=fixed", "policy._target_=custom_policies.Alternating",
+                           "policy.depth=6", *extra])
         parts = build(cfg)
         return parts["engine"].run(), parts["cost"]
 

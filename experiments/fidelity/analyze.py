@@ -9,8 +9,8 @@ the table plus the calibrated overheads) are compared side by side, labelled by 
 
 Per cell (rep, batch, policy): throughput_tok_s (output tokens / wall time, prefill included) and
 tokens_per_step, relative error = sim / real - 1; the time split (prefill, draft, verify, overhead) of both.
-Also the real backend's own repeatability: |rep s / rep r - 1| for the same cell and any two repetitions (a noise floor: the
-simulator cannot predict a timing to better than the backend repeats it).
+Also the real backend's own repeatability: |rep s / rep r - 1| for the same cell and any two repetitions (a
+noise floor: the simulator cannot predict a timing to better than the backend repeats it).
 Writes results.md, cells.csv and PNG figures into --out (default: this folder), and the results section of
 --readme between `<!-- results:begin -->` and `<!-- results:end -->` when given.
 """

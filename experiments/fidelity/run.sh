@@ -37,7 +37,7 @@ fi
 $PY experiments/fidelity/prepare.py "outputs/multirun/$NAME" "outputs/fidelity_traces/$NAME"
 .venv/bin/specdepth experiment=fidelity_sim $MODEL cost.path="$PROFILE" rep="$REPS" fid.clock_profile="$CLOCK" \
   fid.traces="outputs/fidelity_traces/$NAME" name="${NAME}_sim_table" $EXTRA
-# fixed costs around the forwards, fitted on repetition 0 only (rep 1 is the out-of-sample check)
+# fixed costs around the forwards, fitted on repetition 0 only (the other repetitions are the out-of-sample check)
 OH=$($PY experiments/fidelity/calibrate.py "outputs/multirun/$NAME" "outputs/multirun/${NAME}_sim_table" \
   --fit-rep "${FIT_REP:-0}" | tail -1)
 .venv/bin/specdepth experiment=fidelity_sim $MODEL cost.path="$PROFILE" rep="$REPS" fid.clock_profile="$CLOCK" \
