@@ -96,10 +96,40 @@ def test_trace_replays_recorded_acceptance(tmp_path):
             "workload.batch_size=16", "workload.output_len=200", "engine.record_trace=true")
     trace = tmp_path / "rec" / "acceptance_trace.jsonl"
     rec = [json.loads(line) for line in trace.read_text().splitlines()]
-    assert len(rec) == 16 and set(rec[0]) == {"request_id", "confidence", "accepted"}
+    assert len(rec) == 16 and set(rec[0]) == {"request_id", "confidence", "accepted", "unverified"}
     s = run_sim(tmp_path / "rep", "policy=fixed", "policy.depth=3", "acceptance=trace",
                 f"acceptance.path={trace}", "workload.batch_size=16", "workload.output_len=200")
     assert np.mean(s["per_position_acceptance"]) == pytest.approx(0.65, abs=0.03)
+
+
+def test_trace_replay_shows_keep_drafting_the_recorded_confidences(tmp_path):
+    """A policy that stops drafting on low confidence sees, in a replay, the confidences it saw when the
+    trace was recorded, also those of tokens drafted after a rejection (never verified: "unverified"), so it
+    makes the same decisions step for step."""
+    common = ["policy=confidence", "policy.threshold=0.35", "policy.max_depth=6", "engine.token_budget=4096",
+              "workload.batch_size=4", "workload.output_len=60"]
+    run_sim(tmp_path / "rec", *common, "acceptance=confidence", "acceptance.mean=0.6", "engine.record_trace=true")
+    trace = tmp_path / "rec" / "acceptance_trace.jsonl"
+    assert sum(len(json.loads(line)["unverified"]) for line in trace.read_text().splitlines()) > 0
+    run_sim(tmp_path / "rep", *common, "acceptance=trace", f"acceptance.path={trace}")
+    cols = [[line.split(",")[2:8] for line in (tmp_path / d / "steps.csv").read_text().splitlines()]
+            for d in ("rec", "rep")]   # batch_size .. verify_tokens
+    assert cols[0] == cols[1]
+    # (the simulator's own confidences are keyed by output position, so there the next step's first draft has
+    # the confidence of the unverified token; a real backend's drafts after a rejection differ:) a hand-made
+    # trace: 0.9 accepted, 0.9 rejected, then 0.1 next in the stream; after the rejection the recorded run
+    # drafted two more tokens of confidence 0.9
+    rec = {"request_id": 0, "confidence": [0.9, 0.9, 0.1, 0.9, 0.9, 0.9], "accepted": [1, 0, 1, 1, 1, 1]}
+    drafted = []
+    for unv in ([[1, [0.9, 0.9]]], None):
+        path = tmp_path / f"hand{len(drafted)}.jsonl"
+        path.write_text(json.dumps({**rec, "unverified": unv}) + "\n")
+        run_sim(tmp_path / f"hand{len(drafted)}", "policy=confidence", "policy.threshold=0.5", "policy.max_depth=4",
+                "engine.token_budget=4096", "workload.batch_size=1", "workload.output_len=4", "acceptance=trace",
+                f"acceptance.path={path}")
+        first = (tmp_path / f"hand{len(drafted)}" / "steps.csv").read_text().splitlines()[1].split(",")
+        drafted.append(int(first[4]))
+    assert drafted == [4, 3]   # with the unverified confidences: drafts to max_depth; without: stops at the 0.1
 
 
 def test_trace_file_errors_name_the_file(tmp_path):
@@ -108,6 +138,9 @@ def test_trace_file_errors_name_the_file(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"confidence": [0.5], "accepted": [1]}\n{"confidence": [2.0], "accepted": [1]}\n')
     with pytest.raises(ConfigError, match=r"bad.jsonl:2"):
+        Trace(bad)
+    bad.write_text('{"confidence": [0.5, 0.4], "accepted": [1, 0], "unverified": [[0, [0.3]]]}\n')
+    with pytest.raises(ConfigError, match=r"bad.jsonl:1: 'unverified' entry 0: index of a rejected token"):
         Trace(bad)
 
 

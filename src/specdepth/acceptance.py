@@ -163,18 +163,23 @@ class Trace(AcceptanceModel):
     """Replays (confidence, accepted) event streams recorded by the real backend.
 
     File format (JSONL, what `backend=hf` writes as acceptance_trace.jsonl): one line per request,
-        {"request_id": 3, "confidence": [0.91, 0.42, ...], "accepted": [1, 0, ...]}
+        {"request_id": 3, "confidence": [0.91, 0.42, ...], "accepted": [1, 0, ...],
+         "unverified": [[1, [0.37, 0.30]], ...]}
     the verified draft tokens of that request in order: each accepted token, and the rejected token
-    that ended a step (tokens drafted after a rejection were never verified and are not recorded).
+    that ended a step. Tokens drafted after a rejection were never verified; optional "unverified" pairs
+    [index of the rejected token in the lists, [their confidences]] keep what a policy's keep_drafting saw
+    of them, so that a replay shows a policy the same confidences as the recorded run did.
     Row i of the simulation replays stream i mod (number of streams), wrapping around at its end; each
-    step consumes the tokens the simulated verify looked at (accepted + 1 on rejection).
+    step consumes the tokens the simulated verify looked at (accepted + 1 on rejection). Within a step,
+    positions after the first rejected token read that token's recorded "unverified" confidences where the
+    recording has them (their outcomes never matter: verification stops at the first rejection).
     """
 
     def __init__(self, path: str):
         self.path = Path(str(path))
         if not self.path.is_file():
             raise ConfigError(f"acceptance.path: trace file not found: {self.path}")
-        confs, accs = [], []
+        confs, accs, tails = [], [], []
         with self.path.open() as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
@@ -192,6 +197,16 @@ class Trace(AcceptanceModel):
                     continue
                 if not (np.all((c >= 0) & (c <= 1)) and np.all((a == 0) | (a == 1))):
                     raise ConfigError(f"{self.path}:{lineno}: confidences must be in [0, 1] and accepted 0 or 1")
+                try:
+                    unv = [(int(j), np.asarray(v, dtype=float)) for j, v in rec.get("unverified") or []]
+                except (TypeError, ValueError) as e:
+                    raise ConfigError(f"{self.path}:{lineno}: 'unverified' must be [[index, [confidences]], ...]: "
+                                      f"{e}") from None
+                for j, v in unv:
+                    if not (0 <= j < len(c) and not a[j] and v.ndim == 1 and np.all((v >= 0) & (v <= 1))):
+                        raise ConfigError(f"{self.path}:{lineno}: 'unverified' entry {j}: index of a rejected "
+                                          f"token and confidences in [0, 1] expected")
+                    tails.append((sum(len(x) for x in confs) + j, v))
                 confs.append(c)
                 accs.append(a.astype(bool))
         if not confs:
@@ -201,6 +216,11 @@ class Trace(AcceptanceModel):
         self.conf = np.concatenate(confs)
         self.acc = np.concatenate(accs)
         self.mean_acceptance = float(self.acc.mean())
+        # tail[g, t]: confidence of the t-th token drafted after rejected token g (global index), NaN = none
+        width = max((v.size for _, v in tails), default=0)
+        self.tail = np.full((self.conf.size, width), np.nan) if width else None
+        for g, v in tails:
+            self.tail[g, :v.size] = v
 
     def reset(self, rng):
         super().reset(rng)
@@ -221,7 +241,17 @@ class Trace(AcceptanceModel):
     def sample(self, n, k):
         lens = self.lengths[self.stream][:, None]
         idx = self.offsets[self.stream][:, None] + (self.pos[:, None] + np.arange(k)) % lens
-        return self.conf[idx], self.acc[idx]
+        conf, acc = self.conf[idx], self.acc[idx]
+        if self.tail is not None and k > 1:
+            run = np.argmin(np.concatenate([acc, np.zeros((acc.shape[0], 1), bool)], axis=1), axis=1)
+            rows = np.flatnonzero(run < k - 1)   # rows with positions after their first rejection
+            if rows.size:
+                j = run[rows]
+                t = self.tail[idx[rows, j]]                                   # [m, width]
+                cols = j[:, None] + 1 + np.arange(t.shape[1])[None, :]
+                ok = (cols < k) & ~np.isnan(t)
+                conf[np.broadcast_to(rows[:, None], cols.shape)[ok], cols[ok]] = t[ok]
+        return conf, acc
 
     def commit(self, drafted, accepted):
         self.pos += np.minimum(drafted, accepted + 1)

@@ -155,7 +155,8 @@ def _execute(cfg: DictConfig, run_dir: str | Path, config_yaml: str) -> dict:
         extra = dict(res.extra)
         if res.trace is not None:
             extra["acceptance_trace.jsonl"] = [
-                {"request_id": r, "confidence": c, "accepted": a} for r, (c, a) in sorted(res.trace.items())]
+                {"request_id": r, "confidence": c, "accepted": a, "unverified": u}
+                for r, (c, a, u) in sorted(res.trace.items())]
         results.write_run(run_dir, summary=summary, config_yaml=config_yaml, tables=tables, extra=extra)
         ok = True
         if logger is not None:

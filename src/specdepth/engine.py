@@ -67,7 +67,7 @@ class RunResult:
     seq_steps: int = 0                                  # (sequence, verify step) pairs
     emitted_unclipped: int = 0                          # accepted + 1 over those pairs
     token_budget: int = 0
-    trace: dict | None = None                          # request_id -> ([confidence], [accepted])
+    trace: dict | None = None                          # request_id -> ([confidence], [accepted], [unverified])
     extra: dict = field(default_factory=dict)           # executor outputs (generations.jsonl, ...)
     wall_s: float = 0.0
 
@@ -302,8 +302,11 @@ class Engine:
                 emitted_total += a_sum + n
                 if trace is not None and kmax:
                     for i in np.flatnonzero(drafted):
-                        k = int(min(drafted[i], accepted[i] + 1))
-                        cs, acs = trace.setdefault(int(st.rid[i]), ([], []))
+                        d = int(drafted[i])
+                        k = int(min(d, accepted[i] + 1))
+                        cs, acs, unv = trace.setdefault(int(st.rid[i]), ([], [], []))
+                        if k < d:   # drafted after the rejected token: never verified, but policies saw them
+                            unv.append([len(cs) + k - 1, conf[i, k:d].tolist()])
                         cs.extend(conf[i, :k].tolist())
                         acs.extend([1] * int(accepted[i]) + [0] * (k - int(accepted[i])))
                 if pbar is not None:
