@@ -180,6 +180,7 @@ class Trace(AcceptanceModel):
         if not self.path.is_file():
             raise ConfigError(f"acceptance.path: trace file not found: {self.path}")
         confs, accs, tails = [], [], []
+        total = 0   # tokens in the streams read so far (global index of the next stream's first token)
         with self.path.open() as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
@@ -206,7 +207,8 @@ class Trace(AcceptanceModel):
                     if not (0 <= j < len(c) and not a[j] and v.ndim == 1 and np.all((v >= 0) & (v <= 1))):
                         raise ConfigError(f"{self.path}:{lineno}: 'unverified' entry {j}: index of a rejected "
                                           f"token and confidences in [0, 1] expected")
-                    tails.append((sum(len(x) for x in confs) + j, v))
+                    tails.append((total + j, v))
+                total += len(c)
                 confs.append(c)
                 accs.append(a.astype(bool))
         if not confs:
@@ -216,11 +218,16 @@ class Trace(AcceptanceModel):
         self.conf = np.concatenate(confs)
         self.acc = np.concatenate(accs)
         self.mean_acceptance = float(self.acc.mean())
-        # tail[g, t]: confidence of the t-th token drafted after rejected token g (global index), NaN = none
+        # the "unverified" tails, sparse: tail_at[e] = global index of a rejected token (sorted), tail[e, t] =
+        # confidence of the t-th token drafted after it (NaN past its end)
         width = max((v.size for _, v in tails), default=0)
-        self.tail = np.full((self.conf.size, width), np.nan) if width else None
-        for g, v in tails:
-            self.tail[g, :v.size] = v
+        self.tail = None
+        if width:
+            tails.sort(key=lambda gv: gv[0])
+            self.tail_at = np.array([g for g, _ in tails], np.int64)
+            self.tail = np.full((len(tails), width), np.nan)
+            for e, (_, v) in enumerate(tails):
+                self.tail[e, :v.size] = v
 
     def reset(self, rng):
         super().reset(rng)
@@ -247,7 +254,9 @@ class Trace(AcceptanceModel):
             rows = np.flatnonzero(run < k - 1)   # rows with positions after their first rejection
             if rows.size:
                 j = run[rows]
-                t = self.tail[idx[rows, j]]                                   # [m, width]
+                g = idx[rows, j]
+                e = np.minimum(np.searchsorted(self.tail_at, g), self.tail_at.size - 1)
+                t = np.where((self.tail_at[e] == g)[:, None], self.tail[e], np.nan)   # [m, width]
                 cols = j[:, None] + 1 + np.arange(t.shape[1])[None, :]
                 ok = (cols < k) & ~np.isnan(t)
                 conf[np.broadcast_to(rows[:, None], cols.shape)[ok], cols[ok]] = t[ok]
