@@ -111,16 +111,25 @@ def tiny_pair_small_vocab(tmp_path_factory):
                            intermediate=64, layers=2, init_range=0.08)
 
 
-def compose_cfg(overrides):
-    """The app's config with Hydra overrides, outside of a Hydra app (tests call `specdepth.app.run`)."""
-    from hydra import compose, initialize_config_dir
+def compose(*overrides, hydra_cfg: bool = False):
+    """The app's config with Hydra overrides, outside of a Hydra app (tests call `specdepth.app.run`): the
+    one compose helper of the suite. Each argument is an override or a list of them; hydra_cfg=True keeps
+    the `hydra` node (sweeper params, launcher). Also the `compose` fixture."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from specdepth.app import CONF_DIR
 
+    flat = [o for x in overrides for o in ([x] if isinstance(x, str) else x)]
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+        return hydra_compose("config", overrides=flat, return_hydra_config=hydra_cfg)
+
+
+@pytest.fixture(name="compose")
+def compose_fixture():
+    return compose
 
 
 def hf_overrides(pair, *extra):

@@ -6,19 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-
-from specdepth.app import CONF_DIR, build, run
+from conftest import compose as cfg  # noqa: F401  (the suite's one compose helper)
+from specdepth.app import build, run
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = str(Path(sys.executable).with_name("specdepth"))
-
-
-def cfg(*overrides, hydra_cfg: bool = False):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("config", overrides=list(overrides), return_hydra_config=hydra_cfg)
 
 
 def run_sim(tmp_path, *overrides) -> dict:

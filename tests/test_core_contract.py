@@ -37,8 +37,15 @@ def test_list_answers_are_accepted(tmp_path):
 
 
 def test_view_is_read_only(tmp_path):
-    with pytest.raises(ValueError, match="read-only"):
+    """Writing into the view's arrays fails, and the run stops with a PolicyError naming the policy and
+    the hook, carrying the exception's own message."""
+    with pytest.raises(PolicyError, match=r"policy Vandal: plan\(\) raised ValueError: .*read-only"):
         run(cfg("policy=none", "policy._target_=custom_policies.Vandal", "~policy.depth"), tmp_path)
+    from specdepth.policy import StepView
+    v = StepView(None, 8, 4, 64, None)
+    for name in ("batch_size", "token_budget", "cost", "measured_draft_s", "anything"):
+        with pytest.raises(AttributeError):
+            setattr(v, name, 1)
 
 
 def test_ragged_depths_in_one_verify(tmp_path):

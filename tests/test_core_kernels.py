@@ -30,34 +30,49 @@ def test_ragged_sums_and_draft_positions_match_numpy(roofline):
 
 
 def test_commit_and_compact_match_numpy():
+    from specdepth.engine import engine_rows
     rng = np.random.default_rng(1)
     n, H, Kd, decay = 40, 8, 6, 0.8
-    I = np.column_stack([np.arange(n), rng.integers(1, 50, n), rng.integers(1, 20, n), rng.integers(20, 30, n),
-                         np.zeros(n, int), rng.integers(0, 9, n), rng.integers(0, 9, n)]).astype(np.int64)
-    F = rng.random((n, 4))
-    hacc, hdr = np.full((n, H), -1, np.int64), np.full((n, H), -1, np.int64)
+    rows = engine_rows(H, capacity=4)   # grows past its capacity
+    rows.grow(n)
+    rows.request_id[:] = np.arange(n)
+    rows.generated[:] = rng.integers(1, 20, n)
+    rows.output_len[:] = rng.integers(20, 30, n)
+    rows.drafted_total[:] = rng.integers(0, 9, n)
+    rows.accepted_total[:] = rng.integers(0, 9, n)
+    rows.accepted_w[:] = rng.random(n)
+    rows.rejected_w[:] = rng.random(n)
+    rows.last_depth[:] = rng.integers(-1, 3, n)
+    before = {c: getattr(rows, c).copy() for c in rows.columns}
     drafted = rng.integers(0, Kd + 1, n)
     accepted = np.minimum(rng.integers(0, Kd + 1, n), drafted)
     joint = np.zeros((Kd + 1) ** 2, np.int64)
-    I2, F2, ha2, hd2, j2 = I.copy(), F.copy(), hacc.copy(), hdr.copy(), joint.copy()
-    out = K.commit(I2, F2, ha2, hd2, 3, drafted, accepted, decay, j2, Kd + 1, True)
+    out = K.commit(rows.generated, rows.output_len, rows.accepted_w, rows.rejected_w, rows.drafted_total,
+                   rows.accepted_total, rows.last_depth, rows.depth_changes, rows.ring_accepted, rows.ring_drafted,
+                   3, drafted, accepted, decay, joint, Kd + 1, True)
     # the numpy the engine ran before
-    clipped = np.minimum(accepted + 1, I[:, 3] - I[:, 2])
-    I[:, 2] += clipped
-    F[:, 2:4] *= np.where(drafted > 0, decay, 1.0)[:, None]
-    F[:, 2] += accepted
-    F[:, 3] += accepted < drafted
-    I[:, 5] += drafted
-    I[:, 6] += accepted
-    joint += np.bincount(drafted * (Kd + 1) + accepted, minlength=joint.size)
-    hacc[:, 3], hdr[:, 3] = accepted, drafted
-    assert out == (int(accepted.sum()), int(drafted.sum()), int(clipped.sum()), int((I[:, 2] >= I[:, 3]).sum()))
-    assert np.array_equal(I2, I) and np.array_equal(F2, F) and np.array_equal(j2, joint)
-    assert np.array_equal(ha2, hacc) and np.array_equal(hd2, hdr)
+    b = before
+    clipped = np.minimum(accepted + 1, b["output_len"] - b["generated"])
+    gen = b["generated"] + clipped
+    scale = np.where(drafted > 0, decay, 1.0)
+    assert np.array_equal(rows.generated, gen)
+    assert np.array_equal(rows.accepted_w, b["accepted_w"] * scale + accepted)
+    assert np.array_equal(rows.rejected_w, b["rejected_w"] * scale + (accepted < drafted))
+    assert np.array_equal(rows.drafted_total, b["drafted_total"] + drafted)
+    assert np.array_equal(rows.accepted_total, b["accepted_total"] + accepted)
+    changed = (b["last_depth"] >= 0) & (b["last_depth"] != drafted)
+    assert np.array_equal(rows.depth_changes, changed.astype(np.int64)) and np.array_equal(rows.last_depth, drafted)
+    assert np.array_equal(joint, np.bincount(drafted * (Kd + 1) + accepted, minlength=joint.size))
+    assert np.array_equal(rows.ring_accepted[:, 3], accepted) and np.array_equal(rows.ring_drafted[:, 3], drafted)
+    assert out == (int(accepted.sum()), int(drafted.sum()), int(clipped.sum()), int((gen >= b["output_len"]).sum()))
+    after = {c: getattr(rows, c).copy() for c in rows.columns}
     keep = rng.random(n) < 0.6
-    m = K.compact(keep, I2, F2, ha2, hd2)
-    assert m == keep.sum()
-    assert np.array_equal(I2[:m], I[keep]) and np.array_equal(F2[:m], F[keep]) and np.array_equal(ha2[:m], hacc[keep])
+    left = []
+    rows.on_retire(lambda k: left.append(rows.request_id[~k].tolist()))
+    rows.keep(keep)
+    assert rows.n == keep.sum() and left == [np.flatnonzero(~keep).tolist()]   # the hook saw the rows leave
+    for c in rows.columns:
+        assert np.array_equal(getattr(rows, c), after[c][keep]), c
 
 
 def test_keyed_draws_are_uniform_and_normal():

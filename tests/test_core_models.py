@@ -1,4 +1,5 @@
 """Acceptance models, workloads, trace replay and the config tree."""
+import csv
 import json
 
 import numpy as np
@@ -169,6 +170,13 @@ def test_continuous_batching_respects_max_batch_size(tmp_path):
 def test_output_len_one_finishes_at_prefill(tmp_path):
     s = run_sim(tmp_path, "workload.batch_size=3", "workload.output_len=1")
     assert s["output_tokens"] == 3 and s["steps"] == 0
+    assert s["prefill_time_s"] > 0 and s["target_flops"] > 0 and s["draft_flops"] > 0   # the prefill is counted
+    # mixed: requests done at their prefill leave at once, the others decode in the same step
+    s = run_sim(tmp_path / "mixed", "workload.batch_size=6", "workload.output_len={dist: uniform, low: 1, high: 3}",
+                "seed=3")
+    rows = list(csv.DictReader(open(tmp_path / "mixed" / "steps.csv")))
+    assert sum(int(r["finished"]) for r in rows) == s["requests"] == 6
+    assert float(rows[0]["prefill_s"]) > 0 and int(rows[0]["batch_size"]) < 6   # some left after their prefill
 
 
 def test_model_arch_from_config_json(tmp_path):

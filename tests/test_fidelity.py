@@ -9,21 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import compose_cfg
+from conftest import compose
 from specdepth.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _compose_with_hydra(overrides):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from specdepth.app import CONF_DIR
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("config", overrides=list(overrides), return_hydra_config=True)
+    return compose(overrides, hydra_cfg=True)
 
 
 def _module(path: Path):
@@ -47,7 +40,7 @@ def test_configs_compose(exp, backend):
     assert "oracle" not in pols and {"none", "fixed4", "goodput", "bandit"} <= set(pols)
     if exp == "real_pareto":
         for p in pols:   # every policy preset resolves to a class
-            c = compose_cfg([f"experiment={exp}", f"pol={p}"])
+            c = compose([f"experiment={exp}", f"pol={p}"])
             assert c.policy._target_.startswith("specdepth.policies.")
     if exp == "fidelity_sim":
         assert cfg.acceptance._target_ == "specdepth.acceptance.Trace"
@@ -108,7 +101,7 @@ def test_sim_overheads_are_charged_per_step_and_position():
     from specdepth.app import build
 
     def run(*extra):
-        cfg = compose_cfg(["cost=constant", "acceptance=iid", "policy=fixed", "policy.depth=3",
+        cfg = compose(["cost=constant", "acceptance=iid", "policy=fixed", "policy.depth=3",
                            "workload.batch_size=4", "workload.output_len=20", "engine.progress=false", *extra])
         res = build(cfg)["engine"].run()
         return res, sum(r[-3] for r in res.steps)   # step_s
@@ -144,7 +137,7 @@ def test_sim_pad_ragged_charges_the_padded_forward(tmp_path):
     csv_path = _table_csv(tmp_path / "p.csv")
 
     def run(*extra):
-        cfg = compose_cfg(["cost=table", f"cost.path={csv_path}", "acceptance=iid", "acceptance.alpha=0.0",
+        cfg = compose(["cost=table", f"cost.path={csv_path}", "acceptance=iid", "acceptance.alpha=0.0",
                            "workload.batch_size=4", "workload.prompt_len=8", "workload.output_len=3",
                            "engine.progress=false", "policy=fixed", "policy._target_=custom_policies.Alternating",
                            "policy.depth=6", *extra])
@@ -175,7 +168,7 @@ def test_sim_clock_profile_moves_the_clock_not_the_decisions(tmp_path):
     b = _table_csv(tmp_path / "b.csv", scale=1.3)
 
     def run(*extra):
-        cfg = compose_cfg(["cost=table", f"cost.path={a}", "acceptance=iid", "acceptance.alpha=0.7", "policy=goodput",
+        cfg = compose(["cost=table", f"cost.path={a}", "acceptance=iid", "acceptance.alpha=0.7", "policy=goodput",
                            "workload.batch_size=4", "workload.prompt_len=8", "workload.output_len=24",
                            "engine.progress=false", *extra])
         return build(cfg)["engine"].run()
@@ -199,7 +192,7 @@ def test_sim_draft_catch_up(tmp_path):
     csv_path = _table_csv(tmp_path / "p.csv")
 
     def run(alpha, *extra):
-        cfg = compose_cfg(["cost=table", f"cost.path={csv_path}", "acceptance=iid", f"acceptance.alpha={alpha}",
+        cfg = compose(["cost=table", f"cost.path={csv_path}", "acceptance=iid", f"acceptance.alpha={alpha}",
                            "policy=fixed", "policy.depth=3", "workload.batch_size=4", "workload.prompt_len=8",
                            "workload.output_len=17", "engine.progress=false", *extra])
         parts = build(cfg)

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from conftest import compose_cfg, hf_overrides  # noqa: E402
+from conftest import compose, hf_overrides  # noqa: E402
 from specdepth.app import run  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -51,7 +51,7 @@ def test_dataset_workload_and_trace_replay(tiny_pair, tmp_path):
     f = tmp_path / "prompts.jsonl"
     f.write_text("".join(json.dumps({"prompt": f"w{3 + i} w{10 + i} w{20 + 2 * i}" + " w5" * i}) + "\n"
                          for i in range(5)))
-    cfg = compose_cfg(hf_overrides(tiny_pair, "workload=dataset", f"workload.path={f}", "workload.text_field=prompt",
+    cfg = compose(hf_overrides(tiny_pair, "workload=dataset", f"workload.path={f}", "workload.text_field=prompt",
                                    "workload.num_requests=7", "workload.output_len=5", "policy=fixed",
                                    "policy.depth=3"))
     s = run(cfg, tmp_path / "run")
@@ -60,7 +60,7 @@ def test_dataset_workload_and_trace_replay(tiny_pair, tmp_path):
     assert gens[1]["prompt_ids"] == [4, 11, 22, 5]
     assert s["requests"] == 7
     # the recorded trace replays in the simulator
-    sim = compose_cfg(["acceptance=trace", f"acceptance.path={tmp_path / 'run' / 'acceptance_trace.jsonl'}",
+    sim = compose(["acceptance=trace", f"acceptance.path={tmp_path / 'run' / 'acceptance_trace.jsonl'}",
                        "workload.batch_size=4", "workload.output_len=16", "policy=fixed", "engine.progress=false",
                        "resume=false"])
     assert run(sim, tmp_path / "sim")["acceptance_rate"] is not None
@@ -105,7 +105,7 @@ def test_profile_and_table_cost(tiny_pair, tmp_path):
     t4, _ = c.target_forward(np.full(4, 32), np.full(4, 4))
     assert t1 > 0 and t4 > 0 and f1 > 0
     # the simulator runs on the measured table
-    s = run(compose_cfg(["cost=table", f"cost.path={out / 'profile.csv'}", f"model.target={tiny_pair['target']}",
+    s = run(compose(["cost=table", f"cost.path={out / 'profile.csv'}", f"model.target={tiny_pair['target']}",
                          f"model.draft={tiny_pair['draft']}", "model.target_arch=null", "model.draft_arch=null",
                          "model.prompts=null", "workload.batch_size=2", "workload.prompt_len=16",
                          "workload.output_len=8", "engine.progress=false", "resume=false"]), tmp_path / "sim")
@@ -141,7 +141,7 @@ def test_table_cost_interpolation(tmp_path):
 @pytest.mark.skipif(not (ASSETS / "target" / "config.json").exists(), reason="tiny_pair assets not present")
 def test_tiny_pair_greedy_is_target_greedy(tmp_path):
     from transformers import AutoModelForCausalLM
-    cfg = compose_cfg(["backend=hf", "model=tiny_pair", "model.device=cpu", "policy=fixed", "policy.depth=4",
+    cfg = compose(["backend=hf", "model=tiny_pair", "model.device=cpu", "policy=fixed", "policy.depth=4",
                        "workload.batch_size=3", "workload.prompt_len={dist:uniform,low:8,high:40}",
                        "workload.output_len=24", "engine.progress=false", "resume=false"])
     s = run(cfg, tmp_path)

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from conftest import build_tiny_llama, build_tokenizer, compose_cfg, hf_overrides  # noqa: E402
+from conftest import build_tiny_llama, build_tokenizer, compose, hf_overrides  # noqa: E402
 from specdepth.app import CONF_DIR, run  # noqa: E402
 from specdepth.errors import BackendError, ConfigError, PolicyError, SpecdepthError  # noqa: E402
 from specdepth.policy import Policy  # noqa: E402
@@ -42,7 +42,7 @@ class Oracle(Policy):
 def _fails(pair, tmp_path, exc, match, *extra):
     base = [] if any(e.startswith("workload=") for e in extra) else [
         "workload.batch_size=2", "workload.prompt_len=4", "workload.output_len=4"]
-    cfg = compose_cfg(hf_overrides(pair, *base, *extra))
+    cfg = compose(hf_overrides(pair, *base, *extra))
     with pytest.raises(exc, match=match):
         run(cfg, tmp_path / "run")
     left = set(p.name for p in (tmp_path / "run").glob("*")) if (tmp_path / "run").exists() else set()
@@ -130,7 +130,7 @@ def test_missing_model_and_draft(tiny_pair, tmp_path):
     _fails(dict(tiny_pair, target=tmp_path / "nope"), tmp_path, SpecdepthError, r"model.target_arch")
     cfg = hf_overrides(tiny_pair, "model.draft=null", "model.draft_arch=null")
     with pytest.raises(ConfigError, match="model.draft: backend=hf needs a draft"):
-        run(compose_cfg(cfg), tmp_path / "r2")
+        run(compose(cfg), tmp_path / "r2")
 
 
 def test_bad_decode(tiny_pair, tmp_path):

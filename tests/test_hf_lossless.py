@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from conftest import compose_cfg, hf_overrides  # noqa: E402
+from conftest import compose, hf_overrides  # noqa: E402
 from specdepth.app import CONF_DIR, run  # noqa: E402
 from specdepth.cost import ConstantCost  # noqa: E402
 from specdepth.engine import Engine, EngineConfig  # noqa: E402
@@ -78,7 +78,7 @@ def test_policies_found():
 @pytest.mark.parametrize("batch", [1, 3, 8])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_greedy_equals_target_generate(tiny_pair, tmp_path, policy, batch):
-    cfg = compose_cfg(hf_overrides(
+    cfg = compose(hf_overrides(
         tiny_pair, f"policy={policy}", f"workload.batch_size={batch}", "workload=closed",
         "workload.prompt_len={dist:uniform,low:2,high:14}", "workload.output_len={dist:uniform,low:5,high:14}",
         f"seed={batch}"))
@@ -93,7 +93,7 @@ def test_greedy_equals_target_generate(tiny_pair, tmp_path, policy, batch):
 
 def test_continuous_batching_lossless(tiny_pair, tmp_path):
     """7 requests, at most 3 running: new requests join with their prefill as others finish."""
-    cfg = compose_cfg(hf_overrides(
+    cfg = compose(hf_overrides(
         tiny_pair, "policy=fixed", "policy.depth=3", "workload=poisson", "workload.rate=1e6",
         "workload.num_requests=7", "engine.max_batch_size=3", "workload.prompt_len={dist:uniform,low:2,high:10}",
         "workload.output_len={dist:uniform,low:3,high:16}"))

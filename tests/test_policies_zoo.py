@@ -6,12 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
+from conftest import compose
 from specdepth.app import CONF_DIR, build
-from specdepth.engine import BatchState, Engine, EngineConfig
+from specdepth.engine import Engine, EngineConfig, Step, engine_rows
 from specdepth.errors import ConfigError
 from specdepth.executor import Executor
 from specdepth.policies import (EMA, Bandit, BatchTable, DisableByBatch, FixedDepth, Goodput, Heuristic,
@@ -40,28 +39,31 @@ class LinearCost:
 
 def make_view(n=4, *, ids=None, remaining=100, ctx=500, max_depth=16, cap=8192, budget=256, cost=None,
               step=0, now=0.0):
-    st = BatchState(history=8, prior=0.7)
+    """A view of n rows as the engine builds it (its row table, a Step), outside of a run."""
+    rows = engine_rows(history=8)
     ids = list(range(n)) if ids is None else list(ids)
     rem = np.broadcast_to(np.asarray(remaining), (n,))
-    st.append([Request(int(i), 0.0, int(ctx), int(r) + 1) for i, r in zip(ids, rem)], 0.0, 0)
-    view = StepView(st, budget, max_depth, cap, cost or LinearCost())
-    view.step, view.now_s, view.batch_size = step, now, n
+    new = rows.grow(n)
+    rows.request_id[new] = ids
+    rows.prompt_len[new] = int(ctx)
+    rows.output_len[new] = rem + 1
+    view = StepView(rows, budget, max_depth, cap, cost or LinearCost(), 0.7)
+    view.bind(Step(step, now, batch_size=n, now_s=now), 0)
     return view
 
 
 def drafting(view, depths, conf=None, oracle=None):
     """Put the view in the after-plan state: depths planned and drafted, confidences seen."""
     depths = np.asarray(depths, np.int64)
-    view._depths = depths
-    view._drafted = depths.copy()
     k = max(int(depths.max(initial=0)), 1)
     c = np.full((view.batch_size, k), np.nan)
     if conf is not None:
         for i, d in enumerate(depths):
             c[i, :d] = conf
-    view._conf = c
-    if oracle is not None:
-        view._oracle = np.asarray(oracle, np.int64)
+    s = Step(view.step, view.now_s, batch_size=view.batch_size, now_s=view.now_s, depths=depths,
+             row_drafted=depths.copy(), confidences=c,
+             oracle_accept=None if oracle is None else np.asarray(oracle, np.int64))
+    view.bind(s, 0)
     return view
 
 
@@ -243,7 +245,7 @@ def test_goodput_keep_drafting_stops_low_confidence_rows_and_ignores_idle_rows()
     d = p.plan(v)
     assert (d > 1).all()
     drafting(v, d)
-    v._drafted = np.ones(3, np.int64)
+    v._s.row_drafted = np.ones(3, np.int64)
     keep = p.keep_drafting(v, 0, np.array([0.95, 0.02, np.nan]))
     assert keep.dtype == bool and keep.tolist() == [True, False, False]
 
@@ -255,7 +257,7 @@ def test_goodput_estimators_follow_observations():
         p.plan(v)
         for _ in range(30):
             drafting(v, [4, 4], conf=0.9)
-            v._conf[1] = 0.3                      # row 1: a draft unsure of itself ...
+            v._s.confidences[1] = 0.3                     # row 1: a draft unsure of itself ...
             p.observe(v, np.array([4, 0]))        # ... and rightly so: row 0 always accepted, row 1 never
         a = p._alpha(v)
         assert a[0] > 0.8 and a[1] < a[0]
@@ -269,14 +271,14 @@ def test_oracle_drafts_only_what_will_be_accepted():
     p = Oracle()
     assert p.requires_oracle
     v = make_view(4, remaining=[100, 100, 100, 3], cost=LinearCost(d0=1e-4))
-    v._oracle = np.array([0, 5, 16, 16])
+    v._s.oracle_accept = np.array([0, 5, 16, 16])
     d = p.plan(v)
     assert d.tolist() == [0, 5, 16, 2]          # row 3 has 3 tokens left: 2 drafts + the bonus
 
 
 def test_oracle_skips_drafting_when_it_does_not_pay():
     v = make_view(1, cost=LinearCost(v0=1e-3, d0=5e-3))
-    v._oracle = np.array([1])
+    v._s.oracle_accept = np.array([1])
     assert Oracle().plan(v).tolist() == [0]
 
 
@@ -284,7 +286,7 @@ class NoOracleExecutor(Executor):
     name = "fake"
     supports_oracle = False
 
-    def prefill(self, requests):
+    def prefill(self, requests, new):
         return 0.0, 0.0, 0.0
 
     def draft(self, rows, position):
@@ -292,9 +294,6 @@ class NoOracleExecutor(Executor):
 
     def verify(self, drafted):
         return np.zeros_like(drafted), 1e-3, 0.0
-
-    def retire(self, keep):
-        pass
 
 
 def test_engine_refuses_oracle_on_a_backend_without_outcomes():
@@ -333,11 +332,7 @@ SMALL = ["workload=poisson", "workload.rate=1e9", "workload.num_requests=12", "e
 
 @pytest.fixture(scope="module")
 def base_cfg():
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=SMALL + ["policy=none"])
-    GlobalHydra.instance().clear()
-    return cfg
+    return compose(SMALL, "policy=none")
 
 
 def _with(cfg, policy_yaml=None, **keys):

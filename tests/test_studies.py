@@ -8,12 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, open_dict
 
-from specdepth.app import CONF_DIR, run
+from conftest import compose
+from specdepth.app import run
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ("flops", "crossover", "leviathan", "breadth_vs_depth")
@@ -21,9 +20,7 @@ _CACHE: dict = {}
 
 
 def compose_study(name: str, *overrides, hydra_cfg: bool = True):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("config", overrides=[f"experiment={name}", *overrides], return_hydra_config=hydra_cfg)
+    return compose(f"experiment={name}", *overrides, hydra_cfg=hydra_cfg)
 
 
 def study_cfg(name: str, hydra_node: bool = False):

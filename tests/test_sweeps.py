@@ -12,13 +12,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
+from conftest import compose
 from specdepth import report
 from specdepth._resolvers import config_hash, run_identity
-from specdepth.app import CONF_DIR, run
+from specdepth.app import run
 
 TINY = ["workload.output_len=8", "workload.prompt_len=16"]
 
@@ -52,12 +51,6 @@ def specdepth(*args, cwd, env=None, timeout=180) -> subprocess.CompletedProcess:
 
 def run_dirs(sweep: Path) -> list[Path]:
     return sorted(d for d in sweep.iterdir() if d.is_dir() and not d.name.startswith(".") and d.name != "report")
-
-
-def compose_cfg(*overrides):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("config", overrides=list(overrides))
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +191,7 @@ def test_same_config_waits_for_the_run_dir_lock(tmp_path):
     import fcntl
     import threading
 
-    cfg = compose_cfg("policy=none", "workload.batch_size=1", *TINY)
+    cfg = compose("policy=none", "workload.batch_size=1", *TINY)
     out = []
     with open(tmp_path / ".lock", "a") as held:          # another job holds the run dir
         fcntl.flock(held, fcntl.LOCK_EX)
@@ -212,25 +205,23 @@ def test_same_config_waits_for_the_run_dir_lock(tmp_path):
 
 
 def test_resume_in_process(tmp_path):
-    cfg = compose_cfg("policy=fixed", "workload.batch_size=2", *TINY)
+    cfg = compose("policy=fixed", "workload.batch_size=2", *TINY)
     s1 = run(cfg, tmp_path)
     t = (tmp_path / "summary.json").stat().st_mtime_ns
     # resume=true (default): not run again; result-neutral keys may differ
-    s2 = run(compose_cfg("policy=fixed", "workload.batch_size=2", "engine.progress=false", "name=other", *TINY),
+    s2 = run(compose("policy=fixed", "workload.batch_size=2", "engine.progress=false", "name=other", *TINY),
              tmp_path)
     assert s2 == s1 and (tmp_path / "summary.json").stat().st_mtime_ns == t
     # a different config in the same dir runs again; so does resume=false
-    s3 = run(compose_cfg("policy=fixed", "workload.batch_size=2", "seed=3", *TINY), tmp_path)
+    s3 = run(compose("policy=fixed", "workload.batch_size=2", "seed=3", *TINY), tmp_path)
     assert s3["seed"] == 3
-    s4 = run(compose_cfg("policy=fixed", "workload.batch_size=2", "seed=3", "resume=false", *TINY), tmp_path)
+    s4 = run(compose("policy=fixed", "workload.batch_size=2", "seed=3", "resume=false", *TINY), tmp_path)
     assert s4 == s3 and (tmp_path / "summary.json").stat().st_mtime_ns != t
     assert run_identity(OmegaConf.to_container(OmegaConf.load(tmp_path / "config.yaml")))["seed"] == 3
 
 
 def test_policy_grid_preset_carries_its_grid():
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        c = compose("config", overrides=["experiment=policy_grid"], return_hydra_config=True)
+    c = compose("experiment=policy_grid", hydra_cfg=True)
     params = c.hydra.sweeper.params
     assert set(params) == {"policy", "workload.batch_size", "acceptance.mean"}
     assert params["policy"].split(",") == ["none", "fixed", "batch_scaled", "confidence"]
@@ -239,10 +230,7 @@ def test_policy_grid_preset_carries_its_grid():
 
 @pytest.mark.parametrize("launcher,target", [("slurm", "SlurmLauncher"), ("local", "LocalLauncher")])
 def test_launcher_presets_compose(launcher, target):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        c = compose("config", overrides=[f"hydra/launcher={launcher}", "hydra.launcher.timeout_min=7"],
-                    return_hydra_config=True)
+    c = compose(f"hydra/launcher={launcher}", "hydra.launcher.timeout_min=7", hydra_cfg=True)
     lc = c.hydra.launcher
     assert lc._target_.endswith(target) and lc.timeout_min == 7 and lc.cpus_per_task == 1
     if launcher == "slurm":

@@ -6,21 +6,14 @@ import struct
 import time
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
+from conftest import compose
 from specdepth import tracking
-from specdepth.app import CONF_DIR, run
+from specdepth.app import run
 from specdepth.engine import STEP_COLUMNS, Engine
 
 wandb = pytest.importorskip("wandb")
 TINY = ["workload.output_len=8", "workload.prompt_len=16", "workload.batch_size=2"]
-
-
-def compose_cfg(*overrides):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("config", overrides=list(overrides))
 
 
 def wandb_records(path):
@@ -57,7 +50,7 @@ def no_wandb_env(monkeypatch):
 
 
 def test_offline_run_files_hold_config_summary_and_steps(tmp_path, no_wandb_env):
-    summary = run(compose_cfg("logger=wandb", "name=wb", "policy=fixed", *TINY), tmp_path)
+    summary = run(compose("logger=wandb", "name=wb", "policy=fixed", *TINY), tmp_path)
     assert json.loads((tmp_path / "summary.json").read_text()) == summary   # local results as always
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, "offline unless a mode is set"
@@ -94,7 +87,7 @@ def test_offline_run_files_hold_config_summary_and_steps(tmp_path, no_wandb_env)
 
 def test_wandb_mode_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    run(compose_cfg("logger=wandb", *TINY), tmp_path)
+    run(compose("logger=wandb", *TINY), tmp_path)
     assert (tmp_path / "summary.json").is_file() and not list(tmp_path.glob("wandb/offline-run-*"))
     assert tracking.WandbLogger(mode="online").resolved_mode() == "online"
     monkeypatch.delenv("WANDB_MODE")
@@ -126,12 +119,12 @@ class FakeRun:
 def test_wandb_failures_never_lose_local_results(tmp_path, monkeypatch, no_wandb_env):
     # init fails: a warning, the run goes on
     monkeypatch.setattr(wandb, "init", lambda **k: (_ for _ in ()).throw(RuntimeError("no network")))
-    run(compose_cfg("logger=wandb", *TINY), tmp_path / "a")
+    run(compose("logger=wandb", *TINY), tmp_path / "a")
     assert (tmp_path / "a" / "summary.json").is_file()
     # logging fails: results kept, finish still runs
     fake = FakeRun(fail_log=True)
     monkeypatch.setattr(wandb, "init", lambda **k: fake)
-    run(compose_cfg("logger=wandb", *TINY), tmp_path / "b")
+    run(compose("logger=wandb", *TINY), tmp_path / "b")
     assert (tmp_path / "b" / "summary.json").is_file() and fake.finished == [0]
 
 
@@ -144,11 +137,11 @@ def test_finish_runs_when_the_run_fails(tmp_path, monkeypatch, no_wandb_env):
 
     monkeypatch.setattr(Engine, "run", boom)
     with pytest.raises(RuntimeError, match="engine failed"):
-        run(compose_cfg("logger=wandb", *TINY), tmp_path)
+        run(compose("logger=wandb", *TINY), tmp_path)
     assert fake.finished == [1]
     assert not (tmp_path / "summary.json").exists()
 
 
 def test_logger_none_is_the_default():
-    cfg = compose_cfg()
+    cfg = compose()
     assert cfg.logger._target_ == "specdepth.tracking.NullLogger"

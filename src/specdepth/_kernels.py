@@ -111,49 +111,64 @@ def leading_run(acc):
 
 
 @njit(cache=True, nogil=True)
-def commit(I, F, hacc, hdr, hptr, drafted, accepted, decay, joint, K1, drafting):
-    """The engine's per-step bookkeeping over the running batch (see BatchState for the columns):
-    emit accepted + 1 tokens per row (clipped at its output length), decay and update the per-row
-    acceptance counts of rows that drafted, the per-row totals, the history ring at column hptr and
-    the joint (drafted, accepted) histogram. Returns (accepted, drafted, emitted, finished) totals."""
-    n = I.shape[0]
+def commit(generated, output_len, accepted_w, rejected_w, drafted_total, accepted_total, last_depth,
+           depth_changes, ring_accepted, ring_drafted, hptr, drafted, accepted, decay, joint, K1, drafting):
+    """The engine's per-step bookkeeping over the running batch (named columns of the RowTable): emit
+    accepted + 1 tokens per row (clipped at its output length), decay and update the per-row acceptance
+    counts of rows that drafted, the per-row totals, the depth-change count, the history rings at column
+    hptr and the joint (drafted, accepted) histogram. Returns (accepted, drafted, emitted, finished) totals."""
+    n = generated.shape[0]
     a_sum = d_sum = out = n_done = 0
     for i in range(n):
         d = drafted[i]
         a = accepted[i]
-        e = min(a + 1, I[i, 3] - I[i, 2])
-        I[i, 2] += e
+        e = min(a + 1, output_len[i] - generated[i])
+        generated[i] += e
         out += e
         a_sum += a
         d_sum += d
         if drafting:
             if d > 0:
-                F[i, 2] *= decay
-                F[i, 3] *= decay
-            F[i, 2] += a
+                accepted_w[i] *= decay
+                rejected_w[i] *= decay
+            accepted_w[i] += a
             if a < d:
-                F[i, 3] += 1.0
-            I[i, 5] += d
-            I[i, 6] += a
+                rejected_w[i] += 1.0
+            drafted_total[i] += d
+            accepted_total[i] += a
+        if last_depth[i] >= 0 and last_depth[i] != d:
+            depth_changes[i] += 1
+        last_depth[i] = d
         joint[d * K1 + a] += 1
-        hacc[i, hptr] = a
-        hdr[i, hptr] = d
-        if I[i, 2] >= I[i, 3]:
+        ring_accepted[i, hptr] = a
+        ring_drafted[i, hptr] = d
+        if generated[i] >= output_len[i]:
             n_done += 1
     return a_sum, d_sum, out, n_done
 
 
 @njit(cache=True, nogil=True)
-def compact(keep, I, F, hacc, hdr):
-    """Move the kept rows to the front, in order, in place; returns how many were kept."""
+def compact_columns(keep, M):
+    """M [columns, capacity]: move the kept rows (M[:, i] with keep[i]) to the front, in order, in place;
+    returns how many were kept."""
     m = 0
     for i in range(keep.shape[0]):
         if keep[i]:
             if m != i:
-                I[m] = I[i]
-                F[m] = F[i]
-                hacc[m] = hacc[i]
-                hdr[m] = hdr[i]
+                for j in range(M.shape[0]):
+                    M[j, m] = M[j, i]
+            m += 1
+    return m
+
+
+@njit(cache=True, nogil=True)
+def compact_rows(keep, A):
+    """A [capacity, width]: move the kept rows A[i] to the front, in order, in place; returns the count."""
+    m = 0
+    for i in range(keep.shape[0]):
+        if keep[i]:
+            if m != i:
+                A[m] = A[i]
             m += 1
     return m
 
@@ -261,6 +276,18 @@ def keyed_block(key, ids, pos, k, level, logit_normal, spread, calibration):
     return conf, acc
 
 
+def roofline_seconds(flops, tokens, ctx_tokens, weight_bytes, kv_bytes, inv_flops, inv_bytes, overhead):
+    """The roofline, the one place it is written: a forward over `tokens` new tokens attending to
+    `ctx_tokens` cached ones reads every weight once and each token's KV once, and takes
+    max(FLOPs / achieved FLOP/s, bytes / achieved bytes/s) plus a fixed overhead. `cost.RooflineCost` calls
+    this plain Python function; `roofline_positions` calls its compiled twin (`_roofline_seconds`)."""
+    mem = weight_bytes + kv_bytes * (ctx_tokens + tokens)
+    return max(flops * inv_flops, mem * inv_bytes) + overhead
+
+
+_roofline_seconds = njit(cache=True, nogil=True, inline="always")(roofline_seconds)
+
+
 @njit(cache=True, nogil=True)
 def roofline_positions(ctx, depths, a, b, w, kv, inv_f, inv_b, oh):
     """RooflineCost.draft_positions in one pass: (seconds, flops) of the draft forwards of a step, at
@@ -272,7 +299,6 @@ def roofline_positions(ctx, depths, a, b, w, kv, inv_f, inv_b, oh):
         n = float(n_ge[p])
         c = float(c_ge[p]) + p * n
         f = a * n + b * (c + n)
-        mem = w + kv * (c + n)
-        seconds += max(f * inv_f, mem * inv_b) + oh
+        seconds += _roofline_seconds(f, n, c, w, kv, inv_f, inv_b, oh)
         flops += f
     return seconds, flops

@@ -23,6 +23,7 @@ import numpy as np
 
 from . import _kernels as _k
 from .errors import ConfigError, as_float, as_prob
+from .rows import RowTable
 
 
 def _ids(request_ids, first: int) -> np.ndarray:
@@ -33,16 +34,41 @@ def _ids(request_ids, first: int) -> np.ndarray:
 
 
 class AcceptanceModel:
-    """Base class. Stateful per run: rows are appended on admission and compacted on retirement."""
+    """Base class. Per-row state lives in columns of a RowTable (rows.py): the run's table once the
+    simulator attaches the model (`attach`), so rows follow the engine's admission and retirement with no
+    call of their own; a private table of its own when the model is used alone (then `admit` appends rows
+    and `retire` drops them)."""
+
+    COLUMNS: tuple = ()   # (name, dtype) of the per-row columns
 
     def reset(self, rng: np.random.Generator) -> None:
         self.rng = rng
+        self._use(RowTable(), own=True)
 
-    def admit(self, request_ids) -> None:
-        """New rows at the end, one per request id (an int n means n rows)."""
+    def attach(self, rows: RowTable) -> None:
+        """Keep per-row state in the run's table from now on (before any row is admitted)."""
+        self._use(rows, own=False)
+
+    def _use(self, rows: RowTable, own: bool) -> None:
+        for name, dtype in self.COLUMNS:
+            rows.add(name, dtype)
+        self.rows, self._own = rows, own
+
+    def _new_rows(self, m: int, new: slice | None) -> slice:
+        if new is None:
+            if not self._own:
+                raise ValueError("admit(..., new=rows) is required once the model shares the run's RowTable")
+            return self.rows.grow(m)
+        return new
+
+    def admit(self, request_ids, new: slice | None = None) -> None:
+        """Fill the rows `new` (the table's newest rows), one per request id (an int n means n rows);
+        standalone (new=None), append them first."""
 
     def retire(self, keep: np.ndarray) -> None:
-        pass
+        """Standalone use only: drop the rows where keep is False (the run's table retires by itself)."""
+        if self._own:
+            self.rows.keep(keep)
 
     def sample(self, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(confidence float[n, k], accepted bool[n, k]) for the next k draft positions of every row."""
@@ -60,34 +86,35 @@ class Keyed(AcceptanceModel):
     logit_normal = False
     spread = 0.0
     calibration = 1.0
+    COLUMNS = (("acc_request", np.int64), ("acc_pos", np.int64), ("acc_level", np.float64))
 
     def reset(self, rng):
         super().reset(rng)
         self.key = int(rng.integers(0, 1 << 63))
-        self.ids = np.empty(0, np.int64)
-        self.pos = np.empty(0, np.int64)     # the output position of each row's next token
-        self.row_level = np.empty(0)
         self._next = 0
 
     def levels(self, ids: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def admit(self, request_ids):
+    ids = property(lambda self: self.rows.acc_request)
+    pos = property(lambda self: self.rows.acc_pos, doc="the output position of each row's next token")
+    row_level = property(lambda self: self.rows.acc_level)
+
+    def admit(self, request_ids, new=None):
         ids = _ids(request_ids, self._next)
         self._next += ids.size
-        self.ids = np.concatenate([self.ids, ids])
-        self.pos = np.concatenate([self.pos, np.zeros(ids.size, np.int64)])
-        self.row_level = np.concatenate([self.row_level, self.levels(ids)])
-
-    def retire(self, keep):
-        self.ids, self.pos, self.row_level = self.ids[keep], self.pos[keep], self.row_level[keep]
+        new = self._new_rows(ids.size, new)
+        r = self.rows
+        r.acc_request[new] = ids
+        r.acc_level[new] = self.levels(ids)
 
     def sample(self, n, k):
-        return _k.keyed_block(self.key, self.ids, self.pos, k, self.row_level, self.logit_normal, self.spread,
+        r = self.rows
+        return _k.keyed_block(self.key, r.acc_request, r.acc_pos, k, r.acc_level, self.logit_normal, self.spread,
                               self.calibration)
 
     def commit(self, drafted, accepted):
-        self.pos += accepted + 1
+        self.rows.acc_pos += accepted + 1
 
 
 class IID(Keyed):
@@ -229,21 +256,20 @@ class Trace(AcceptanceModel):
             for e, (_, v) in enumerate(tails):
                 self.tail[e, :v.size] = v
 
+    COLUMNS = (("acc_stream", np.int64), ("acc_pos", np.int64))
+
     def reset(self, rng):
         super().reset(rng)
-        self.stream = np.empty(0, dtype=np.int64)
-        self.pos = np.empty(0, dtype=np.int64)
         self._next = 0
 
-    def admit(self, request_ids):
-        n = _ids(request_ids, 0).size
-        s = (self._next + np.arange(n)) % len(self.lengths)
-        self._next += n
-        self.stream = np.concatenate([self.stream, s])
-        self.pos = np.concatenate([self.pos, np.zeros(n, dtype=np.int64)])
+    stream = property(lambda self: self.rows.acc_stream)
+    pos = property(lambda self: self.rows.acc_pos)
 
-    def retire(self, keep):
-        self.stream, self.pos = self.stream[keep], self.pos[keep]
+    def admit(self, request_ids, new=None):
+        n = _ids(request_ids, 0).size
+        new = self._new_rows(n, new)
+        self.rows.acc_stream[new] = (self._next + np.arange(n)) % len(self.lengths)
+        self._next += n
 
     def sample(self, n, k):
         lens = self.lengths[self.stream][:, None]
@@ -263,4 +289,30 @@ class Trace(AcceptanceModel):
         return conf, acc
 
     def commit(self, drafted, accepted):
-        self.pos += np.minimum(drafted, accepted + 1)
+        self.rows.acc_pos += np.minimum(drafted, accepted + 1)
+
+
+class TraceRecorder:
+    """Records acceptance traces while a run goes, directly as acceptance_trace.jsonl's records (the one
+    trace format; `Trace` replays it): per request its verified draft tokens' confidences and outcomes, and
+    the confidences of tokens drafted after a rejection ("unverified")."""
+
+    def __init__(self):
+        self._by_request: dict[int, dict] = {}
+
+    def record(self, request_ids, drafted, accepted, confidences) -> None:
+        for i in np.flatnonzero(drafted).tolist():
+            d, a = int(drafted[i]), int(accepted[i])
+            k = min(d, a + 1)
+            rid = int(request_ids[i])
+            rec = self._by_request.get(rid)
+            if rec is None:
+                rec = self._by_request[rid] = {"request_id": rid, "confidence": [], "accepted": [], "unverified": []}
+            conf = rec["confidence"]
+            if k < d:   # drafted after the rejected token: never verified, but policies saw them
+                rec["unverified"].append([len(conf) + k - 1, confidences[i, k:d].tolist()])
+            conf.extend(confidences[i, :k].tolist())
+            rec["accepted"].extend([1] * a + [0] * (k - a))
+
+    def records(self) -> list[dict]:
+        return [self._by_request[r] for r in sorted(self._by_request)]

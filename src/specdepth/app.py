@@ -154,9 +154,7 @@ def _execute(cfg: DictConfig, run_dir: str | Path, config_yaml: str) -> dict:
         tables = {"steps.csv": (STEP_COLUMNS, res.steps), "requests.csv": (REQUEST_COLUMNS, res.requests)}
         extra = dict(res.extra)
         if res.trace is not None:
-            extra["acceptance_trace.jsonl"] = [
-                {"request_id": r, "confidence": c, "accepted": a, "unverified": u}
-                for r, (c, a, u) in sorted(res.trace.items())]
+            extra["acceptance_trace.jsonl"] = res.trace
         results.write_run(run_dir, summary=summary, config_yaml=config_yaml, tables=tables, extra=extra)
         ok = True
         if logger is not None:

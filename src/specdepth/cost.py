@@ -167,8 +167,8 @@ class RooflineCost(CostModel):
         self._oh = {"target": self.overhead_s, "draft": self.draft_overhead_s}
 
     def _time(self, which, tokens, flops, ctx_tokens, seqs):
-        mem = self._w[which] + self._kv[which] * (ctx_tokens + tokens)
-        return max(flops * self._inv_f, mem * self._inv_b) + self._oh[which]
+        return _k.roofline_seconds(flops, tokens, ctx_tokens, self._w[which], self._kv[which], self._inv_f,
+                                   self._inv_b, self._oh[which])
 
     def draft_positions(self, ctx, depths):
         if ctx.dtype == np.int64 and depths.dtype == np.int64:   # the base class's sum, in one compiled pass

@@ -1,23 +1,33 @@
 """The one engine step loop, shared by every backend.
 
-Each step: admit waiting requests (prefill) -> policy.plan -> draft position by position, with
-policy.keep_drafting after each -> one batched verify -> policy.observe -> append accepted tokens plus
-the bonus/correction token -> retire finished sequences. Per-step and per-request events are recorded
-as plain rows; `metrics.summarize` turns them into summary.json.
+Each step is a `Step` record filled phase by phase:
+
+    admit -> plan -> draft -> verify -> commit -> record -> retire
+
+admit: arrived requests join the batch (their prefill emits each one's first token); plan: the policy's
+depths; draft: position by position over the rows still drafting (policy.keep_drafting after each), or one
+block when nobody stops early; verify: one batched target forward, then policy.observe; commit: accepted
+drafts plus the bonus/correction token, per-row statistics; record: the step row; retire: finished requests
+leave (their request rows). The running batch's per-row state is one `RowTable` (rows.py) that the engine,
+the executor and the acceptance model share; time is a `Clock` (clock.py). `metrics.summarize` turns the
+rows into summary.json. docs/architecture.md has the picture.
 """
 from __future__ import annotations
 
+import operator
 import sys
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import _kernels as _k
+from .acceptance import TraceRecorder
+from .clock import Clock
 from .cost import CostModel
-from .errors import ConfigError, PolicyError, as_float, as_int
+from .errors import ConfigError, PolicyError, SpecdepthError, as_float, as_int
 from .executor import Executor
 from .policy import Policy, StepView
+from .rows import RowTable
 from .workload import Request
 
 STEP_COLUMNS = ("step", "time_s", "batch_size", "max_depth", "drafted", "accepted", "emitted", "verify_tokens",
@@ -57,6 +67,51 @@ class EngineConfig:
         return int(min(b, self.max_num_batched_tokens))
 
 
+@dataclass(slots=True)
+class Step:
+    """One engine step, filled phase by phase. The fields named like STEP_COLUMNS are the step's row of
+    steps.csv (totals over the batch); the per-row arrays (length batch_size) are what the policy sees."""
+
+    # admit
+    step: int
+    time_s: float                       # the clock when the step began
+    admitted: int = 0
+    prefill_s: float = 0.0
+    now_s: float = 0.0                  # the clock when the policy plans (after admission)
+    # plan
+    batch_size: int = 0
+    oracle_accept: np.ndarray | None = None
+    depths: np.ndarray | None = None    # per row: the plan
+    max_depth: int = 0                  # the deepest depth planned
+    # draft
+    row_drafted: np.ndarray | None = None
+    confidences: np.ndarray | None = None
+    draft_forwards: int = 0
+    draft_s: float = 0.0
+    draft_flops: float = 0.0
+    # verify
+    row_accepted: np.ndarray | None = None
+    verify_s: float = 0.0
+    target_flops: float = 0.0
+    verified: bool = False              # measured times are final (observe and later)
+    # commit and record: totals over the batch
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    finished: int = 0                   # requests done this step (at their prefill or by this decode)
+    decoded_done: int = 0               # ... of which by this decode: the retire phase removes them
+    verify_tokens: int = 0
+    overhead_s: float = 0.0
+    step_s: float = 0.0
+
+    def row(self) -> tuple:
+        """The step's row of steps.csv, by column name."""
+        return _STEP_ROW(self)
+
+
+_STEP_ROW = operator.attrgetter(*STEP_COLUMNS)
+
+
 @dataclass
 class RunResult:
     steps: list = field(default_factory=list)          # tuples in STEP_COLUMNS order
@@ -67,7 +122,8 @@ class RunResult:
     seq_steps: int = 0                                  # (sequence, verify step) pairs
     emitted_unclipped: int = 0                          # accepted + 1 over those pairs
     token_budget: int = 0
-    trace: dict | None = None                          # request_id -> ([confidence], [accepted], [unverified])
+    trace: list | None = None                          # acceptance_trace.jsonl records (TraceRecorder)
+    depth_changes: list = field(default_factory=list)  # per finished request: steps whose depth differed
     extra: dict = field(default_factory=dict)           # executor outputs (generations.jsonl, ...)
     wall_s: float = 0.0
 
@@ -76,62 +132,19 @@ def _overrides(policy: Policy, hook: str) -> bool:
     return getattr(type(policy), hook) is not getattr(Policy, hook)
 
 
-class BatchState:
-    """The running batch, row i = one sequence, in the executor's row order. Columns live in one int and
-    one float matrix, preallocated for the batch cap (grown by doubling past it): admitting writes rows at
-    the end, retiring compacts the kept rows to the front in place (one compiled call), so neither
-    allocates per step."""
-
-    INT = ("rid", "plen", "gen", "olen", "adm", "rdr", "racc")
-    FLT = ("arr", "first", "A", "R")   # A, R: decayed accepted / rejected draft counts
-
-    def __init__(self, history: int, prior: float, capacity: int = 0):
-        self._I = np.zeros((capacity, len(self.INT)), np.int64)
-        self._F = np.zeros((capacity, len(self.FLT)))
-        self._hacc = np.full((capacity, history), -1, np.int64)   # ring buffers, column hptr = newest
-        self._hdr = np.full((capacity, history), -1, np.int64)
-        self.n = 0
-        self.hptr = 0
-        self.prior = prior
-        self._views()
-
-    def _views(self):
-        n = self.n
-        self.I, self.F, self.hacc, self.hdr = self._I[:n], self._F[:n], self._hacc[:n], self._hdr[:n]
-
-    def append(self, requests: list[Request], clock: float, step: int) -> None:
-        n, m = self.n, len(requests)
-        if n + m > self._I.shape[0]:   # past the preallocated rows (the engine sizes them for its batch cap)
-            cap = max(n + m, 2 * self._I.shape[0], 8)
-            for name, fill in (("_I", 0), ("_F", 0.0), ("_hacc", -1), ("_hdr", -1)):
-                old = getattr(self, name)
-                new = np.full((cap, old.shape[1]), fill, old.dtype)
-                new[:n] = old[:n]
-                setattr(self, name, new)
-        # prefill emits each request's first token: gen = 1
-        self._I[n:n + m] = [(r.request_id, r.prompt_len, 1, r.output_len, step, 0, 0) for r in requests]
-        self._F[n:n + m] = [(r.arrival_s, clock, 0.0, 0.0) for r in requests]
-        self._hacc[n:n + m] = -1
-        self._hdr[n:n + m] = -1
-        self.n = n + m
-        self._views()
-
-    def keep(self, keep: np.ndarray) -> None:
-        self.n = int(_k.compact(keep, self.I, self.F, self.hacc, self.hdr))
-        self._views()
-
-    def acceptance(self) -> np.ndarray:
-        return (self.A + self.prior) / (self.A + self.R + 1.0)
-
-    def recent(self, ring: np.ndarray) -> np.ndarray:
-        H = ring.shape[1]
-        return ring[:, (self.hptr - np.arange(H)) % H]
-
-
-for _j, _name in enumerate(BatchState.INT):
-    setattr(BatchState, _name, property(lambda s, j=_j: s.I[:, j], doc=f"int column {_name}"))
-for _j, _name in enumerate(BatchState.FLT):
-    setattr(BatchState, _name, property(lambda s, j=_j: s.F[:, j], doc=f"float column {_name}"))
+def engine_rows(history: int, capacity: int = 8) -> RowTable:
+    """The engine's columns of the run's RowTable (the executor and acceptance model add theirs)."""
+    rows = RowTable(capacity)
+    for name in ("request_id", "prompt_len", "output_len", "admitted_step", "drafted_total", "accepted_total",
+                 "depth_changes"):
+        rows.add(name, np.int64)
+    rows.add("generated", np.int64, fill=1)     # prefill emits each request's first token
+    rows.add("last_depth", np.int64, fill=-1)   # drafts in the row's previous step, -1 = none yet
+    for name in ("arrival_s", "first_token_s", "accepted_w", "rejected_w"):   # *_w: decayed counts
+        rows.add(name, np.float64)
+    rows.add("ring_accepted", np.int64, fill=-1, width=history)   # ring buffers, column hptr = newest
+    rows.add("ring_drafted", np.int64, fill=-1, width=history)
+    return rows
 
 
 class Engine:
@@ -143,16 +156,32 @@ class Engine:
             raise ConfigError(f"policy {type(policy).__name__} needs acceptance outcomes in advance (an oracle); "
                               f"backend {executor.name!r} cannot provide them: use backend=sim")
         self.policy, self.executor, self.cost, self.cfg = policy, executor, cost, config
-        self.requests = sorted(requests, key=lambda r: r.arrival_s)
+        self.requests = executor.prepare(sorted(requests, key=lambda r: r.arrival_s))
         self.budget = config.resolve_budget(cost)
         self._pname = type(policy).__name__
-        executor.check(self.requests)
 
-    # ---- validation of policy answers ----------------------------------------------------------
+    # ---- policy hooks and the validation of their answers ----------------------------------------
+    def _hook(self, hook: str, *args):
+        """Call a policy hook through the clock (which charges its time, or not); an exception the
+        policy raises becomes a PolicyError naming the policy, the hook and the exception's message."""
+        try:
+            return self._call(getattr(self.policy, hook), *args)
+        except SpecdepthError:
+            raise
+        except Exception as e:
+            raise PolicyError(f"policy {self._pname}: {hook}() raised {type(e).__name__}: {e}") from e
+
     def _bad(self, rule: str):
         raise PolicyError(f"policy {self._pname} broke a rule: {rule}")
 
-    def _check_depths(self, depths, n: int) -> np.ndarray:
+    def _check_depths(self, depths, n: int) -> tuple[np.ndarray, int]:
+        if type(depths) is np.ndarray and depths.dtype == np.int64 and depths.shape == (n,):   # the usual answer
+            lo, hi, total = _k.depth_stats(depths)
+            if lo >= 0 and hi <= self.cfg.max_depth and n + total <= self.cfg.max_num_batched_tokens:
+                return depths, int(hi)
+        return self._check_any_depths(depths, n)
+
+    def _check_any_depths(self, depths, n: int) -> tuple[np.ndarray, int]:
         d = depths if isinstance(depths, np.ndarray) else (None if depths is None else np.asarray(depths))
         if d is None or d.shape != (n,):
             self._bad(f"plan() must return one depth per sequence, shape ({n},); got "
@@ -161,10 +190,7 @@ class Engine:
             if d.dtype.kind == "f" and np.isnan(d).any():
                 self._bad("plan() returned NaN depths")
             self._bad(f"plan() must return integer depths, got dtype {d.dtype}")
-        if d.dtype == np.int64:
-            lo, hi, total = _k.depth_stats(d)
-        else:
-            lo, hi, total = (int(d.min()), int(d.max()), int(d.sum())) if n else (0, 0, 0)
+        lo, hi, total = (int(d.min()), int(d.max()), int(d.sum())) if n else (0, 0, 0)
         if lo < 0:
             self._bad(f"plan() returned a negative depth ({lo})")
         if hi > self.cfg.max_depth:
@@ -172,7 +198,7 @@ class Engine:
         if n + total > self.cfg.max_num_batched_tokens:
             self._bad(f"the step's verify tokens ({n + total} = {n} sequences + {total} drafts) exceed "
                       f"engine.max_num_batched_tokens={self.cfg.max_num_batched_tokens}")
-        return (d if d.dtype == np.int64 else d.astype(np.int64)), hi
+        return d.astype(np.int64), int(hi)
 
     def _check_mask(self, mask, n: int) -> np.ndarray:
         m = np.asarray(mask) if mask is not None else None
@@ -181,171 +207,192 @@ class Engine:
                       f"{None if m is None else (m.shape, str(m.dtype))}")
         return m
 
-    # ---- the loop -------------------------------------------------------------------------------
+    # ---- the loop ---------------------------------------------------------------------------------
     def run(self) -> RunResult:
-        cfg, ex, pol = self.cfg, self.executor, self.policy
-        K, H = cfg.max_depth, cfg.history
-        wall = ex.clock == "wall"
-        charge = cfg.charge_policy_time and not wall
-        perf = time.perf_counter
-        has_keep, has_obs = _overrides(pol, "keep_drafting"), _overrides(pol, "observe")
-        trace = {} if (cfg.record_trace or getattr(ex, "record_trace", False)) else None
-        need_conf = has_keep or has_obs or trace is not None
-        decay = cfg.acceptance_decay
-        reqs, nreq = self.requests, len(self.requests)
-        res = RunResult(token_budget=self.budget, trace=trace)
-        steps_out, reqs_out = res.steps, res.requests
-        joint = np.zeros((K + 1) * (K + 1), np.int64)   # histogram of (drafted, accepted) per (sequence, step)
-        cap = min(cfg.max_batch_size, cfg.max_num_batched_tokens)
-        st = BatchState(H, cfg.acceptance_prior, cap)
-        view = StepView(st, self.budget, K, cfg.max_num_batched_tokens, self.cost)
-
-        pol.reset()
-        pbar = self._progress(sum(r.output_len for r in reqs))
-        t0 = time.perf_counter()
-        clock = 0.0
-        nxt = step = seq_steps = emitted_total = 0
-        while nxt < nreq or st.n:
-            step_start = clock
-            t_step0 = time.perf_counter()
-            prefill_s = tfl = dfl = 0.0
-            admitted = 0
-            # -- admission: every arrived request, up to the batch and token limits
-            if nxt < nreq and st.n < cap and reqs[nxt].arrival_s <= clock:
-                end = nxt
-                while end < nreq and end - nxt < cap - st.n and reqs[end].arrival_s <= clock:
-                    end += 1
-                new = reqs[nxt:end]
-                nxt, admitted = end, end - nxt
-                prefill_s, tfl, dfl = ex.prefill(new)
-                clock = time.perf_counter() - t0 if wall else clock + prefill_s
-                st.append(new, clock, step)
-                if pbar is not None:
-                    pbar.update(admitted)
-            n = st.n
-            if n == 0:
-                # idle: jump (or, on a real backend, sleep) to the next arrival
-                wait = reqs[nxt].arrival_s - clock
-                if wall and wait > 0:
-                    time.sleep(wait)
-                    clock = time.perf_counter() - t0
-                else:
-                    clock = max(clock, reqs[nxt].arrival_s)
+        self._start()
+        while self._next < len(self.requests) or self.rows.n:
+            s = Step(self._step, self.clock.begin_step())
+            self._admit(s)
+            if self.rows.n == 0:
+                self._idle(s)
                 continue
+            self._plan(s)
+            self._draft(s)
+            self._verify(s)
+            self._commit(s)
+            self._record(s)
+            self._retire(s)
+        return self._finish()
 
-            # requests with output_len == 1 finish at their prefill (other rows finished are retired below)
-            done = st.gen >= st.olen if admitted else None
-            if done is None or not done.any():
-                view.step, view.now_s, view.batch_size = step, clock, n
-                view._depths = view._drafted = view._conf = None
-                if pol.requires_oracle:
-                    view._oracle = ex.peek_accepted(K)
-                if charge:
-                    pol_s = -perf()
-                depths, kmax = self._check_depths(pol.plan(view), n)
-                if charge:
-                    pol_s += perf()
-                view._depths = depths
-                ex.begin_step(depths)
+    def _start(self) -> None:
+        """Per-run state: the row table (shared with the executor), the clock, the view, the results."""
+        cfg, ex = self.cfg, self.executor
+        self._cap = min(cfg.max_batch_size, cfg.max_num_batched_tokens)
+        self.rows = engine_rows(cfg.history, self._cap)
+        ex.attach(self.rows)
+        self.clock = Clock(ex.clock, cfg.charge_policy_time)
+        self._call = self.clock.call
+        self.view = StepView(self.rows, self.budget, cfg.max_depth, cfg.max_num_batched_tokens, self.cost,
+                             cfg.acceptance_prior)
+        self._has_keep, self._has_obs = _overrides(self.policy, "keep_drafting"), _overrides(self.policy, "observe")
+        recorder = cfg.record_trace or ex.record_trace
+        self._trace = TraceRecorder() if recorder else None
+        self._need_conf = self._has_keep or self._has_obs or recorder
+        self.res = RunResult(token_budget=self.budget)
+        self._joint = np.zeros((cfg.max_depth + 1) ** 2, np.int64)   # (drafted, accepted) per (row, step)
+        self._next = self._step = self._hptr = 0
+        self._commit_version = -1
+        reqs = self.requests
+        self._arrivals = [r.arrival_s for r in reqs]
+        self._admit_cols = {c: np.array([getattr(r, c) for r in reqs], np.float64 if c == "arrival_s" else np.int64)
+                            for c in ("request_id", "prompt_len", "output_len", "arrival_s")}
+        self._short = np.cumsum([0] + [r.output_len <= 1 for r in reqs]).tolist()   # done after the prefill
+        self._pbar = self._progress(sum(r.output_len for r in self.requests))
+        self._hook("reset")
+        self.clock.start()
 
-                # -- draft: position by position over the rows still drafting
-                draft_s = 0.0
-                conf = None
-                if not kmax:
-                    drafted = np.zeros(n, np.int64)
-                elif not need_conf:   # nobody stops early or looks at confidences: one call
-                    draft_s, f = ex.draft_block(depths)
-                    dfl += f
-                    drafted = depths
-                else:
-                    drafted = np.zeros(n, np.int64)
-                    conf = np.full((n, kmax), np.nan)
-                    view._conf, view._drafted = conf, drafted
-                    active = depths > 0
-                    for p in range(kmax):
-                        rows = np.flatnonzero(active)
-                        if rows.size == 0:
-                            break
-                        c, t, f = ex.draft(rows, p)
-                        draft_s += t
-                        dfl += f
-                        drafted[rows] += 1
-                        conf[rows, p] = c
-                        if p + 1 < kmax:
-                            active &= depths > p + 1
-                            if has_keep:
-                                if charge:
-                                    pol_s -= perf()
-                                active &= self._check_mask(pol.keep_drafting(view, p, conf[:, p]), n)
-                                if charge:
-                                    pol_s += perf()
+    def _admit(self, s: Step) -> None:
+        """Every arrived request, up to the batch and token limits, joins at the end of the table; the
+        prefill emits its first token. Requests done after one token (output_len 1) leave at once."""
+        rows, now, arrivals = self.rows, self.clock.now, self._arrivals
+        start = end = self._next
+        room = self._cap - rows.n
+        while end < len(arrivals) and end - start < room and arrivals[end] <= now:
+            end += 1
+        s.now_s = now
+        if end == start:
+            rows.sync()
+            return
+        self._next, s.admitted = end, end - start
+        new = rows.grow(s.admitted)
+        s.prefill_s, s.target_flops, s.draft_flops = self.executor.prefill(self.requests[start:end], new)
+        self.clock.after_prefill(s.prefill_s)
+        for col, values in self._admit_cols.items():
+            getattr(rows, col)[new] = values[start:end]
+        rows.admitted_step[new] = self._step
+        rows.first_token_s[new] = s.now_s = self.clock.now
+        if self._pbar is not None:
+            self._pbar.update(s.admitted)
+        if self._short[end] > self._short[start]:
+            done = rows.generated[new] >= rows.output_len[new]
+            keep = np.ones(rows.n, bool)
+            keep[new] = ~done
+            s.finished = int(done.sum())
+            self._leave(keep)
+            rows.sync()
 
-                # -- verify
-                accepted, verify_s, f = ex.verify(drafted)
-                tfl += f
-                if has_obs:
-                    view._drafted = drafted
-                    if charge:
-                        pol_s -= perf()
-                    pol.observe(view, accepted)
-                    if charge:
-                        pol_s += perf()
-                clock = time.perf_counter() - t0 if wall else clock + draft_s + verify_s + (pol_s if charge else 0.0)
+    def _idle(self, s: Step) -> None:
+        """Nothing running: record a step that only prefilled (every request it admitted was done after
+        its first token), then wait for the next arrival."""
+        if s.admitted:
+            self._record(s)
+        if self._next < len(self.requests):
+            self.clock.wait_until(self.requests[self._next].arrival_s)
 
-                # -- commit: accepted drafts plus the bonus/correction token, clipped at output_len; the
-                # acceptance estimate's counts (decayed in rows that drafted), per-row totals, the history
-                # ring and the (drafted, accepted) histogram: one compiled pass over the rows
-                st.hptr = (st.hptr + 1) % H
-                a_sum, d_sum, out_step, n_done = _k.commit(st.I, st.F, st.hacc, st.hdr, st.hptr, drafted,
-                                                           accepted, decay, joint, K + 1, kmax > 0)
-                seq_steps += n
-                emitted_total += a_sum + n
-                if trace is not None and kmax:
-                    for i in np.flatnonzero(drafted):
-                        d = int(drafted[i])
-                        k = int(min(d, accepted[i] + 1))
-                        cs, acs, unv = trace.setdefault(int(st.rid[i]), ([], [], []))
-                        if k < d:   # drafted after the rejected token: never verified, but policies saw them
-                            unv.append([len(cs) + k - 1, conf[i, k:d].tolist()])
-                        cs.extend(conf[i, :k].tolist())
-                        acs.extend([1] * int(accepted[i]) + [0] * (k - int(accepted[i])))
-                if pbar is not None:
-                    pbar.update(out_step)
-                if wall:
-                    step_s = time.perf_counter() - t_step0
-                    overhead = step_s - draft_s - verify_s - prefill_s
-                else:
-                    step_s, overhead = clock - step_start, (pol_s if charge else 0.0)
-                if n_done:
-                    done = st.gen >= st.olen
-                steps_out.append((step, step_start, n, kmax, d_sum, a_sum, out_step, n + d_sum, admitted,
-                                  n_done, draft_s, verify_s, prefill_s, overhead, step_s, tfl, dfl))
-                step += 1
-            else:
-                n_done = int(np.count_nonzero(done))
-            # -- retire finished sequences
-            if n_done:
-                for i in np.flatnonzero(done):
-                    rid, plen, g, olen, adm, rdr, racc = st.I[i].tolist()
-                    arr, first = float(st.F[i, 0]), float(st.F[i, 1])
-                    reqs_out.append((rid, plen, olen, arr, first, clock, first - arr, clock - arr,
-                                     (clock - first) / (g - 1) if g > 1 else 0.0, step - adm, rdr, racc))
-                keep = ~done
-                st.keep(keep)
-                ex.retire(keep)
-        if pbar is not None:
-            pbar.close()
-        # over (sequence, step) pairs: position j was drafted (drafted > j), reached (drafted > j and the
-        # j drafts before it accepted), accepted (accepted > j)
-        joint = joint.reshape(K + 1, K + 1)
+    def _plan(self, s: Step) -> None:
+        s.batch_size = self.rows.n
+        if self.policy.requires_oracle:
+            s.oracle_accept = self.executor.peek_accepted(self.cfg.max_depth)
+        self.view.bind(s, self._hptr)
+        s.depths, s.max_depth = self._check_depths(self._hook("plan", self.view), s.batch_size)
+        self.executor.begin_step(s.depths, s.max_depth)
+
+    def _draft(self, s: Step) -> None:
+        """Position by position over the rows still drafting, or one block when nobody stops early."""
+        n, kmax, ex = s.batch_size, s.max_depth, self.executor
+        if not kmax:
+            s.row_drafted = np.zeros(n, np.int64)
+            return
+        if not self._need_conf:
+            s.draft_s, f = ex.draft_block(s.depths)
+            s.draft_flops += f
+            s.row_drafted, s.draft_forwards = s.depths, kmax
+            return
+        s.row_drafted = np.zeros(n, np.int64)
+        s.confidences = np.full((n, kmax), np.nan)
+        active = s.depths > 0
+        for p in range(kmax):
+            rows = np.flatnonzero(active)
+            if rows.size == 0:
+                break
+            c, t, f = ex.draft(rows, p)
+            s.draft_s += t
+            s.draft_flops += f
+            s.draft_forwards += 1
+            s.row_drafted[rows] += 1
+            s.confidences[rows, p] = c
+            if p + 1 < kmax:
+                active &= s.depths > p + 1
+                if self._has_keep:
+                    active &= self._check_mask(self._hook("keep_drafting", self.view, p, s.confidences[:, p]), n)
+
+    def _verify(self, s: Step) -> None:
+        s.row_accepted, s.verify_s, f = self.executor.verify(s.row_drafted)
+        s.target_flops += f
+        s.verified = True
+        if self._has_obs:
+            self._hook("observe", self.view, s.row_accepted)
+        self.clock.after_decode(s.draft_s, s.verify_s)
+
+    def _commit(self, s: Step) -> None:
+        """Accepted drafts plus the bonus/correction token (clipped at output_len) and the per-row
+        statistics: one compiled pass over the rows."""
+        r = self.rows
+        if self._commit_version != r.version:   # the columns the kernel updates, read once per table change
+            self._commit_version = r.version
+            self._commit_cols = (r.generated, r.output_len, r.accepted_w, r.rejected_w, r.drafted_total,
+                                 r.accepted_total, r.last_depth, r.depth_changes, r.ring_accepted, r.ring_drafted)
+        self._hptr = (self._hptr + 1) % self.cfg.history
+        s.accepted, s.drafted, s.emitted, s.decoded_done = _k.commit(
+            *self._commit_cols, self._hptr, s.row_drafted, s.row_accepted, self.cfg.acceptance_decay, self._joint,
+            self.cfg.max_depth + 1, s.max_depth > 0)
+        s.finished += s.decoded_done
+        self.res.seq_steps += s.batch_size
+        self.res.emitted_unclipped += s.accepted + s.batch_size
+        if self._trace is not None and s.max_depth:
+            self._trace.record(r.request_id, s.row_drafted, s.row_accepted, s.confidences)
+        if self._pbar is not None:
+            self._pbar.update(s.emitted)
+
+    def _record(self, s: Step) -> None:
+        s.verify_tokens = s.batch_size + s.drafted
+        s.step_s, s.overhead_s = self.clock.end_step(s.draft_s, s.verify_s, s.prefill_s)
+        self.res.steps.append(s.row())
+        self._step += 1
+
+    def _retire(self, s: Step) -> None:
+        if s.decoded_done:
+            self._leave(self.rows.generated < self.rows.output_len)
+
+    def _leave(self, keep: np.ndarray) -> None:
+        """Requests where keep is False finish now: their request rows, then the table drops them."""
+        r, now, out = self.rows, self.clock.now, self.res.requests
+        for i in np.flatnonzero(~keep).tolist():
+            first, arr, g = float(r.first_token_s[i]), float(r.arrival_s[i]), int(r.generated[i])
+            row = dict(request_id=int(r.request_id[i]), prompt_len=int(r.prompt_len[i]),
+                       output_len=int(r.output_len[i]), arrival_s=arr, first_token_s=first, finish_s=now,
+                       ttft_s=first - arr, e2e_s=now - arr, tpot_s=(now - first) / (g - 1) if g > 1 else 0.0,
+                       steps=self._step - int(r.admitted_step[i]), drafted=int(r.drafted_total[i]),
+                       accepted=int(r.accepted_total[i]))
+            out.append(tuple(row[c] for c in REQUEST_COLUMNS))
+            self.res.depth_changes.append(int(r.depth_changes[i]))
+        r.keep(keep, refresh=False)   # the views refresh at the next admission (rows.grow or rows.sync)
+
+    def _finish(self) -> RunResult:
+        """Per-position counts over (row, step) pairs: position j was drafted (drafted > j), reached
+        (drafted > j and the j drafts before it accepted), accepted (accepted > j)."""
+        if self._pbar is not None:
+            self._pbar.close()
+        res, K1 = self.res, self.cfg.max_depth + 1
+        joint = self._joint.reshape(K1, K1)
         hist_d, hist_a, hist_f = joint.sum(axis=1), joint.sum(axis=0), np.diagonal(joint)
         ge_d, ge_a = np.cumsum(hist_d[::-1])[::-1], np.cumsum(hist_a[::-1])[::-1]
         res.position_proposed = ge_d[1:]
         res.position_accepted = ge_a[1:]
         res.position_reached = ge_a[:-1] - hist_f[:-1]
-        res.seq_steps, res.emitted_unclipped = seq_steps, emitted_total
-        res.wall_s = time.perf_counter() - t0
-        res.extra = ex.finish()
+        res.trace = self._trace.records() if self._trace is not None else None
+        res.wall_s = self.clock.elapsed()
+        res.extra = self.executor.finish()
         return res
 
     def _progress(self, total: int):

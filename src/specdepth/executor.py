@@ -1,9 +1,12 @@
 """The interface between the engine's step loop and a backend. The engine knows executors only by this.
 
-An executor owns its per-sequence state (KV caches, context lengths, acceptance draws) in row order:
-`prefill` appends rows at the end, `retire(keep)` drops rows where keep is False, exactly as the engine
-does with its own arrays. Every call returns the seconds it took (model time for `clock = "model"`,
-measured time for `clock = "wall"`) and the FLOPs it spent.
+Row order belongs to the run's `RowTable` (rows.py): the engine appends a row per admitted request and
+retires finished ones; an executor keeps its per-sequence numbers (context lengths, cache lengths, token
+ids) as columns it declares on that table in `attach`, so they follow admission and retirement by
+themselves, and registers `rows.on_retire(hook)` for state that is not a column (KV caches, finished
+outputs). Every call returns the seconds it took (model time for `clock = "model"`, measured time for
+`clock = "wall"`) and the FLOPs it spent. docs/architecture.md says what an executor for an external
+serving engine implements.
 """
 from __future__ import annotations
 
@@ -25,16 +28,24 @@ class Executor(ABC):
     #: True: the engine records acceptance_trace.jsonl even when engine.record_trace is false.
     record_trace: bool = False
 
-    def check(self, requests: list[Request]) -> None:
-        """Validate the whole workload before anything runs (raise ConfigError/BackendError)."""
+    def prepare(self, requests: list[Request]) -> list[Request]:
+        """Validate the whole workload before anything runs (raise ConfigError/BackendError) and return
+        the requests this backend will serve (new Request objects where it fills in token ids: never
+        modify the ones given)."""
+        return requests
+
+    def attach(self, rows) -> None:
+        """Before the run: declare this executor's per-row columns on the run's RowTable (`rows.add`)
+        and keep the table to read them back (`rows.<name>`)."""
 
     @abstractmethod
-    def prefill(self, requests: list[Request]) -> tuple[float, float, float]:
-        """Admit requests (append rows), run their prefill, emit each one's first token.
-        Returns (seconds, target_flops, draft_flops)."""
+    def prefill(self, requests: list[Request], new: slice) -> tuple[float, float, float]:
+        """Requests admitted into the table's rows `new` (already appended): fill this executor's columns
+        for them, run their prefill, emit each one's first token. Returns (seconds, target_flops,
+        draft_flops)."""
 
-    def begin_step(self, depths: np.ndarray) -> None:
-        """Called after the policy's plan, before the first draft position."""
+    def begin_step(self, depths: np.ndarray, kmax: int) -> None:
+        """Called after the policy's plan (kmax = depths.max()), before the first draft position."""
 
     @abstractmethod
     def draft(self, rows: np.ndarray, position: int) -> tuple[np.ndarray, float, float]:
@@ -54,10 +65,6 @@ class Executor(ABC):
     def verify(self, drafted: np.ndarray) -> tuple[np.ndarray, float, float]:
         """One target forward over every row's last token plus its `drafted[i]` drafts; keeps the accepted
         drafts and the bonus/correction token. Returns (accepted drafts per row, seconds, flops)."""
-
-    @abstractmethod
-    def retire(self, keep: np.ndarray) -> None:
-        """Drop the rows where keep is False (finished requests), keeping the order of the rest."""
 
     def peek_accepted(self, k: int) -> np.ndarray:
         """How many of the next k draft positions the target will accept, per row (oracle policies)."""

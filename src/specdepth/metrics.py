@@ -22,6 +22,7 @@ def summarize(res: RunResult, **meta) -> dict:
     reqs = np.array(res.requests, dtype=float).reshape(-1, len(REQUEST_COLUMNS))
     S = {c: steps[:, i] for i, c in enumerate(STEP_COLUMNS)}
     Q = {c: reqs[:, i] for i, c in enumerate(REQUEST_COLUMNS)}
+    decode_steps = int(np.count_nonzero(S["batch_size"]))   # rows with batch 0 only prefilled (output_len 1)
     output_tokens = int(Q["output_len"].sum())
     time_s = float(Q["finish_s"].max()) if reqs.size else 0.0
     drafted = int(S["drafted"].sum())
@@ -37,7 +38,7 @@ def summarize(res: RunResult, **meta) -> dict:
     out.update(
         requests=int(reqs.shape[0]),
         output_tokens=output_tokens,
-        steps=int(steps.shape[0]),
+        steps=decode_steps,
         time_s=time_s,
         throughput_tok_s=_ratio(output_tokens, time_s),
         tokens_per_step=_ratio(res.emitted_unclipped, res.seq_steps),
@@ -46,7 +47,7 @@ def summarize(res: RunResult, **meta) -> dict:
         accepted_tokens=accepted,
         verify_tokens=int(S["verify_tokens"].sum()),
         per_position_acceptance=per_pos,
-        mean_batch_size=_ratio(float(S["batch_size"].sum()), steps.shape[0]),
+        mean_batch_size=_ratio(float(S["batch_size"].sum()), decode_steps),
         token_budget=res.token_budget,
         tpot_p50_s=_pct(Q["tpot_s"], 50),
         tpot_p99_s=_pct(Q["tpot_s"], 99),

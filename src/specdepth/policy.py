@@ -34,73 +34,107 @@ class StepView:
       depths              int64   this step's plan
       drafted             int64   drafts proposed so far this step
       confidences         float64 [batch_size, max planned depth] the draft's probability of each token it
-                                  proposed, NaN where nothing was drafted
+                                  proposed, NaN where nothing was drafted (None when no hook needs them)
       oracle_accept       int64   only for policies with requires_oracle = True (simulator): how many
                                   leading draft positions the target will accept this step
+    In observe (after verification; None before), what this step cost, measured and predicted:
+      measured_draft_s    float   seconds of this step's draft forwards as the clock charged them (model
+                                  time on backend=sim, including its overhead switches; wall time on hf)
+      measured_verify_s   float   seconds of this step's verify forward, likewise
+      predicted_draft_s   float   what `cost` predicts for the same draft forwards (at context_lens)
+      predicted_verify_s  float   what `cost` predicts for the same verify forward
+      draft_forwards      int     draft forwards (positions) run this step
     Scalars: step, now_s, batch_size, token_budget (the shared compute budget in verify tokens per step),
     max_depth (engine cap), max_num_batched_tokens (hard cap on verify tokens), cost (the cost model:
     cost.verify_time(ctx, depths), cost.draft_time(ctx), cost.step_time(ctx, depths)).
-    Arrays are computed on access and cannot be written.
+    Arrays are computed on access and cannot be written; no attribute can be set.
     """
 
-    __slots__ = ("step", "now_s", "batch_size", "token_budget", "max_depth", "max_num_batched_tokens", "cost",
-                 "_st", "_depths", "_drafted", "_conf", "_oracle")
+    __slots__ = ("_rows", "_s", "_budget", "_max_depth", "_max_tokens", "_cost", "_prior", "_hptr", "_pred")
 
-    def __init__(self, state, token_budget: int, max_depth: int, max_num_batched_tokens: int, cost):
-        self._st = state
-        self.token_budget, self.max_depth, self.max_num_batched_tokens, self.cost = (
-            token_budget, max_depth, max_num_batched_tokens, cost)
-        self.step, self.now_s, self.batch_size = 0, 0.0, 0
-        self._depths = self._drafted = self._conf = self._oracle = None
+    def __init__(self, rows, token_budget: int, max_depth: int, max_num_batched_tokens: int, cost,
+                 prior: float = 0.7):
+        self._rows, self._budget, self._max_depth, self._max_tokens, self._cost, self._prior = (
+            rows, token_budget, max_depth, max_num_batched_tokens, cost, prior)
+        self._s = None
+        self._hptr = 0
+        self._pred = None
 
-    @property
-    def request_ids(self):
-        return _ro(self._st.rid)
+    def bind(self, step, hptr: int) -> None:
+        """The engine shows the view the step it is running (a `specdepth.engine.Step`)."""
+        self._s, self._hptr, self._pred = step, hptr, None
 
-    @property
-    def context_lens(self):
-        return _ro(self._st.plen + self._st.gen)
-
-    @property
-    def generated(self):
-        return _ro(self._st.gen)
-
-    @property
-    def remaining(self):
-        return _ro(self._st.olen - self._st.gen)
-
-    @property
-    def acceptance(self):
-        return _ro(self._st.acceptance())
-
-    @property
-    def recent_accepted(self):
-        return _ro(self._st.recent(self._st.hacc))
-
-    @property
-    def recent_drafted(self):
-        return _ro(self._st.recent(self._st.hdr))
-
-    @property
-    def depths(self):
-        return None if self._depths is None else _ro(self._depths)
-
-    @property
-    def drafted(self):
-        return None if self._drafted is None else _ro(self._drafted)
-
-    @property
-    def confidences(self):
-        return None if self._conf is None else _ro(self._conf)
-
-    @property
-    def oracle_accept(self):
-        return None if self._oracle is None else _ro(self._oracle)
+    # ---- scalars ----------------------------------------------------------------------------------
+    step = property(lambda self: self._s.step)
+    now_s = property(lambda self: self._s.now_s)
+    batch_size = property(lambda self: self._s.batch_size)
+    token_budget = property(lambda self: self._budget)
+    max_depth = property(lambda self: self._max_depth)
+    max_num_batched_tokens = property(lambda self: self._max_tokens)
+    cost = property(lambda self: self._cost)
 
     @property
     def verify_tokens_free(self) -> int:
         """Draft tokens that fit in the token budget this step (0 when the batch alone fills it)."""
-        return max(0, self.token_budget - self.batch_size)
+        return max(0, self._budget - self._s.batch_size)
+
+    # ---- per sequence -----------------------------------------------------------------------------
+    @property
+    def request_ids(self):
+        return _ro(self._rows.request_id)
+
+    @property
+    def context_lens(self):
+        return _ro(self._rows.prompt_len + self._rows.generated)
+
+    @property
+    def generated(self):
+        return _ro(self._rows.generated)
+
+    @property
+    def remaining(self):
+        return _ro(self._rows.output_len - self._rows.generated)
+
+    @property
+    def acceptance(self):
+        r = self._rows
+        return _ro((r.accepted_w + self._prior) / (r.accepted_w + r.rejected_w + 1.0))
+
+    def _recent(self, ring):
+        H = ring.shape[1]
+        return _ro(ring[:, (self._hptr - np.arange(H)) % H])
+
+    @property
+    def recent_accepted(self):
+        return self._recent(self._rows.ring_accepted)
+
+    @property
+    def recent_drafted(self):
+        return self._recent(self._rows.ring_drafted)
+
+    # ---- this step --------------------------------------------------------------------------------
+    depths = property(lambda self: _ro_or_none(self._s.depths))
+    drafted = property(lambda self: _ro_or_none(self._s.row_drafted))
+    confidences = property(lambda self: _ro_or_none(self._s.confidences))
+    oracle_accept = property(lambda self: _ro_or_none(self._s.oracle_accept))
+    measured_draft_s = property(lambda self: self._s.draft_s if self._s.verified else None)
+    measured_verify_s = property(lambda self: self._s.verify_s if self._s.verified else None)
+    draft_forwards = property(lambda self: self._s.draft_forwards if self._s.verified else None)
+
+    def _predicted(self):
+        if not self._s.verified:
+            return None, None
+        if self._pred is None:
+            ctx, d = self.context_lens, self._s.row_drafted
+            self._pred = (float(self._cost.draft_positions(ctx, d)[0]), float(self._cost.verify_time(ctx, d)))
+        return self._pred
+
+    predicted_draft_s = property(lambda self: self._predicted()[0])
+    predicted_verify_s = property(lambda self: self._predicted()[1])
+
+
+def _ro_or_none(a):
+    return None if a is None else _ro(a)
 
 
 def _plain(v):

@@ -6,7 +6,7 @@
     specdepth-profile model=tiny_pair rounds=3                # median over 3 passes of the grid
     specdepth cost=table cost.path=<run dir>/profile.csv model=tiny_pair ...
 
-Each point is one forward of the backend's own code path (`specdepth.hf.Runner`: slot KV cache, explicit
+Each point is one forward of the backend's own code path (`specdepth.hf_runner.Runner`: slot KV cache, explicit
 4D mask and position ids) with `batch` rows each feeding `query` new tokens on top of `context` cached ones;
 the cached keys are placeholders (their values do not change the cost). The median of `repeats` timed
 forwards after `warmup` untimed ones is one measurement (CUDA: synchronized); with `rounds` > 1 the whole
@@ -47,12 +47,77 @@ def _ints(values, key):
     return out
 
 
-def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
+def _load(cfg: DictConfig, pair, which: list) -> list[tuple]:
+    """[(target|draft, model)] for the models to profile, on the device the config asks for."""
     import torch
     from transformers import AutoModelForCausalLM
+    if pair.dtype not in ("float32", "float16", "bfloat16"):
+        raise ConfigError(f"model.dtype: profiling supports float32/float16/bfloat16, got {pair.dtype!r}")
+    dev = pair.device if pair.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    loaded = []
+    for w in which:
+        if w not in ("target", "draft"):
+            raise ConfigError(f"models: entries must be target or draft, got {w!r}")
+        path = pair.target if w == "target" else pair.draft
+        if not path:
+            log.warning("model.%s is not set: skipped", w)
+            continue
+        kw = dict(dtype=getattr(torch, pair.dtype), attn_implementation=cfg.get("attn_implementation", "sdpa"))
+        if w == "target" and pair.device_map is not None:
+            kw["device_map"] = pair.device_map
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(path), **kw)
+        except Exception as e:
+            raise ConfigError(f"model.{w}: cannot load {path!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        if "device_map" not in kw:
+            model = model.to(dev)
+        loaded.append((w, model.eval()))
+    return loaded
 
-    from .hf import Runner
 
+def _time_point(runner, toks, lens, q: int, warmup: int, repeats: int, device) -> float:
+    """Median seconds of one batched forward (after `warmup` untimed ones)."""
+    import torch
+    b = toks.shape[0]
+    ts = []
+    with torch.inference_mode():
+        for r in range(warmup + repeats):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            runner.forward(slice(0, b), toks, lens, None, "all" if q > 1 else "last")
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if r >= warmup:
+                ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _walk(loaded, grid, rnd: int, rounds: int, warmup: int, repeats: int, times: dict) -> None:
+    """One round: every (model, batch, query, context) point of the grid once."""
+    from .hf_runner import Runner
+    batches, queries, contexts = grid
+    for w, model in loaded:
+        limit = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        device = model.get_input_embeddings().weight.device
+        vocab = int(model.get_input_embeddings().weight.shape[0])
+        rng = np.random.default_rng(rnd)
+        for b in batches:
+            runner = Runner(model, b, max(contexts) + max(queries) + 1)
+            for c in contexts:
+                for q in queries:
+                    if c + q > limit:
+                        continue
+                    sec = _time_point(runner, rng.integers(0, vocab, (b, q)), np.full(b, c, np.int64), q, warmup,
+                                      repeats, device)
+                    times.setdefault((w, b, q, c, str(device)), []).append(sec)
+                    log.info("round %d/%d %s batch=%d query=%d context=%d: %.3f ms", rnd + 1, rounds, w, b, q, c,
+                             sec * 1e3)
+            del runner
+
+
+def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
+    import torch
     pair = make(cfg, "model")
     grid = cfg.get("grid") or {}
     batches = _ints(grid.get("batch", [1]), "grid.batch")
@@ -63,65 +128,15 @@ def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
     repeats = as_int(cfg.get("repeats", 5), "repeats", min=1)
     warmup = as_int(cfg.get("warmup", 2), "warmup", min=0)
     rounds = as_int(cfg.get("rounds", 1), "rounds", min=1)
-    which = list(cfg.get("models", ["target", "draft"]))
     if cfg.get("num_threads") is not None:
         torch.set_num_threads(as_int(cfg.num_threads, "num_threads", min=1))
-    if pair.dtype not in ("float32", "float16", "bfloat16"):
-        raise ConfigError(f"model.dtype: profiling supports float32/float16/bfloat16, got {pair.dtype!r}")
-    dev = pair.device if pair.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = getattr(torch, pair.dtype)
-    loaded = []
-    for w in which:
-        if w not in ("target", "draft"):
-            raise ConfigError(f"models: entries must be target or draft, got {w!r}")
-        path = pair.target if w == "target" else pair.draft
-        if not path:
-            log.warning("model.%s is not set: skipped", w)
-            continue
-        kw = dict(dtype=dtype, attn_implementation=cfg.get("attn_implementation", "sdpa"))
-        if w == "target" and pair.device_map is not None:
-            kw["device_map"] = pair.device_map
-        try:
-            model = AutoModelForCausalLM.from_pretrained(str(path), **kw)
-        except Exception as e:
-            raise ConfigError(f"model.{w}: cannot load {path!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-        if "device_map" not in kw:
-            model = model.to(dev)
-        loaded.append((w, model.eval()))
+    loaded = _load(cfg, pair, list(cfg.get("models", ["target", "draft"])))
     # every round walks the whole grid (both models); a point's figure is the median over rounds of each
     # round's median, so a slow minute of the machine moves one round of every point, not a block of points
     times: dict[tuple, list[float]] = {}
     t_all = time.perf_counter()
     for rnd in range(rounds):
-        for w, model in loaded:
-            limit = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
-            device = model.get_input_embeddings().weight.device
-            vocab = int(model.get_input_embeddings().weight.shape[0])
-            rng = np.random.default_rng(rnd)
-            for b in batches:
-                runner = Runner(model, b, max(contexts) + max(queries) + 1)
-                for c in contexts:
-                    for q in queries:
-                        if c + q > limit:
-                            continue
-                        toks = rng.integers(0, vocab, (b, q))
-                        lens = np.full(b, c, np.int64)
-                        ts = []
-                        with torch.inference_mode():
-                            for r in range(warmup + repeats):
-                                if device.type == "cuda":
-                                    torch.cuda.synchronize(device)
-                                t0 = time.perf_counter()
-                                runner.forward(slice(0, b), toks, lens, None, "all" if q > 1 else "last")
-                                if device.type == "cuda":
-                                    torch.cuda.synchronize(device)
-                                if r >= warmup:
-                                    ts.append(time.perf_counter() - t0)
-                        sec = statistics.median(ts)
-                        times.setdefault((w, b, q, c, str(device)), []).append(sec)
-                        log.info("round %d/%d %s batch=%d query=%d context=%d: %.3f ms", rnd + 1, rounds, w, b, q,
-                                 c, sec * 1e3)
-                del runner
+        _walk(loaded, (batches, queries, contexts), rnd, rounds, warmup, repeats, times)
     rows = [(w, b, q, c, statistics.median(v), device, pair.dtype, pair.name)
             for (w, b, q, c, device), v in times.items()]
     buf = io.StringIO()

@@ -44,9 +44,15 @@ class SimExecutor(Executor):
         self.acceptance = acceptance
         self.rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x51D]))
         acceptance.reset(self.rng)
-        self.ctx = np.empty(0, np.int64)   # tokens in each row's KV cache
-        self.lag = np.empty(0, np.int64)   # tokens the draft's cache lacks (draft_catch_up)
+        self.rows = None
         self._conf = self._acc = None      # this step's (confidence, accepted) block
+
+    def attach(self, rows):
+        rows.add("sim_ctx")        # tokens in each row's KV cache
+        rows.add("sim_lag")        # tokens the draft's cache lacks (draft_catch_up)
+        self.acceptance.attach(rows)
+        self.rows = rows
+
 
     def _pad(self, ctx, q=None):
         """(ctx, q) as the padded forward runs them: every row at the largest context and query."""
@@ -64,70 +70,68 @@ class SimExecutor(Executor):
         clk = self.clock_cost.target_forward if which == "target" else self.clock_cost.draft_forward
         return clk(ctx, q)[0], flops
 
-    def prefill(self, requests):
+    def prefill(self, requests, new):
         plen = np.array([r.prompt_len for r in requests], np.int64)
         zeros = np.zeros_like(plen)
         t1, f1 = self._forward("target", zeros, plen)
         t2, f2 = self._forward("draft", zeros, plen)
-        self.ctx = np.concatenate([self.ctx, plen])
+        self.rows.sim_ctx[new] = plen
         if self.catch_up:   # the draft prefilled the prompt; the target's first token is not in its cache
-            self.lag = np.concatenate([self.lag, np.ones_like(plen)])
-        self.acceptance.admit(np.fromiter((r.request_id for r in requests), np.int64, len(requests)))
+            self.rows.sim_lag[new] = 1
+        self.acceptance.admit(np.fromiter((r.request_id for r in requests), np.int64, len(requests)), new)
         return t1 + t2, f1, f2
 
     def _sample(self, k: int):
-        self._conf, self._acc = self.acceptance.sample(self.ctx.size, k)
+        self._conf, self._acc = self.acceptance.sample(self.rows.n, k)
 
     def peek_accepted(self, k):
         self._sample(k)
         return _k.leading_run(self._acc)
 
-    def begin_step(self, depths):
-        k = _k.depth_stats(depths)[1] if depths.dtype == np.int64 else int(depths.max(initial=0))
+    def begin_step(self, depths, kmax):
+        k = kmax
         if k and (self._acc is None or self._acc.shape[1] < k):
             self._sample(k)
 
     def draft(self, rows, position):
-        q = self.lag[rows] if self.catch_up and position == 0 else None
-        t, f = self._forward("draft", self.ctx[rows] + position, q)
+        r = self.rows
+        q = r.sim_lag[rows] if self.catch_up and position == 0 else None
+        t, f = self._forward("draft", r.sim_ctx[rows] + position, q)
         return self._conf[rows, position], t + self.position_overhead_s, f
 
     def draft_block(self, depths):
         if self.catch_up:   # position 0 with each row's catch-up tokens, then one token per position
             m = np.flatnonzero(depths > 0)
-            t, f = self._forward("draft", self.ctx[m], self.lag[m])
-            ctx, rest = self.ctx[m] + 1, depths[m] - 1
+            t, f = self._forward("draft", self.rows.sim_ctx[m], self.rows.sim_lag[m])
+            ctx, rest = self.rows.sim_ctx[m] + 1, depths[m] - 1
             f += self.cost.draft_positions(ctx, rest)[1]
             if self.pad_ragged:
                 ctx = self._pad(ctx)[0]
             t += self.clock_cost.draft_positions(ctx, rest)[0]
         elif self._exact:
-            t, f = self.cost.draft_positions(self.ctx, depths)
+            t, f = self.cost.draft_positions(self.rows.sim_ctx, depths)
         else:
-            f = self.cost.draft_positions(self.ctx, depths)[1]
-            ctx = self._pad(self.ctx)[0] if self.pad_ragged else self.ctx
+            ctx = self.rows.sim_ctx
+            f = self.cost.draft_positions(ctx, depths)[1]
+            ctx = self._pad(ctx)[0] if self.pad_ragged else ctx
             t = self.clock_cost.draft_positions(ctx, depths)[0]
         if self.position_overhead_s:
             t += self.position_overhead_s * int(depths.max(initial=0))
         return t, f
 
     def verify(self, drafted):
-        t, f = self._forward("target", self.ctx, drafted + 1)
+        ctx = self.rows.sim_ctx
+        t, f = self._forward("target", ctx, drafted + 1)
         t += self.step_overhead_s
         if self._acc is None:   # nothing drafted this step: one token each
             accepted = np.zeros_like(drafted)
-            self.ctx += 1
+            ctx += 1
         else:
             # leading accepted positions, at most the drafts; ctx advances by those + 1
-            accepted = _k.leading_accepted(self._acc, drafted, self.ctx)
+            accepted = _k.leading_accepted(self._acc, drafted, ctx)
             self._conf = self._acc = None
         if self.catch_up:
-            self.lag = np.where(drafted > 0, 1 + (accepted >= drafted), self.lag + 1)
+            lag = self.rows.sim_lag
+            lag[:] = np.where(drafted > 0, 1 + (accepted >= drafted), lag + 1)
         self.acceptance.commit(drafted, accepted)
         return accepted, t, f
-
-    def retire(self, keep):
-        self.ctx = self.ctx[keep]
-        if self.catch_up:
-            self.lag = self.lag[keep]
-        self.acceptance.retire(keep)

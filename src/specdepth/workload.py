@@ -1,6 +1,7 @@
 """Workloads: the requests a run serves (arrival time, prompt length, output length, optional token ids)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,3 +209,72 @@ class Dataset(Workload):
             est = max(1, int(round(len(text) / self.chars_per_token)))
             out.append(Request(i, float(arrivals[i]), est, int(o[i]), text=text))
         return out
+
+
+# ---- token ids for a real backend -------------------------------------------------------------------------
+def prompt_pool(path, tokenizer) -> list[list[int]]:
+    """model.prompts: a JSONL file of prompts ({"text": ...}, {"prompt": ...}, {"prompt_ids": [...]} or a
+    JSON string per line), tokenized; synthesized prompts are cut from these."""
+    p = Path(str(path))
+    if not p.is_file():
+        raise ConfigError(f"model.prompts: file not found: {p}")
+    pool = []
+    with p.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{p}:{lineno}: invalid JSON ({e})") from None
+            if isinstance(rec, dict) and rec.get("prompt_ids") is not None:
+                ids = [int(x) for x in rec["prompt_ids"]]
+            else:
+                text = rec if isinstance(rec, str) else (rec.get("text") or rec.get("prompt"))
+                if not isinstance(text, str):
+                    raise ConfigError(f"{p}:{lineno}: expected 'text', 'prompt' or 'prompt_ids'")
+                ids = tokenizer(text)["input_ids"]
+            if ids:
+                pool.append(ids)
+    if not pool:
+        raise ConfigError(f"model.prompts: {p} holds no prompts")
+    return pool
+
+
+def with_prompt_ids(requests: list[Request], tokenizer, vocab: int, seed: int, pool_path=None) -> list[Request]:
+    """New requests carrying token ids (the given ones are not modified): their prompt_ids (checked
+    against the vocabulary), their text tokenized, or prompt_len tokens synthesized: cut from the
+    model.prompts pool (`pool_path`) when there is one, else random non-special tokens (seeded)."""
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x9F3]))
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    pool = None
+    out = []
+    for r in requests:
+        where = f"request {r.request_id}"
+        if r.prompt_ids is not None:
+            ids = [int(x) for x in r.prompt_ids]
+            if any(x < 0 or x >= vocab for x in ids):
+                raise ConfigError(f"{where}: prompt_ids hold a token id outside the vocabulary [0, {vocab})")
+        elif r.text is not None:
+            ids = tokenizer(r.text)["input_ids"]
+        elif r.prompt_len >= 1:
+            if pool is None:
+                pool = prompt_pool(pool_path, tokenizer) if pool_path else False
+            ids = _synthesize(r, pool, rng, vocab, special)
+        else:
+            ids = []
+        if not ids:
+            raise ConfigError(f"{where}: empty prompt (no tokens to condition on)")
+        out.append(dataclasses.replace(r, prompt_ids=ids, prompt_len=len(ids)))
+    return out
+
+
+def _synthesize(r: Request, pool, rng, vocab: int, special: set) -> list[int]:
+    if pool:
+        ids, j = [], r.request_id
+        while len(ids) < r.prompt_len:
+            ids.extend(pool[j % len(pool)])
+            j += 1
+        return ids[:r.prompt_len]
+    allowed = np.setdiff1d(np.arange(vocab), np.fromiter(special, np.int64, len(special)))
+    return rng.choice(allowed if allowed.size else np.arange(vocab), r.prompt_len).tolist()

@@ -1,0 +1,224 @@
+"""One causal LM behind the real backend's forward path: `Runner` (a forward over some rows, each with its
+own cache length and number of new tokens) over a `SlotCache` (a transformers-compatible KV cache of
+preallocated per-layer buffers). Used by the hf executor, specdepth-profile and the perf experiments.
+
+KV caches. Each model keeps its keys/values in a `SlotCache`: per layer one preallocated buffer
+[rows, kv_heads, length, head_dim], row i = the engine's row i. Every forward writes its new keys at each
+row's own positions (`lens[i] + t`) and attends through an explicit 4D boolean mask, with explicit
+position_ids. A row's cache length is a number, not a tensor shape: rejecting drafts just lowers the
+number, and the next forward overwrites the stale slots. So the prefix is never recomputed, nothing is
+cropped or copied per step, and the buffers never grow past the longest sequence plus max_depth + 1.
+Rows move only when the engine retires finished sequences (the rows after the first retired one are
+compacted, as the engine's row table does with its columns). Ragged batches (different prompt lengths,
+different draft depths, a draft lagging after depth-0 steps) are right-padded; padded queries attend to
+finite values and their outputs are ignored.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .errors import BackendError
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - depends on the install
+        raise BackendError("backend=hf needs torch and transformers: pip install 'specdepth[hf]'") from None
+    return torch
+
+
+# ---------------------------------------------------------------------------------------------------------
+class SlotCache:
+    """A transformers-compatible KV cache (duck-typed: `update` and `get_seq_length`) over preallocated
+    per-layer buffers. Before each forward, `bind(rows, pos, kv_len)` says which rows run, where each
+    query token's key goes (pos [m, Q]) and how many key slots attention reads (kv_len)."""
+
+    is_compileable = False
+
+    def __init__(self, max_rows: int, max_len: int):
+        self.max_rows, self.max_len = max_rows, max_len
+        self.cap_rows, self.cap_len = 0, 0      # the capacity the buffers must have at the next update
+        self.k: dict[int, object] = {}
+        self.v: dict[int, object] = {}
+        self._bound = None
+        self._dev: dict = {}
+        self._ar: dict = {}
+
+    def reserve(self, rows: int, length: int) -> None:
+        """Make room for `rows` rows of `length` slots (grown by doubling, never beyond the maxima)."""
+        if rows > self.cap_rows:
+            self.cap_rows = min(self.max_rows, max(rows, 2 * self.cap_rows))
+        if length > self.cap_len:
+            self.cap_len = min(self.max_len, max(length, 2 * self.cap_len, 64))
+        if rows > self.cap_rows or length > self.cap_len:
+            raise BackendError(f"internal: cache too small ({rows} x {length} > {self.cap_rows} x {self.cap_len})")
+
+    def bind(self, rows, pos, kv_len: int) -> None:
+        self._bound = (rows, pos, kv_len)
+        self._dev = {}
+
+    def _index(self, device):
+        d = self._dev.get(device)
+        if d is None:
+            rows, pos, _ = self._bound
+            pos = pos.to(device, non_blocking=True)
+            if isinstance(rows, slice):
+                b = rows.stop - rows.start
+                d = (None, self._arange(b, device), pos)
+            else:
+                rows = rows.to(device, non_blocking=True)
+                d = (rows, rows[:, None], pos)
+            self._dev[device] = d
+        return d
+
+    def _arange(self, b, device):
+        torch = _torch()
+        key = (device, b)
+        a = self._ar.get(key)
+        if a is None:
+            a = self._ar[key] = torch.arange(b, device=device)[:, None]
+        return a
+
+    def _buffers(self, layer: int, k):
+        K = self.k.get(layer)
+        if K is None or K.shape[0] < self.cap_rows or K.shape[2] < self.cap_len:
+            torch = _torch()
+            shape = (self.cap_rows, k.shape[1], self.cap_len, k.shape[3])
+            nk = torch.zeros(shape, dtype=k.dtype, device=k.device)
+            nv = torch.zeros(shape, dtype=k.dtype, device=k.device)
+            if K is not None:
+                r, l = K.shape[0], K.shape[2]
+                nk[:r, :, :l] = K
+                nv[:r, :, :l] = self.v[layer]
+            self.k[layer], self.v[layer] = nk, nv
+        return self.k[layer], self.v[layer]
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        K, V = self._buffers(layer_idx, key_states)
+        rows, pos_rows, pos = self._index(key_states.device)
+        kv_len = self._bound[2]
+        kt, vt = key_states.transpose(1, 2), value_states.transpose(1, 2)   # [m, Q, H, d]
+        if rows is None:   # a contiguous block of rows: views, no copy
+            s = self._bound[0]
+            Kb, Vb = K[s], V[s]
+            Kb[pos_rows, :, pos] = kt
+            Vb[pos_rows, :, pos] = vt
+            return Kb[:, :, :kv_len], Vb[:, :, :kv_len]
+        K[pos_rows, :, pos] = kt
+        V[pos_rows, :, pos] = vt
+        return K[rows, :, :kv_len], V[rows, :, :kv_len]
+
+    def get_seq_length(self, *args, **kwargs) -> int:
+        return 0
+
+    def compact(self, src, start: int, used_len: int) -> None:
+        """Rows start.. take the contents of rows `src` (a LongTensor of indices >= start, ascending)."""
+        for layer in list(self.k):
+            K, V = self.k[layer], self.v[layer]
+            idx = src.to(K.device)
+            m = idx.shape[0]
+            K[start:start + m, :, :used_len] = K[idx, :, :used_len]
+            V[start:start + m, :, :used_len] = V[idx, :, :used_len]
+
+    @property
+    def allocated_len(self) -> int:
+        return max((K.shape[2] for K in self.k.values()), default=0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+class Runner:
+    """One causal LM plus its SlotCache: a forward over some rows, each with its own cache length and its
+    own number of new tokens. Also used by specdepth-profile."""
+
+    def __init__(self, model, max_rows: int, max_len: int):
+        torch = _torch()
+        self.torch = torch
+        self.model = model
+        # padded queries of a ragged forward may reach past the longest sequence: twice the room
+        self.cache = SlotCache(max_rows, 2 * max_len)
+        self.device = model.get_input_embeddings().weight.device
+        self.cuda = self.device.type == "cuda"
+        cfg = model.config
+        self.vocab = int(model.get_output_embeddings().weight.shape[0])
+        # the decoder + LM head split lets us compute logits only where needed (last valid position)
+        self._decoder = getattr(model, "model", None)
+        self._head = model.get_output_embeddings()
+        if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None) \
+                or self._decoder is None or not callable(self._head):
+            self._decoder = None
+        self.forward_s = 0.0
+        self.calls = 0
+        self._events: list = []
+        self._qar: dict = {}
+
+    def _q(self, Q: int):
+        a = self._qar.get(Q)
+        if a is None:
+            a = self._qar[Q] = self.torch.arange(Q, device=self.device)
+        return a
+
+    def forward(self, rows, tokens: np.ndarray, lens: np.ndarray, qlens: np.ndarray | None = None,
+                want: str = "last"):
+        """rows: np.ndarray of row indices (ascending) or a slice; tokens [m, Q] int (right-padded);
+        lens [m] tokens already cached per row; qlens [m] valid new tokens per row (None = all Q).
+        want: "last" -> logits [m, V] at each row's last valid token; "all" -> [m, Q, V]; "none" -> None."""
+        torch = self.torch
+        m, Q = tokens.shape
+        kv_len = int(lens.max()) + Q
+        if isinstance(rows, np.ndarray):
+            rows = _rows_arg(torch, rows, self.device)
+        end = rows.stop if isinstance(rows, slice) else int(rows.max()) + 1
+        self.cache.reserve(end, kv_len)
+        lens = torch.from_numpy(np.ascontiguousarray(lens)).to(self.device, non_blocking=True)
+        tokens = torch.from_numpy(np.ascontiguousarray(tokens)).to(self.device, non_blocking=True)
+        pos = lens[:, None] + self._q(Q)[None, :]                               # [m, Q]
+        mask = self._q(kv_len)[None, None, :] <= pos[:, :, None]               # causal over each row's slots
+        self.cache.bind(rows, pos, kv_len)
+        if self.cuda:
+            ev0 = torch.cuda.Event(enable_timing=True)
+            ev1 = torch.cuda.Event(enable_timing=True)
+            ev0.record()
+        else:
+            t0 = time.perf_counter()
+        kw = dict(input_ids=tokens, attention_mask=mask[:, None], position_ids=pos, cache=self.cache,
+                  use_cache=True)
+        if want == "last" and self._decoder is not None:
+            h = self._decoder(**kw).last_hidden_state
+            if qlens is None:
+                h = h[:, -1]
+            else:
+                h = h[self._q(m), torch.from_numpy(qlens - 1).to(self.device)]
+            out = self._head(h)
+        elif want == "none" and self._decoder is not None:
+            self._decoder(**kw)
+            out = None
+        else:
+            out = self.model(**kw).logits
+            if want == "last":
+                out = (out[:, -1] if qlens is None
+                       else out[self._q(m), torch.from_numpy(qlens - 1).to(self.device)])
+            elif want == "none":
+                out = None
+        self.calls += 1
+        if self.cuda:
+            ev1.record()
+            self._events.append((ev0, ev1))
+        else:
+            self.forward_s += time.perf_counter() - t0
+        return out
+
+    def collect(self) -> None:
+        """After a synchronize: add the CUDA-event times of the forwards since the last call."""
+        for a, b in self._events:
+            self.forward_s += a.elapsed_time(b) / 1e3
+        self._events.clear()
+
+
+def _rows_arg(torch, rows: np.ndarray, device):
+    """A slice when `rows` is a contiguous block (views into the cache), else an index tensor."""
+    if rows.size and int(rows[-1]) - int(rows[0]) + 1 == rows.size:
+        return slice(int(rows[0]), int(rows[-1]) + 1)
+    return torch.as_tensor(rows, device=device)

@@ -1,0 +1,120 @@
+"""The running batch's per-row state: one table that owns row order and retirement.
+
+Row i is one running sequence, the same sequence in every column. The engine, the executor and the
+acceptance model each declare their columns on the run's one `RowTable` (`add`) and read them back by name
+(`rows.generated`, `rows.sim_ctx`, ...): live views of the first `rows.n` rows, valid until the table next
+grows or retires rows (read them again after that; never keep a view across steps). Admission appends rows
+at the end (`grow`); retirement (`keep`) calls the hooks registered with `on_retire` (state that is not a
+column: KV caches, finished outputs) and then moves the kept rows of every column to the front, in order,
+in one compiled pass per storage block. Nobody mirrors anybody else's retirement.
+
+Storage: the 1D int64 and float64 columns live as the rows of one preallocated matrix per dtype (each
+column contiguous), wide columns ([rows, width], e.g. the history rings) in their own arrays; capacity
+doubles when the batch outgrows it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _kernels as _k
+
+
+class RowTable:
+    def __init__(self, capacity: int = 8):
+        self.n = 0
+        self._cap = max(int(capacity), 1)
+        self._flat: dict[str, tuple[type, int]] = {}      # name -> (dtype, index in its dtype's matrix)
+        self._fill = {np.int64: [], np.float64: []}
+        self._mat = {np.int64: np.zeros((0, self._cap), np.int64), np.float64: np.zeros((0, self._cap))}
+        self._wide: dict[str, tuple[np.ndarray, object]] = {}   # name -> (storage [cap, width], fill)
+        self._names = {np.int64: [], np.float64: []}              # flat column names in matrix order
+        self._hooks: list = []
+        self._stale = False
+        self.version = 0   # changes whenever the views do: a cache of views is valid while it holds
+
+    # ---- declaring columns ------------------------------------------------------------------------
+    def add(self, name: str, dtype=np.int64, fill=0, width: int | None = None) -> None:
+        """Declare a column (before rows exist). width: a [rows, width] column (dtype int64 or float64)."""
+        if name in self._flat or name in self._wide or hasattr(type(self), name):
+            raise ValueError(f"RowTable: column {name!r} exists already (or is a reserved name)")
+        if self.n:
+            raise ValueError(f"RowTable: add column {name!r} before any row is admitted")
+        dt = np.dtype(dtype).type
+        if dt not in self._mat:
+            raise ValueError(f"RowTable: column {name!r}: dtype must be int64 or float64")
+        if width is not None:
+            self._wide[name] = (np.full((self._cap, int(width)), fill, dt), fill)
+        else:
+            m = self._mat[dt]
+            self._flat[name] = (dt, m.shape[0])
+            self._names[dt].append(name)
+            self._fill[dt].append(fill)
+            self._mat[dt] = np.vstack([m, np.full((1, self._cap), fill, dt)])
+        self._views()
+
+    def on_retire(self, hook) -> None:
+        """hook(keep): called by `keep` before the rows move (row i is still row i); keep[i] False = leaving."""
+        self._hooks.append(hook)
+
+    # ---- rows -------------------------------------------------------------------------------------
+    def grow(self, m: int) -> slice:
+        """Append m rows at their columns' fill values; returns the slice of the new rows."""
+        n = self.n
+        if n + m > self._cap:
+            self._resize(max(n + m, 2 * self._cap))
+        for dt, mat in self._mat.items():
+            if mat.shape[0]:
+                mat[:, n:n + m] = np.asarray(self._fill[dt], dt)[:, None]
+        for arr, fill in self._wide.values():
+            arr[n:n + m] = fill
+        self.n = n + m
+        self._views()
+        return slice(n, n + m)
+
+    def keep(self, keep: np.ndarray, refresh: bool = True) -> None:
+        """Retire the rows where keep is False: hooks first, then every column compacts in place.
+        refresh=False leaves the views stale until the next `grow` or `sync` (the engine's loop admits
+        right after retiring: one refresh instead of two)."""
+        for hook in self._hooks:
+            hook(keep)
+        m = None
+        for mat in self._mat.values():
+            if mat.shape[0]:
+                m = _k.compact_columns(keep, mat)
+        for arr, _ in self._wide.values():
+            m = _k.compact_rows(keep, arr)
+        self.n = int(np.count_nonzero(keep)) if m is None else int(m)
+        if refresh:
+            self._views()
+        else:
+            self._stale = True
+
+    def sync(self) -> None:
+        """Refresh the views after keep(..., refresh=False)."""
+        if self._stale:
+            self._views()
+
+    def _resize(self, cap: int) -> None:
+        for dt, mat in self._mat.items():
+            new = np.zeros((mat.shape[0], cap), dt)
+            new[:, :self.n] = mat[:, :self.n]
+            self._mat[dt] = new
+        for name, (arr, fill) in self._wide.items():
+            new = np.full((cap, arr.shape[1]), fill, arr.dtype)
+            new[:self.n] = arr[:self.n]
+            self._wide[name] = (new, fill)
+        self._cap = cap
+
+    def _views(self) -> None:
+        n = self.n
+        d = self.__dict__
+        for dt, mat in self._mat.items():
+            d.update(zip(self._names[dt], mat[:, :n]))   # row j of the matrix: column j's values
+        for name, (arr, _) in self._wide.items():
+            d[name] = arr[:n]
+        self._stale = False
+        self.version += 1
+
+    @property
+    def columns(self) -> list[str]:
+        return [*self._flat, *self._wide]
