@@ -262,9 +262,10 @@ def keyed_block(key, ids, pos, k, level, logit_normal, spread, calibration):
 
 
 @njit(cache=True, nogil=True)
-def roofline_positions(ctx, depths, a, b, w, kv, inv_f, inv_b, oh):
+def roofline_positions(ctx, depths, a, b, w, kv, inv_f, inv_b, oh, ca):
     """RooflineCost.draft_positions in one pass: (seconds, flops) of the draft forwards of a step, at
-    position p one token for each row with depths > p at context ctx + p (same arithmetic, same order)."""
+    position p one token for each row with depths > p at context ctx + p (same arithmetic, same order;
+    ca: communication seconds per token, 0 on one GPU)."""
     n_ge, c_ge = position_counts(ctx, depths)
     seconds = 0.0
     flops = 0.0
@@ -273,6 +274,6 @@ def roofline_positions(ctx, depths, a, b, w, kv, inv_f, inv_b, oh):
         c = float(c_ge[p]) + p * n
         f = a * n + b * (c + n)
         mem = w + kv * (c + n)
-        seconds += max(f * inv_f, mem * inv_b) + oh
+        seconds += max(f * inv_f, mem * inv_b) + oh + ca * n
         flops += f
     return seconds, flops

@@ -136,7 +136,7 @@ for _j, _name in enumerate(BatchState.FLT):
 
 class Engine:
     def __init__(self, policy: Policy, executor: Executor, cost: CostModel, config: EngineConfig,
-                 requests: list[Request]):
+                 requests: list[Request], capacity=None):
         if not isinstance(policy, Policy):
             raise ConfigError(f"policy must subclass specdepth.Policy, got {type(policy).__name__}")
         if policy.requires_oracle and not executor.supports_oracle:
@@ -147,6 +147,13 @@ class Engine:
         self.budget = config.resolve_budget(cost)
         self._pname = type(policy).__name__
         executor.check(self.requests)
+        self.capacity = capacity   # capacity.Capacity: context and KV-memory limits (issue 16)
+        if capacity is not None:
+            capacity.check(self.requests)
+
+    def _room(self, st: BatchState, nxt: int, limit: int) -> int:
+        """How many waiting requests (from nxt, at most limit) the KV memory admits now."""
+        return limit if self.capacity is None else self.capacity.room(st.plen, st.olen, nxt, limit)
 
     # ---- validation of policy answers ----------------------------------------------------------
     def _bad(self, rule: str):
@@ -211,9 +218,10 @@ class Engine:
             prefill_s = tfl = dfl = 0.0
             admitted = 0
             # -- admission: every arrived request, up to the batch and token limits
-            if nxt < nreq and st.n < cap and reqs[nxt].arrival_s <= clock:
+            if (nxt < nreq and st.n < cap and reqs[nxt].arrival_s <= clock
+                    and (room := self._room(st, nxt, cap - st.n)) > 0):   # room: the requests that fit
                 end = nxt
-                while end < nreq and end - nxt < cap - st.n and reqs[end].arrival_s <= clock:
+                while end < nreq and end - nxt < room and reqs[end].arrival_s <= clock:
                     end += 1
                 new = reqs[nxt:end]
                 nxt, admitted = end, end - nxt
@@ -325,6 +333,8 @@ class Engine:
                 n_done = int(np.count_nonzero(done))
             # -- retire finished sequences
             if n_done:
+                if self.capacity is not None:   # the KV held peaks just before a retirement
+                    self.capacity.observe(st.plen, st.gen)
                 for i in np.flatnonzero(done):
                     rid, plen, g, olen, adm, rdr, racc = st.I[i].tolist()
                     arr, first = float(st.F[i, 0]), float(st.F[i, 1])
