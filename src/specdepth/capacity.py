@@ -140,10 +140,12 @@ class Capacity:
         running ones (their prompt and output lengths), each reserving prompt + output + max_depth tokens."""
         if not self.memory:
             return limit
-        used = _k.int_sum(plen) + _k.int_sum(olen) + plen.shape[0] * self.max_depth
         cum = self._cum
-        end = int(np.searchsorted(cum, cum[nxt] + self.kv_tokens - used, side="right")) - 1
-        return max(0, min(end - nxt, limit))
+        top = cum[nxt] + self.kv_tokens - (_k.int_sum(plen) + _k.int_sum(olen) + plen.shape[0] * self.max_depth)
+        last = min(nxt + limit, cum.shape[0] - 1)
+        if cum[last] <= top:   # the common case: every candidate fits
+            return last - nxt
+        return max(0, min(int(np.searchsorted(cum, top, side="right")) - 1 - nxt, limit))
 
     def observe(self, plen: np.ndarray, gen: np.ndarray) -> None:
         """Record the KV the running requests hold (prompt + generated tokens); the engine calls it before
