@@ -195,14 +195,18 @@ def test_model_arch_from_config_json(tmp_path):
 
 @pytest.mark.parametrize("group,options", [
     ("hardware", ["a100_80g", "h100_sxm", "h200", "b200"]),
-    ("model", ["llama3_8b", "llama3_70b", "qwen2_5_7b"]),
+    ("model", ["llama3_8b", "llama3_70b", "qwen2_5_7b", "qwen3_30b_a3b", "qwen3_235b_a22b"]),
+    ("parallel", ["default"]),
     ("acceptance", ["iid", "beta", "confidence"]),
     ("cost", ["roofline", "constant"]),
     ("policy", ["none", "fixed", "batch_scaled", "confidence"]),
 ])
 def test_every_config_option_builds(tmp_path, group, options):
+    # models that do not fit one H100 run on the tensor-parallel group they need
+    deploy = {"llama3_70b": ["parallel.tensor=4"], "qwen3_235b_a22b": ["parallel.tensor=8", "hardware=h200"]}
     for opt in options:
-        s = run_sim(tmp_path / opt, f"{group}={opt}", "workload.batch_size=2", "workload.output_len=8")
+        s = run_sim(tmp_path / opt, f"{group}={opt}", "workload.batch_size=2", "workload.output_len=8",
+                    *deploy.get(opt, []))
         assert s["output_tokens"] == 16
 
 

@@ -276,22 +276,24 @@ def keyed_block(key, ids, pos, k, level, logit_normal, spread, calibration):
     return conf, acc
 
 
-def roofline_seconds(flops, tokens, ctx_tokens, weight_bytes, kv_bytes, inv_flops, inv_bytes, overhead):
+def roofline_seconds(flops, tokens, ctx_tokens, weight_bytes, kv_bytes, inv_flops, inv_bytes, overhead, comm):
     """The roofline, the one place it is written: a forward over `tokens` new tokens attending to
     `ctx_tokens` cached ones reads every weight once and each token's KV once, and takes
-    max(FLOPs / achieved FLOP/s, bytes / achieved bytes/s) plus a fixed overhead. `cost.RooflineCost` calls
-    this plain Python function; `roofline_positions` calls its compiled twin (`_roofline_seconds`)."""
+    max(FLOPs / achieved FLOP/s, bytes / achieved bytes/s) plus a fixed overhead plus `comm` seconds per
+    token (a tensor-parallel group's all-reduces; 0 on one GPU). All terms are per GPU. `cost.RooflineCost`
+    calls this plain Python function; `roofline_positions` calls its compiled twin (`_roofline_seconds`)."""
     mem = weight_bytes + kv_bytes * (ctx_tokens + tokens)
-    return max(flops * inv_flops, mem * inv_bytes) + overhead
+    return max(flops * inv_flops, mem * inv_bytes) + overhead + comm * tokens
 
 
 _roofline_seconds = njit(cache=True, nogil=True, inline="always")(roofline_seconds)
 
 
 @njit(cache=True, nogil=True)
-def roofline_positions(ctx, depths, a, b, w, kv, inv_f, inv_b, oh):
+def roofline_positions(ctx, depths, a, b, w, kv, inv_f, inv_b, oh, ca):
     """RooflineCost.draft_positions in one pass: (seconds, flops) of the draft forwards of a step, at
-    position p one token for each row with depths > p at context ctx + p (same arithmetic, same order)."""
+    position p one token for each row with depths > p at context ctx + p (same arithmetic, same order;
+    ca: communication seconds per token, 0 on one GPU)."""
     n_ge, c_ge = position_counts(ctx, depths)
     seconds = 0.0
     flops = 0.0
@@ -299,6 +301,6 @@ def roofline_positions(ctx, depths, a, b, w, kv, inv_f, inv_b, oh):
         n = float(n_ge[p])
         c = float(c_ge[p]) + p * n
         f = a * n + b * (c + n)
-        seconds += _roofline_seconds(f, n, c, w, kv, inv_f, inv_b, oh)
+        seconds += _roofline_seconds(f, n, c, w, kv, inv_f, inv_b, oh, ca)
         flops += f
     return seconds, flops

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 import specdepth.conf
 from . import results
 from ._resolvers import run_identity
+from .capacity import Capacity, Parallel
 from .engine import REQUEST_COLUMNS, STEP_COLUMNS, Engine
 from .errors import ConfigError, SpecdepthError, as_int
 from .metrics import summarize
@@ -58,17 +59,23 @@ def build(cfg: DictConfig) -> dict:
     engine_cfg = make(cfg, "engine")
     model = make(cfg, "model")
     hardware = make(cfg, "hardware") if cfg.get("hardware") is not None else None
+    parallel = make(cfg, "parallel") if cfg.get("parallel") is not None else Parallel()
     draft_arch = model.draft_arch or model.target_arch
-    cost = make(cfg, "cost", target=model.target_arch, draft=draft_arch, hardware=hardware)
+    parallel.check(model.target_arch, "target", model.name)
+    parallel.check(draft_arch, "draft", model.name)
+    cost = make(cfg, "cost", target=model.target_arch, draft=draft_arch, hardware=hardware, parallel=parallel)
     acceptance = make(cfg, "acceptance")
     workload = make(cfg, "workload")
     policy = make(cfg, "policy")
     executor = make(cfg, "backend", cost=cost, acceptance=acceptance, model=model, seed=seed,
                     decode=cfg.get("decode"), engine=engine_cfg)
+    parallel.check_backend(executor, cost)
+    # memory limits the simulated deployment; a real backend has the memory of the devices it runs on
+    capacity = Capacity(model, hardware, parallel, engine_cfg.max_depth, memory=executor.clock == "model")
     requests = workload.requests(np.random.default_rng(np.random.SeedSequence([seed, 0x3A7])))
-    engine = Engine(policy, executor, cost, engine_cfg, requests)
+    engine = Engine(policy, executor, cost, engine_cfg, requests, capacity=capacity)
     return dict(seed=seed, engine=engine, model=model, hardware=hardware, cost=cost, acceptance=acceptance,
-                workload=workload, policy=policy, executor=executor)
+                workload=workload, policy=policy, executor=executor, parallel=parallel, capacity=capacity)
 
 
 def _choice(group: str, default: str) -> str:
@@ -151,6 +158,7 @@ def _execute(cfg: DictConfig, run_dir: str | Path, config_yaml: str) -> dict:
     try:
         res = parts["engine"].run()
         summary = summarize(res, **meta)
+        summary["peak_kv_gb"] = parts["capacity"].peak_kv_gb   # per GPU, target + draft KV (issue 16)
         tables = {"steps.csv": (STEP_COLUMNS, res.steps), "requests.csv": (REQUEST_COLUMNS, res.requests)}
         extra = dict(res.extra)
         if res.trace is not None:

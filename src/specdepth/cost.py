@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _kernels as _k
+from .capacity import Parallel, kv_bytes_per_gpu
 from .errors import ConfigError, as_float
 from .models import ModelArch
 
@@ -26,12 +27,18 @@ class Hardware:
     mbu: float = 0.8
     memory_gb: float | None = None
     source: str = ""
+    interconnect_gbs: float | None = None   # GPU-to-GPU bandwidth per direction (NVLink), for tensor parallelism
+    interconnect_source: str = ""
 
     def __post_init__(self):
         as_float(self.peak_tflops, "hardware.peak_tflops", min=0, min_open=True)
         as_float(self.bandwidth_tbs, "hardware.bandwidth_tbs", min=0, min_open=True)
         as_float(self.mfu, "hardware.mfu", min=0, max=1, min_open=True)
         as_float(self.mbu, "hardware.mbu", min=0, max=1, min_open=True)
+        if self.memory_gb is not None:
+            as_float(self.memory_gb, "hardware.memory_gb", min=0, min_open=True)
+        if self.interconnect_gbs is not None:
+            as_float(self.interconnect_gbs, "hardware.interconnect_gbs", min=0, min_open=True)
 
     @property
     def flops_per_s(self) -> float:
@@ -61,6 +68,46 @@ def _sums(ctx: np.ndarray, q: np.ndarray | None):
     c = float(ctx.sum())
     pairs = float(np.dot(q, ctx)) + float(np.dot(q, q + 1)) * 0.5   # causal within the query block
     return t, pairs, c
+
+
+def expected_experts(experts: int, per_token: int, tokens: float, skew: float = 0.0) -> float:
+    """Expected distinct experts a layer touches over `tokens` tokens, each routed to `per_token` of
+    `experts`. skew 0: uniform routing, E (1 - (1 - k/E)^T). skew s > 0: expert e's popularity ~ (e + 1)^-s
+    (Zipf), each token includes it with probability pi_e = min(1, c (e + 1)^-s), sum pi_e = k, and
+    E[distinct] = sum_e 1 - (1 - pi_e)^T."""
+    if tokens <= 0:
+        return 0.0
+    if skew == 0.0:
+        return experts * (1.0 - (1.0 - per_token / experts) ** tokens)
+    w = np.arange(1, experts + 1, dtype=float) ** -skew
+    capped = np.zeros(experts, bool)
+    for _ in range(experts):   # water-filling: cap at 1, spread the rest over the uncapped experts
+        pi = np.where(capped, 1.0, w * (per_token - capped.sum()) / w[~capped].sum())
+        if not (pi > 1.0).any():
+            break
+        capped |= pi > 1.0
+    return float((1.0 - (1.0 - np.minimum(pi, 1.0)) ** tokens).sum())
+
+
+class MoEWeights:
+    """Weight bytes one GPU reads in a forward over `tokens` tokens of a mixture of experts: everything but
+    the routed experts once, plus each layer's expected distinct experts (cached per token count)."""
+
+    def __init__(self, arch: ModelArch, tp: int = 1, skew: float = 0.0):
+        self.arch, self.skew = arch, skew
+        bpp = arch.bytes_per_param
+        self.fixed = (arch.weight_bytes - arch.layers * arch.experts * arch.expert_params * bpp) / tp
+        self.per_expert = arch.layers * arch.expert_params * bpp / tp   # one expert in every layer
+        self._cache: dict[int, float] = {}
+
+    def __call__(self, tokens: float) -> float:
+        t = int(tokens)
+        b = self._cache.get(t)
+        if b is None:
+            a = self.arch
+            b = self.fixed + self.per_expert * expected_experts(a.experts, a.experts_per_token, t, self.skew)
+            self._cache[t] = b
+        return b
 
 
 def forward_flops(arch: ModelArch, ctx: np.ndarray, q: np.ndarray | None = None) -> float:
@@ -146,34 +193,51 @@ class CostModel:
 
 
 class RooflineCost(CostModel):
-    """time = max(FLOPs / (peak x mfu), bytes / (bandwidth x mbu)) + a fixed overhead per forward.
+    """time = max(FLOPs / (peak x mfu), bytes / (bandwidth x mbu)) + communication + a fixed overhead,
+    per GPU of the model's tensor-parallel group (`parallel`; one GPU by default).
 
-    Bytes: every weight once per forward (layers + LM head) and each sequence's KV cache once.
+    Bytes: every weight once per forward (layers + LM head; a mixture of experts: the experts the forward's
+    tokens touch, `moe_skew` shaping the routing) and each sequence's KV cache once, both divided over the
+    group, as are the FLOPs. Communication: the group's all-reduces, seconds per token plus a fixed latency
+    (capacity.Parallel.comm_s); zero on one GPU, where the formula is the single-GPU roofline exactly.
     """
 
     def __init__(self, target: ModelArch, draft: ModelArch | None = None, hardware: Hardware | None = None,
-                 overhead_s: float = 2e-5, draft_overhead_s: float | None = None, **_):
+                 overhead_s: float = 2e-5, draft_overhead_s: float | None = None, parallel=None,
+                 moe_skew: float = 0.0, **_):
         super().__init__(target, draft)
         if hardware is None:
             raise ConfigError("cost=roofline needs a hardware entry (hardware=h100_sxm, ...)")
         self.hardware = hardware
+        self.parallel = parallel if parallel is not None else Parallel()
         self.overhead_s = as_float(overhead_s, "cost.overhead_s", min=0)
         self.draft_overhead_s = (self.overhead_s if draft_overhead_s is None
                                  else as_float(draft_overhead_s, "cost.draft_overhead_s", min=0))
-        self._inv_f = 1.0 / hardware.flops_per_s
+        self.moe_skew = as_float(moe_skew, "cost.moe_skew", min=0)
         self._inv_b = 1.0 / hardware.bytes_per_s
-        self._w = {"target": float(target.weight_bytes), "draft": float(self.draft.weight_bytes)}
-        self._kv = {"target": float(target.kv_bytes_per_token), "draft": float(self.draft.kv_bytes_per_token)}
-        self._oh = {"target": self.overhead_s, "draft": self.draft_overhead_s}
+        self._inv_f, self._w, self._kv, self._oh, self._ca, self._moe = {}, {}, {}, {}, {}, {}
+        for which, arch, oh in (("target", target, self.overhead_s), ("draft", self.draft, self.draft_overhead_s)):
+            tp = self.parallel.degree(which)
+            per_token, per_forward = self.parallel.comm_s(arch, which, hardware.interconnect_gbs)
+            self._inv_f[which] = 1.0 / (hardware.flops_per_s * tp)
+            self._w[which] = float(arch.weight_bytes) / tp
+            self._kv[which] = float(kv_bytes_per_gpu(arch, tp))
+            self._oh[which] = oh + per_forward if tp > 1 else oh
+            self._ca[which] = per_token
+            self._moe[which] = MoEWeights(arch, tp, self.moe_skew) if arch.is_moe else None
 
     def _time(self, which, tokens, flops, ctx_tokens, seqs):
-        return _k.roofline_seconds(flops, tokens, ctx_tokens, self._w[which], self._kv[which], self._inv_f,
-                                   self._inv_b, self._oh[which])
+        moe = self._moe[which]
+        return _k.roofline_seconds(flops, tokens, ctx_tokens, self._w[which] if moe is None else moe(tokens),
+                                   self._kv[which], self._inv_f[which], self._inv_b, self._oh[which],
+                                   self._ca[which])
 
     def draft_positions(self, ctx, depths):
-        if ctx.dtype == np.int64 and depths.dtype == np.int64:   # the base class's sum, in one compiled pass
+        if ctx.dtype == np.int64 and depths.dtype == np.int64 and self._moe["draft"] is None:
+            # the base class's sum, in one compiled pass
             return _k.roofline_positions(ctx, depths, self._df[0], self._df[1], self._w["draft"],
-                                         self._kv["draft"], self._inv_f, self._inv_b, self._oh["draft"])
+                                         self._kv["draft"], self._inv_f["draft"], self._inv_b,
+                                         self._oh["draft"], self._ca["draft"])
         return super().draft_positions(ctx, depths)
 
 

@@ -149,7 +149,7 @@ def engine_rows(history: int, capacity: int = 8) -> RowTable:
 
 class Engine:
     def __init__(self, policy: Policy, executor: Executor, cost: CostModel, config: EngineConfig,
-                 requests: list[Request]):
+                 requests: list[Request], capacity=None):
         if not isinstance(policy, Policy):
             raise ConfigError(f"policy must subclass specdepth.Policy, got {type(policy).__name__}")
         if policy.requires_oracle and not executor.supports_oracle:
@@ -159,6 +159,9 @@ class Engine:
         self.requests = executor.prepare(sorted(requests, key=lambda r: r.arrival_s))
         self.budget = config.resolve_budget(cost)
         self._pname = type(policy).__name__
+        self.capacity = capacity   # capacity.Capacity: the context window and the KV memory admission obeys
+        if capacity is not None:
+            capacity.check(self.requests)
 
     # ---- policy hooks and the validation of their answers ----------------------------------------
     def _hook(self, hook: str, *args):
@@ -257,6 +260,8 @@ class Engine:
         rows, now, arrivals = self.rows, self.clock.now, self._arrivals
         start = end = self._next
         room = self._cap - rows.n
+        if self.capacity is not None and room and start < len(arrivals) and arrivals[start] <= now:
+            room = self.capacity.room(rows.prompt_len, rows.output_len, start, room)   # what the KV memory fits
         while end < len(arrivals) and end - start < room and arrivals[end] <= now:
             end += 1
         s.now_s = now
@@ -367,6 +372,8 @@ class Engine:
     def _leave(self, keep: np.ndarray) -> None:
         """Requests where keep is False finish now: their request rows, then the table drops them."""
         r, now, out = self.rows, self.clock.now, self.res.requests
+        if self.capacity is not None:   # the KV the batch holds peaks just before requests leave
+            self.capacity.observe(r.prompt_len, r.generated)
         for i in np.flatnonzero(~keep).tolist():
             first, arr, g = float(r.first_token_s[i]), float(r.arrival_s[i]), int(r.generated[i])
             row = dict(request_id=int(r.request_id[i]), prompt_len=int(r.prompt_len[i]),

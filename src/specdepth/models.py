@@ -18,7 +18,11 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "fp8": 1}
 
 @dataclass(frozen=True)
 class ModelArch:
-    """Decoder-only transformer shape (Llama family: GQA attention, gated MLP)."""
+    """Decoder-only transformer shape (Llama family: GQA attention, gated MLP), dense or a mixture of
+    experts: with `experts` > 0 every layer's MLP is `experts` routed experts of width
+    `expert_intermediate`, `experts_per_token` of them active per token, plus `shared_experts` always-active
+    experts of the same width (`intermediate` is then unused). `max_context`: the longest sequence (prompt +
+    output) the model takes (config.json's max_position_embeddings); None = unchecked."""
 
     layers: int
     hidden: int
@@ -29,6 +33,11 @@ class ModelArch:
     head_dim: int | None = None
     tie_embeddings: bool = False
     dtype: str = "bfloat16"
+    max_context: int | None = None
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate: int | None = None
+    shared_experts: int = 0
 
     @classmethod
     def build(cls, spec, key: str) -> "ModelArch":
@@ -57,7 +66,27 @@ class ModelArch:
             raise ConfigError(f"{key}.kv_heads ({out['kv_heads']}) must divide heads ({out['heads']})")
         out["tie_embeddings"] = bool(spec.get("tie_embeddings", False))
         out["dtype"] = as_choice(spec.get("dtype", "bfloat16"), f"{key}.dtype", DTYPE_BYTES)
+        if spec.get("max_context") is not None:
+            out["max_context"] = as_int(spec["max_context"], f"{key}.max_context", min=1)
+        out.update(cls._moe_spec(spec, key))
         return cls(**out)
+
+    @staticmethod
+    def _moe_spec(spec: dict, key: str) -> dict:
+        """The mixture-of-experts numbers of a spec, validated ({} for a dense model)."""
+        experts = as_int(spec.get("experts") or 0, f"{key}.experts", min=0)
+        if not experts:
+            for name in ("experts_per_token", "expert_intermediate", "shared_experts"):
+                if spec.get(name):
+                    raise ConfigError(f"{key}.{name} is set but {key}.experts is 0 (a dense model)")
+            return {}
+        if spec.get("expert_intermediate") is None:
+            raise ConfigError(f"{key}.expert_intermediate (each expert's MLP width) is missing for a mixture of experts")
+        return dict(experts=experts,
+                    experts_per_token=as_int(spec.get("experts_per_token"), f"{key}.experts_per_token",
+                                             min=1, max=experts),
+                    expert_intermediate=as_int(spec["expert_intermediate"], f"{key}.expert_intermediate", min=1),
+                    shared_experts=as_int(spec.get("shared_experts") or 0, f"{key}.shared_experts", min=0))
 
     @classmethod
     def from_hf_config(cls, path: str | Path, key: str, dtype: str | None = None) -> "ModelArch":
@@ -75,7 +104,9 @@ class ModelArch:
             spec = dict(layers=c["num_hidden_layers"], hidden=c["hidden_size"], heads=c["num_attention_heads"],
                         kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
                         intermediate=c["intermediate_size"], vocab=c["vocab_size"], head_dim=c.get("head_dim"),
-                        tie_embeddings=c.get("tie_word_embeddings", False))
+                        tie_embeddings=c.get("tie_word_embeddings", False),
+                        max_context=c.get("max_position_embeddings"))
+            spec.update(_hf_moe(c))
         except KeyError as e:
             raise ConfigError(f"{cfg_file}: missing {e.args[0]!r}, cannot derive {key}") from None
         dt = dtype or str(c.get("torch_dtype") or c.get("dtype") or "bfloat16").replace("torch.", "")
@@ -92,14 +123,41 @@ class ModelArch:
         return DTYPE_BYTES[self.dtype]
 
     @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def attn_params(self) -> int:
+        return self.hidden * self.hd * (self.heads * 2 + self.kv_heads * 2)  # q, o, k, v projections
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert's gated MLP (gate, up, down) in one layer."""
+        return 3 * self.hidden * (self.expert_intermediate or 0)
+
+    @property
     def layer_params(self) -> int:
-        attn = self.hidden * self.hd * (self.heads * 2 + self.kv_heads * 2)  # q, o, k, v projections
+        """Every parameter of one layer (MoE: all experts and the router)."""
+        if self.is_moe:
+            moe = (self.experts + self.shared_experts) * self.expert_params + self.hidden * self.experts
+            return self.attn_params + moe
         mlp = 3 * self.hidden * self.intermediate                             # gate, up, down
-        return attn + mlp
+        return self.attn_params + mlp
+
+    @property
+    def active_layer_params(self) -> int:
+        """Parameters one token multiplies in one layer (MoE: its experts, the shared ones, the router)."""
+        if not self.is_moe:
+            return self.layer_params
+        active = (self.experts_per_token + self.shared_experts) * self.expert_params + self.hidden * self.experts
+        return self.attn_params + active
 
     @property
     def matmul_params(self) -> int:
-        """Parameters multiplied per token: every layer plus the LM head (embedding lookup is free)."""
+        """Parameters multiplied per token: every layer plus the LM head (embedding lookup is free).
+        MoE: the activated parameters only."""
+        if self.is_moe:
+            return self.layers * self.active_layer_params + self.vocab * self.hidden
         return self.layers * self.layer_params + self.vocab * self.hidden
 
     @property
@@ -109,8 +167,16 @@ class ModelArch:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes streamed from memory per forward: every layer's weights and the LM head, once."""
+        """Bytes streamed from memory per forward: every layer's weights and the LM head, once (MoE: with
+        every expert, the most a forward reads; cost.MoEWeights counts the experts a forward touches)."""
+        if self.is_moe:
+            return (self.layers * self.layer_params + self.vocab * self.hidden) * self.bytes_per_param
         return self.matmul_params * self.bytes_per_param
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes the weights occupy in GPU memory (embedding and LM head counted once when tied)."""
+        return self.params * self.bytes_per_param
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -120,6 +186,19 @@ class ModelArch:
     def attn_flops_coeff(self) -> int:
         """FLOPs per (query, key) pair over all layers: QK^T and AV, 2 FLOPs per multiply-add."""
         return 4 * self.layers * self.heads * self.hd
+
+
+def _hf_moe(c: dict) -> dict:
+    """The mixture-of-experts numbers of a config.json (Qwen-MoE, Mixtral and DeepSeek spellings)."""
+    experts = c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0
+    if not experts:
+        return {}
+    width = c.get("moe_intermediate_size") or c["intermediate_size"]   # Mixtral: experts are the MLP
+    shared = c.get("n_shared_experts") or 0
+    if not shared and c.get("shared_expert_intermediate_size"):
+        shared = max(1, round(c["shared_expert_intermediate_size"] / width))
+    return dict(experts=experts, experts_per_token=c.get("num_experts_per_tok"), expert_intermediate=width,
+                shared_experts=shared)
 
 
 class ModelPair:
