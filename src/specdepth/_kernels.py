@@ -244,6 +244,29 @@ def _row_base(key, rid, stream):
     return _mix(np.uint64(key) ^ _mix(np.uint64(rid) * _GOLD + np.uint64(stream)))
 
 
+_TWO32 = 1.0 / 4294967296.0
+_TWO53 = 1.0 / 9007199254740992.0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _keyed_draw(bu, bz, position, level, logit_normal, spread, calibration):
+    """(confidence, accepted) of the draft token for output `position` of the request whose stream bases
+    are bu (stream 0: u) and bz (stream 1: z). See keyed_block."""
+    step = (np.uint64(position) + np.uint64(1)) * _GOLD
+    u = float(_mix(bu + step) >> _S11) * _TWO53
+    if logit_normal:
+        hz = _mix(bz + step)
+        u1 = (float(hz >> np.uint64(32)) + 0.5) * _TWO32
+        u2 = float(hz & np.uint64(0xFFFFFFFF)) * _TWO32
+        z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+        c = 1.0 / (1.0 + np.exp(-(level + spread * z)))
+        p = c if calibration == 1.0 else c ** calibration
+    else:
+        c = level
+        p = c
+    return c, u < p
+
+
 @njit(cache=True, nogil=True)
 def keyed_block(key, ids, pos, k, level, logit_normal, spread, calibration):
     """The acceptance block of the next k draft positions of every row: row i's draft j proposes output
@@ -254,26 +277,30 @@ def keyed_block(key, ids, pos, k, level, logit_normal, spread, calibration):
     n = ids.shape[0]
     conf = np.empty((n, k))
     acc = np.empty((n, k), np.bool_)
-    two32 = 1.0 / 4294967296.0
     for i in range(n):
         bu = _row_base(key, ids[i], 0)
         bz = _row_base(key, ids[i], 1)
         for j in range(k):
-            step = (np.uint64(pos[i] + j) + np.uint64(1)) * _GOLD
-            u = float(_mix(bu + step) >> _S11) * (1.0 / 9007199254740992.0)
-            if logit_normal:
-                hz = _mix(bz + step)
-                u1 = (float(hz >> np.uint64(32)) + 0.5) * two32
-                u2 = float(hz & np.uint64(0xFFFFFFFF)) * two32
-                z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
-                c = 1.0 / (1.0 + np.exp(-(level[i] + spread * z)))
-                p = c if calibration == 1.0 else c ** calibration
-            else:
-                c = level[i]
-                p = c
-            conf[i, j] = c
-            acc[i, j] = u < p
+            conf[i, j], acc[i, j] = _keyed_draw(bu, bz, pos[i] + j, level[i], logit_normal, spread, calibration)
     return conf, acc
+
+
+@njit(cache=True, nogil=True)
+def keyed_leading(key, ids, pos, drafted, level, logit_normal, spread, calibration):
+    """Per row: how many of its drafted[i] drafts the target accepts (the leading accepted run of the same
+    outcomes keyed_block draws), drawing only up to the first rejection."""
+    n = ids.shape[0]
+    out = np.zeros(n, np.int64)
+    for i in range(n):
+        if drafted[i] <= 0:
+            continue
+        bu = _row_base(key, ids[i], 0)
+        bz = _row_base(key, ids[i], 1)
+        r = 0
+        while r < drafted[i] and _keyed_draw(bu, bz, pos[i] + r, level[i], logit_normal, spread, calibration)[1]:
+            r += 1
+        out[i] = r
+    return out
 
 
 def roofline_seconds(flops, tokens, ctx_tokens, weight_bytes, kv_bytes, inv_flops, inv_bytes, overhead, comm):

@@ -74,6 +74,11 @@ class AcceptanceModel:
         """(confidence float[n, k], accepted bool[n, k]) for the next k draft positions of every row."""
         raise NotImplementedError
 
+    def leading(self, drafted: np.ndarray) -> np.ndarray | None:
+        """Optional shortcut when nobody looks at confidences: per row, how many of its drafted[i] next
+        drafts are accepted (the leading run of `sample`'s outcomes). None: not offered (use sample)."""
+        return None
+
     def commit(self, drafted: np.ndarray, accepted: np.ndarray) -> None:
         """After every verify (also one without drafts): row i had drafted[i] drafts verified, accepted[i]
         of them, and emitted accepted[i] + 1 tokens."""
@@ -112,6 +117,11 @@ class Keyed(AcceptanceModel):
         r = self.rows
         return _k.keyed_block(self.key, r.acc_request, r.acc_pos, k, r.acc_level, self.logit_normal, self.spread,
                               self.calibration)
+
+    def leading(self, drafted):
+        r = self.rows
+        return _k.keyed_leading(self.key, r.acc_request, r.acc_pos, drafted, r.acc_level, self.logit_normal,
+                                self.spread, self.calibration)
 
     def commit(self, drafted, accepted):
         self.rows.acc_pos += accepted + 1

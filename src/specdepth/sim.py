@@ -46,6 +46,7 @@ class SimExecutor(Executor):
         acceptance.reset(self.rng)
         self.rows = None
         self._conf = self._acc = None      # this step's (confidence, accepted) block
+        self._k = 0                        # this step's deepest plan
 
     def attach(self, rows):
         rows.add("sim_ctx")        # tokens in each row's KV cache
@@ -89,11 +90,15 @@ class SimExecutor(Executor):
         return _k.leading_run(self._acc)
 
     def begin_step(self, depths, kmax):
-        k = kmax
-        if k and (self._acc is None or self._acc.shape[1] < k):
-            self._sample(k)
+        # the block of outcomes is drawn when first needed: at the first draft position that reports
+        # confidences, or (drafting in one block) at verify, only up to each row's first rejection
+        self._k = kmax
+        if self._acc is not None and self._acc.shape[1] < kmax:   # peeked by an oracle, not deep enough
+            self._sample(kmax)
 
     def draft(self, rows, position):
+        if self._acc is None:
+            self._sample(self._k)
         r = self.rows
         q = r.sim_lag[rows] if self.catch_up and position == 0 else None
         t, f = self._forward("draft", r.sim_ctx[rows] + position, q)
@@ -123,13 +128,17 @@ class SimExecutor(Executor):
         ctx = self.rows.sim_ctx
         t, f = self._forward("target", ctx, drafted + 1)
         t += self.step_overhead_s
-        if self._acc is None:   # nothing drafted this step: one token each
+        if not self._k:   # nothing drafted this step: one token each
             accepted = np.zeros_like(drafted)
             ctx += 1
+        elif self._acc is None and (accepted := self.acceptance.leading(drafted)) is not None:
+            ctx += accepted + 1
         else:
+            if self._acc is None:
+                self._sample(self._k)
             # leading accepted positions, at most the drafts; ctx advances by those + 1
             accepted = _k.leading_accepted(self._acc, drafted, ctx)
-            self._conf = self._acc = None
+        self._conf = self._acc = None
         if self.catch_up:
             lag = self.rows.sim_lag
             lag[:] = np.where(drafted > 0, 1 + (accepted >= drafted), lag + 1)
