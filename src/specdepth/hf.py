@@ -254,7 +254,7 @@ class HFExecutor(Executor):
     record_trace = True
 
     def __init__(self, cost: CostModel, model, seed: int = 0, decode=None, engine=None,
-                 attn_implementation: str = "sdpa", num_threads: int | None = None, pad_token_id: int = 0, **_):
+                 attn_implementation: str = "sdpa", num_threads: int | None = None, pad_token_id: int = 0):
         torch = _torch()
         self.torch = torch
         self.cost = cost

@@ -29,12 +29,14 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .app import CONF_DIR, make
+from .app import CONF_DIR, make_model
 from .errors import ConfigError, SpecdepthError, as_int
 from .results import atomic_write
 
 log = logging.getLogger("specdepth.profile")
-COLUMNS = ("model", "batch", "query", "context", "seconds", "device", "dtype", "name")
+# `arch` (ModelArch.signature of the row's model) lets cost=table refuse a profile made for another model;
+# readers that predate it ignore the extra column
+COLUMNS = ("model", "batch", "query", "context", "seconds", "device", "dtype", "name", "arch")
 
 
 def _ints(values, key):
@@ -53,7 +55,7 @@ def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
 
     from .hf import Runner
 
-    pair = make(cfg, "model")
+    pair = make_model(cfg)
     grid = cfg.get("grid") or {}
     batches = _ints(grid.get("batch", [1]), "grid.batch")
     queries = _ints(grid.get("query", [1]), "grid.query")
@@ -122,7 +124,8 @@ def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
                         log.info("round %d/%d %s batch=%d query=%d context=%d: %.3f ms", rnd + 1, rounds, w, b, q,
                                  c, sec * 1e3)
                 del runner
-    rows = [(w, b, q, c, statistics.median(v), device, pair.dtype, pair.name)
+    arch = {"target": pair.target_arch, "draft": pair.draft_arch or pair.target_arch}
+    rows = [(w, b, q, c, statistics.median(v), device, pair.dtype, pair.name, arch[w].signature)
             for (w, b, q, c, device), v in times.items()]
     buf = io.StringIO()
     wr = csv.writer(buf, lineterminator="\n")

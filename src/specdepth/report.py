@@ -226,7 +226,8 @@ def _csv_value(v):
         return ""
     if isinstance(v, (list, dict)):
         return json.dumps(v)
-    return v
+    from .results import _cell
+    return _cell(v)
 
 
 def write_csv(rows: list[dict], path) -> Path:
