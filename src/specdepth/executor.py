@@ -25,6 +25,11 @@ class Executor(ABC):
     #: True: the engine records acceptance_trace.jsonl even when engine.record_trace is false.
     record_trace: bool = False
 
+    def machine(self) -> str | None:
+        """The device a wall-clock executor is timed on ("cpu", "cuda:0 NVIDIA H200"): summary.json's
+        `hardware`. None for a simulated clock (the cost model's hardware is the label)."""
+        return None
+
     def check(self, requests: list[Request]) -> None:
         """Validate the whole workload before anything runs (raise ConfigError/BackendError)."""
 

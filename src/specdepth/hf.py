@@ -29,7 +29,6 @@ timed with CUDA events (`forward_s`, used for the overhead figure).
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ import numpy as np
 from .cost import CostModel, forward_flops
 from .errors import BackendError, ConfigError, as_float, as_int
 from .executor import Executor
+from .inputs import PROMPT_KEYS, prompt_record, records, too_large_draft_vocab
 from .workload import Request
 
 _TORCH_DTYPES = ("float32", "float16", "bfloat16")
@@ -299,6 +299,11 @@ class HFExecutor(Executor):
         self.n = 0
         self.outputs: dict[int, dict] = {}
 
+    def machine(self) -> str:
+        if self.device.type == "cuda":
+            return f"{self.device} {self.torch.cuda.get_device_name(self.device)}"
+        return str(self.device)
+
     # ---- loading -------------------------------------------------------------------------------------
     def _load_tokenizer(self, path, key):
         from transformers import AutoTokenizer
@@ -336,6 +341,8 @@ class HFExecutor(Executor):
                     "decoding needs one tokenizer for both models")
         for key, m in (("model.target", self.target_model), ("model.draft", self.draft_model)):
             v = int(m.get_output_embeddings().weight.shape[0])
+            if key == "model.draft" and v > int(self.target_model.get_output_embeddings().weight.shape[0]):
+                raise BackendError(too_large_draft_vocab(self.pair, v, self.target_model))
             if v < ntok:
                 raise BackendError(f"{key}: its vocabulary has {v} rows but the tokenizer ({self.pair.tokenizer}) "
                                    f"has {ntok} tokens; target and draft must share one vocabulary")
@@ -346,26 +353,12 @@ class HFExecutor(Executor):
         if not path:
             return None
         p = Path(str(path))
-        if not p.is_file():
-            raise ConfigError(f"model.prompts: file not found: {p}")
         pool = []
-        with p.open() as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ConfigError(f"{p}:{lineno}: invalid JSON ({e})") from None
-                if isinstance(rec, dict) and rec.get("prompt_ids") is not None:
-                    ids = [int(x) for x in rec["prompt_ids"]]
-                else:
-                    text = rec if isinstance(rec, str) else (rec.get("text") or rec.get("prompt"))
-                    if not isinstance(text, str):
-                        raise ConfigError(f"{p}:{lineno}: expected 'text', 'prompt' or 'prompt_ids'")
-                    ids = self.tokenizer(text)["input_ids"]
-                if ids:
-                    pool.append(ids)
+        for where, rec in records(p, "model.prompts", PROMPT_KEYS, "prompts"):
+            ids = prompt_record(where, rec)
+            ids = self.tokenizer(ids)["input_ids"] if isinstance(ids, str) else ids
+            if ids:
+                pool.append(ids)
         if not pool:
             raise ConfigError(f"model.prompts: {p} holds no prompts")
         return pool
