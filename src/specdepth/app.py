@@ -17,7 +17,7 @@ from pathlib import Path
 import hydra
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException, InstantiationException
+from hydra.errors import HydraException, InstantiationException, OverrideParseException
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -254,11 +254,17 @@ def _task(cfg: DictConfig):
     try:
         summary = run(cfg, run_dir)
     except SpecdepthError as e:
+        if _debug() and not multirun:
+            _discard_run_dir(run_dir)
+            raise
         return _job_failed(run_dir, f"specdepth: error: {checks.one_line(e)}", multirun)
     except KeyboardInterrupt:
         _discard_run_dir(run_dir)
         raise
     except Exception as e:  # a bug, not the user's input: a sweep records it and goes on
+        if _interrupted(e):   # Ctrl-C inside compiled code arrives wrapped in a SystemError
+            _discard_run_dir(run_dir)
+            raise KeyboardInterrupt from None
         if not multirun or _debug():
             _discard_run_dir(run_dir)
             raise
@@ -268,9 +274,20 @@ def _task(cfg: DictConfig):
     return summary.get("throughput_tok_s")
 
 
+def _interrupted(e: BaseException) -> bool:
+    seen = 0
+    while e is not None and seen < 20:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
 def _debug() -> bool:
-    """HYDRA_FULL_ERROR=1 or SPECDEPTH_DEBUG=1: show full tracebacks instead of one-line errors."""
-    return any(os.environ.get(k, "") not in ("", "0") for k in ("HYDRA_FULL_ERROR", "SPECDEPTH_DEBUG"))
+    """HYDRA_FULL_ERROR=1 or SPECDEPTH_DEBUG=1 (as the user set them: main() sets HYDRA_FULL_ERROR itself and
+    keeps the user's value in _SPECDEPTH_FULL_ERROR): full tracebacks instead of one-line errors."""
+    full = os.environ.get("_SPECDEPTH_FULL_ERROR", os.environ.get("HYDRA_FULL_ERROR", ""))
+    return any(v not in ("", "0") for v in (full, os.environ.get("SPECDEPTH_DEBUG", "")))
 
 
 # errors in the user's input that Hydra or OmegaConf raise before the run starts (exit code 2)
@@ -282,6 +299,7 @@ def main():
     sweep or a bug, 130 for Ctrl-C) unless HYDRA_FULL_ERROR=1 / SPECDEPTH_DEBUG=1 asks for the traceback."""
     debug = _debug()
     saved = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["_SPECDEPTH_FULL_ERROR"] = "1" if debug else ""
     os.environ["HYDRA_FULL_ERROR"] = "1"   # Hydra re-raises; the errors are reported here
     sweeps.last_failures.clear()
     try:
@@ -296,12 +314,17 @@ def main():
         print(f"specdepth: error: {_input_error(e)}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     except Exception as e:
+        if _interrupted(e):
+            print("specdepth: interrupted (Ctrl-C); finished runs are kept, rerun the command to resume",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(130) from None
         if debug:
             raise
         print(f"specdepth: unexpected error: {type(e).__name__}: {checks.one_line(e)} "
               f"(HYDRA_FULL_ERROR=1 shows the traceback)", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     finally:
+        os.environ.pop("_SPECDEPTH_FULL_ERROR", None)
         if saved is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
@@ -311,6 +334,8 @@ def main():
 
 
 def _input_error(e: Exception) -> str:
+    if isinstance(e, OverrideParseException):
+        return f"cannot parse the override {e.override!r}: {checks.one_line(e)}"
     if isinstance(e, OSError) and e.filename is not None:
         return f"cannot write {e.filename}: {e.strerror or type(e).__name__} (check hydra.run.dir / hydra.sweep.dir)"
     text = checks.one_line(e)

@@ -28,6 +28,15 @@ def _params(func):
     return named, any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
 
 
+def _required(func) -> list[str]:
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):
+        return []
+    return [n for n, p in sig.parameters.items()
+            if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
 def constructor_kwargs(key: str, target: str, func, user_keys, provided: dict) -> dict:
     """The app's objects (`provided`) that `func` accepts, after refusing config keys it does not know.
 
@@ -37,6 +46,9 @@ def constructor_kwargs(key: str, target: str, func, user_keys, provided: dict) -
     if sig is None:
         return dict(provided)
     named, var_kw = sig
+    for name in _required(func):
+        if name not in user_keys and name not in provided:
+            raise ConfigError(f"{key}.{name}: missing; {target} needs it (set {key}.{name}=...)")
     if not var_kw:
         unknown = sorted(k for k in user_keys if k not in named and k not in _HYDRA_KEYS)
         if unknown:

@@ -264,7 +264,7 @@ class TableCost(CostModel):
         for older profiles without one, by its `name` column."""
         archs = {"target": self.target.signature, "draft": self.draft.signature}
         for which, sig in meta["arch"].items():
-            if sig != archs[which]:
+            if sig.rsplit("-", 1)[0] != archs[which].rsplit("-", 1)[0]:   # the shape; the dtype may differ
                 raise ConfigError(f"cost.path: {p} was profiled for another model ({meta.get('name', '?')}, {which} "
                                   f"{sig}); this run's {which} is {archs[which]}: profile this model with "
                                   f"specdepth-profile and point cost.path at its CSV")
