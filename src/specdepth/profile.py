@@ -49,25 +49,10 @@ def _ints(values, key):
     return out
 
 
-def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
-    import torch
+def _load(cfg, pair, which, torch) -> list[tuple]:
+    """[(target|draft, the loaded model)] for the entries of `models`, on model.device, in model.dtype."""
     from transformers import AutoModelForCausalLM
 
-    from .hf import Runner
-
-    pair = make_model(cfg)
-    grid = cfg.get("grid") or {}
-    batches = _ints(grid.get("batch", [1]), "grid.batch")
-    queries = _ints(grid.get("query", [1]), "grid.query")
-    contexts = _ints(grid.get("context", [0]), "grid.context")
-    if batches[0] < 1 or queries[0] < 1:
-        raise ConfigError("grid.batch and grid.query must be >= 1")
-    repeats = as_int(cfg.get("repeats", 5), "repeats", min=1)
-    warmup = as_int(cfg.get("warmup", 2), "warmup", min=0)
-    rounds = as_int(cfg.get("rounds", 1), "rounds", min=1)
-    which = list(cfg.get("models", ["target", "draft"]))
-    if cfg.get("num_threads") is not None:
-        torch.set_num_threads(as_int(cfg.num_threads, "num_threads", min=1))
     if pair.dtype not in ("float32", "float16", "bfloat16"):
         raise ConfigError(f"model.dtype: profiling supports float32/float16/bfloat16, got {pair.dtype!r}")
     dev = pair.device if pair.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -90,6 +75,37 @@ def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
         if "device_map" not in kw:
             model = model.to(dev)
         loaded.append((w, model.eval()))
+    return loaded
+
+
+def _write(rows, out_path) -> None:
+    buf = io.StringIO()
+    wr = csv.writer(buf, lineterminator="\n")
+    wr.writerow(COLUMNS)
+    for r in rows:
+        wr.writerow([repr(v) if isinstance(v, float) else v for v in r])
+    atomic_write(Path(out_path), buf.getvalue())
+
+
+def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
+    import torch
+
+    from .hf import Runner
+
+    pair = make_model(cfg)
+    grid = cfg.get("grid") or {}
+    batches = _ints(grid.get("batch", [1]), "grid.batch")
+    queries = _ints(grid.get("query", [1]), "grid.query")
+    contexts = _ints(grid.get("context", [0]), "grid.context")
+    if batches[0] < 1 or queries[0] < 1:
+        raise ConfigError("grid.batch and grid.query must be >= 1")
+    repeats = as_int(cfg.get("repeats", 5), "repeats", min=1)
+    warmup = as_int(cfg.get("warmup", 2), "warmup", min=0)
+    rounds = as_int(cfg.get("rounds", 1), "rounds", min=1)
+    which = list(cfg.get("models", ["target", "draft"]))
+    if cfg.get("num_threads") is not None:
+        torch.set_num_threads(as_int(cfg.num_threads, "num_threads", min=1))
+    loaded = _load(cfg, pair, which, torch)
     # every round walks the whole grid (both models); a point's figure is the median over rounds of each
     # round's median, so a slow minute of the machine moves one round of every point, not a block of points
     times: dict[tuple, list[float]] = {}
@@ -127,12 +143,7 @@ def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
     arch = {"target": pair.target_arch, "draft": pair.draft_arch or pair.target_arch}
     rows = [(w, b, q, c, statistics.median(v), device, pair.dtype, pair.name, arch[w].signature)
             for (w, b, q, c, device), v in times.items()]
-    buf = io.StringIO()
-    wr = csv.writer(buf, lineterminator="\n")
-    wr.writerow(COLUMNS)
-    for r in rows:
-        wr.writerow([repr(v) if isinstance(v, float) else v for v in r])
-    atomic_write(Path(out_path), buf.getvalue())
+    _write(rows, out_path)
     log.info("profiled %d points in %.1f s -> %s", len(rows), time.perf_counter() - t_all, out_path)
     return rows
 
