@@ -31,6 +31,9 @@ class Bandit(Policy):
         self.discount = as_float(discount, "policy.discount", min=0, max=1, min_open=True)
         self.reset()
 
+    def depth_bound(self):
+        return "arms", max(self.arms)
+
     def reset(self):
         k = len(self.arms)
         self._n = np.zeros(k)

@@ -9,6 +9,7 @@ class BatchScaled(Policy):
     `max_depth`. Deep when compute is idle, shallow when busy, none once the batch fills the budget."""
 
     name = "batch_scaled"
+    depth_param = "max_depth"
 
     def __init__(self, max_depth: int = 8, min_depth: int = 0):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)

@@ -33,6 +33,9 @@ class BatchTable(Policy):
         self.table = [list(r) for r in rows]
         self.default = as_int(default, "policy.default", min=0)
 
+    def depth_bound(self):
+        return "table", max([k for _, _, k in self.table] + [self.default])
+
     def depth_for(self, batch_size: int) -> int:
         for lo, hi, k in self.table:
             if lo <= batch_size <= hi:

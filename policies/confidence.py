@@ -14,6 +14,7 @@ class ConfidenceThreshold(Policy):
     """
 
     name = "confidence"
+    depth_param = "max_depth"
 
     def __init__(self, threshold: float = 0.5, max_depth: int = 8, use_budget: bool = True):
         self.threshold = as_float(threshold, "policy.threshold", min=0, max=1)

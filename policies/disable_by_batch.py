@@ -11,6 +11,7 @@ class DisableByBatch(Policy):
     batch is below `threshold` sequences; at `threshold` or more, speculation is off (depth 0)."""
 
     name = "disable_by_batch"
+    depth_param = "depth"
 
     def __init__(self, depth: int = 4, threshold: int = 32):
         self.depth = as_int(depth, "policy.depth", min=0)

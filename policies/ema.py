@@ -50,6 +50,10 @@ class EMA(Policy):
         self._depth = self.initial
         self._steps = 0
 
+    def depth_bound(self):
+        deepest = int(self._snap(np.array(self.max_depth)))   # a tier above max_depth may be chosen
+        return ("max_depth" if deepest <= self.max_depth else "tiers"), deepest
+
     def _snap(self, d):
         d = np.clip(d, self.min_depth, self.max_depth)
         if self.tiers is None:

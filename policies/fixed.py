@@ -9,6 +9,7 @@ class FixedDepth(Policy):
     `depth=0` is no speculation. Ignores the token budget and pays for it in step time."""
 
     name = "fixed"
+    depth_param = "depth"
 
     def __init__(self, depth: int = 4):
         self.depth = as_int(depth, "policy.depth", min=0)

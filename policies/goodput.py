@@ -35,6 +35,7 @@ class Goodput(Policy):
     """
 
     name = "goodput"
+    depth_param = "max_depth"
 
     def __init__(self, max_depth: int = 16, estimator: str = "confidence", prior_strength: float = 8.0,
                  pool_memory: float = 20000.0, use_confidence: bool = True, extend: int = 16,

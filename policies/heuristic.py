@@ -13,6 +13,7 @@ class Heuristic(Policy):
     applies), so that a long run of full acceptances cannot bank depth the engine would never draft."""
 
     name = "heuristic"
+    depth_param = "max_depth"
 
     def __init__(self, initial: int = 20, max_depth: int = 16):
         self.initial = as_int(initial, "policy.initial", min=1)

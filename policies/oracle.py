@@ -20,6 +20,7 @@ class Oracle(Policy):
     """
 
     name = "oracle"
+    depth_param = "max_depth"
     requires_oracle = True
 
     def __init__(self, max_depth: int = 16):

@@ -52,3 +52,27 @@ class Vandal(Policy):
     def plan(self, view):
         view.context_lens[0] = 0
         return np.zeros(view.batch_size, dtype=np.int64)
+
+
+class NoPlan(Policy):
+    """Forgets the one required hook."""
+
+    def observe(self, view, accepted):
+        pass
+
+
+class Exploding(Policy):
+    """Its constructor raises (a user's parameter check)."""
+
+    def __init__(self, knob: int = 3):
+        raise ValueError(f"knob must be odd and prime, got {knob}")
+
+    def plan(self, view):
+        return np.zeros(view.batch_size, dtype=np.int64)
+
+
+class NotAPolicy:
+    """Has plan() but does not subclass specdepth.Policy."""
+
+    def plan(self, view):
+        return np.zeros(view.batch_size, dtype=np.int64)

@@ -16,12 +16,12 @@ Confidence is what a real draft reports: its probability of the token it propose
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from . import _kernels as _k
+from . import inputs
 from .errors import ConfigError, as_float, as_prob
 from .rows import RowTable
 
@@ -212,42 +212,20 @@ class Trace(AcceptanceModel):
     recording has them (their outcomes never matter: verification stops at the first rejection).
     """
 
+    KEYS = ("request_id", "confidence", "accepted", "unverified")
+
     def __init__(self, path: str):
         self.path = Path(str(path))
-        if not self.path.is_file():
-            raise ConfigError(f"acceptance.path: trace file not found: {self.path}")
         confs, accs, tails = [], [], []
         total = 0   # tokens in the streams read so far (global index of the next stream's first token)
-        with self.path.open() as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                    c = np.asarray(rec["confidence"], dtype=float)
-                    a = np.asarray(rec["accepted"], dtype=float)
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                    raise ConfigError(f"{self.path}:{lineno}: not a trace record "
-                                      f"({{'confidence': [...], 'accepted': [...]}}): {e}") from None
-                if c.shape != a.shape or c.ndim != 1:
-                    raise ConfigError(f"{self.path}:{lineno}: 'confidence' and 'accepted' must be lists of equal length")
-                if len(c) == 0:
-                    continue
-                if not (np.all((c >= 0) & (c <= 1)) and np.all((a == 0) | (a == 1))):
-                    raise ConfigError(f"{self.path}:{lineno}: confidences must be in [0, 1] and accepted 0 or 1")
-                try:
-                    unv = [(int(j), np.asarray(v, dtype=float)) for j, v in rec.get("unverified") or []]
-                except (TypeError, ValueError) as e:
-                    raise ConfigError(f"{self.path}:{lineno}: 'unverified' must be [[index, [confidences]], ...]: "
-                                      f"{e}") from None
-                for j, v in unv:
-                    if not (0 <= j < len(c) and not a[j] and v.ndim == 1 and np.all((v >= 0) & (v <= 1))):
-                        raise ConfigError(f"{self.path}:{lineno}: 'unverified' entry {j}: index of a rejected "
-                                          f"token and confidences in [0, 1] expected")
-                    tails.append((total + j, v))
-                total += len(c)
-                confs.append(c)
-                accs.append(a.astype(bool))
+        for where, rec in inputs.records(self.path, "acceptance.path", self.KEYS, "trace"):
+            c, a, unv = self._record(where, rec)
+            if len(c) == 0:
+                continue
+            tails += [(total + j, v) for j, v in unv]
+            total += len(c)
+            confs.append(c)
+            accs.append(a.astype(bool))
         if not confs:
             raise ConfigError(f"acceptance.path: {self.path} holds no draft tokens")
         self.lengths = np.array([len(c) for c in confs])
@@ -265,6 +243,27 @@ class Trace(AcceptanceModel):
             self.tail = np.full((len(tails), width), np.nan)
             for e, (_, v) in enumerate(tails):
                 self.tail[e, :v.size] = v
+
+    @staticmethod
+    def _record(where: str, rec: dict):
+        """(confidences, accepted, [(index, unverified confidences)]) of one trace line, validated."""
+        if "confidence" not in rec or "accepted" not in rec:
+            raise ConfigError(f"{where}: not a trace record ({{'confidence': [...], 'accepted': [...]}})")
+        c = np.asarray(inputs.number_list(rec["confidence"], where, "confidence"), dtype=float)
+        a = np.asarray(inputs.number_list(rec["accepted"], where, "accepted"), dtype=float)
+        if c.shape != a.shape:
+            raise ConfigError(f"{where}: 'confidence' and 'accepted' must be lists of equal length")
+        if not (np.all((c >= 0) & (c <= 1)) and np.all((a == 0) | (a == 1))):
+            raise ConfigError(f"{where}: confidences must be in [0, 1] and accepted 0 or 1")
+        try:
+            unv = [(int(j), np.asarray(v, dtype=float)) for j, v in rec.get("unverified") or []]
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{where}: 'unverified' must be [[index, [confidences]], ...]: {e}") from None
+        for j, v in unv:
+            if not (0 <= j < len(c) and not a[j] and v.ndim == 1 and np.all((v >= 0) & (v <= 1))):
+                raise ConfigError(f"{where}: 'unverified' entry {j}: index of a rejected token and confidences "
+                                  f"in [0, 1] expected")
+        return c, a, unv
 
     COLUMNS = (("acc_stream", np.int64), ("acc_pos", np.int64))
 

@@ -9,6 +9,7 @@ import contextlib
 import fcntl
 import json
 import logging
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -16,16 +17,18 @@ from pathlib import Path
 import hydra
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
+from hydra.errors import HydraException, InstantiationException, OverrideParseException
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 import specdepth.conf
-from . import results
+from . import checks, results, sweeps
 from ._resolvers import run_identity
 from .capacity import Capacity, Parallel
 from .engine import REQUEST_COLUMNS, STEP_COLUMNS, Engine
-from .errors import ConfigError, SpecdepthError, as_int
+from .errors import ConfigError, PolicyError, SpecdepthError, as_int
 from .metrics import summarize
 
 log = logging.getLogger("specdepth")
@@ -33,9 +36,11 @@ CONF_DIR = str(Path(specdepth.conf.__file__).resolve().parent)
 
 
 def make(cfg: DictConfig, key: str, **kwargs):
-    """Instantiate config group `key`; any failure becomes a ConfigError naming the key."""
+    """Instantiate config group `key`; any failure becomes a ConfigError naming the key (a PolicyError for
+    the policy). `kwargs` (objects the app provides: cost, model, ...) go only to the constructors whose
+    signature names them; a config key the constructor does not take is refused with the valid ones."""
     node = cfg.get(key)
-    if node is None or "_target_" not in node:
+    if node is None or not hasattr(node, "keys") or "_target_" not in node:
         raise ConfigError(f"{key}: missing (or has no _target_); pick one with {key}=<name>")
     target = node.get("_target_")
     try:
@@ -45,40 +50,74 @@ def make(cfg: DictConfig, key: str, **kwargs):
         cause = e.__cause__
         if isinstance(cause, SpecdepthError):
             raise cause from None
-        detail = str(cause) if cause is not None else str(e).splitlines()[0]
+        detail = checks.one_line(cause if cause is not None else e)
         raise ConfigError(f"{key}: cannot build {target}: {detail}") from None
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{key}: {checks.one_line(e)}") from None
+    kwargs = checks.constructor_kwargs(key, target, factory.func, factory.keywords, kwargs)
     try:
         return factory(**kwargs)
-    except TypeError as e:  # unknown or missing parameters
-        raise ConfigError(f"{key}: cannot build {target}: {e}") from None
+    except SpecdepthError:
+        raise
+    except Exception as e:  # missing parameters, or the constructor itself raised
+        err = PolicyError if key == "policy" else ConfigError
+        who = f"policy {target.rsplit('.', 1)[-1]}" if key == "policy" else f"{key}: {target}"
+        raise err(f"{who}: __init__() raised {type(e).__name__}: {checks.one_line(e)}") from None
+
+
+def _preset(cfg: DictConfig, group: str) -> dict | None:
+    """The chosen preset file of a config group (conf/<group>/<choice>.yaml), resolved; None if unknown."""
+    choice = _choice(group, None) or OmegaConf.select(cfg, f"{group}.name", default=None)
+    f = Path(CONF_DIR) / group / f"{choice}.yaml"
+    if not choice or not f.is_file():
+        return None
+    try:
+        return OmegaConf.to_container(OmegaConf.load(f), resolve=True)
+    except Exception:  # a preset that resolves only in the full config: compare nothing
+        return None
+
+
+def make_model(cfg: DictConfig):
+    """The model pair; a preset pointed at a local checkpoint takes that checkpoint's architecture and name
+    (checks.checkpoint_kwargs) unless the config sets them."""
+    node = cfg.get("model")
+    plain = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else None
+    extra = checks.checkpoint_kwargs(plain, _preset(cfg, "model")) if isinstance(plain, dict) else {}
+    return make(cfg, "model", **extra)
 
 
 def build(cfg: DictConfig) -> dict:
     """Every object of a run, validated, before anything runs or is written."""
     seed = as_int(cfg.get("seed", 0), "seed", min=0)
+    checks.check_group_keys("decode", cfg.get("decode"), ("temperature", "top_p"))
     engine_cfg = make(cfg, "engine")
-    model = make(cfg, "model")
+    model = make_model(cfg)
     hardware = make(cfg, "hardware") if cfg.get("hardware") is not None else None
     parallel = make(cfg, "parallel") if cfg.get("parallel") is not None else Parallel()
     draft_arch = model.draft_arch or model.target_arch
     parallel.check(model.target_arch, "target", model.name)
     parallel.check(draft_arch, "draft", model.name)
-    cost = make(cfg, "cost", target=model.target_arch, draft=draft_arch, hardware=hardware, parallel=parallel)
+    cost = make(cfg, "cost", target=model.target_arch, draft=draft_arch, hardware=hardware, parallel=parallel,
+                model_name=model.name)
     acceptance = make(cfg, "acceptance")
     workload = make(cfg, "workload")
     policy = make(cfg, "policy")
+    checks.check_policy(policy, engine_cfg)
+    warnings = [w for w in [checks.batch_limits(workload, engine_cfg)] if w]
     executor = make(cfg, "backend", cost=cost, acceptance=acceptance, model=model, seed=seed,
                     decode=cfg.get("decode"), engine=engine_cfg)
     parallel.check_backend(executor, cost)
+    machine, budget_source = checks.machine_and_budget(executor, cost, hardware, engine_cfg)
     # memory limits the simulated deployment; a real backend has the memory of the devices it runs on
     capacity = Capacity(model, hardware, parallel, engine_cfg.max_depth, memory=executor.clock == "model")
     requests = workload.requests(np.random.default_rng(np.random.SeedSequence([seed, 0x3A7])))
     engine = Engine(policy, executor, cost, engine_cfg, requests, capacity=capacity)
     return dict(seed=seed, engine=engine, model=model, hardware=hardware, cost=cost, acceptance=acceptance,
-                workload=workload, policy=policy, executor=executor, parallel=parallel, capacity=capacity)
+                workload=workload, policy=policy, executor=executor, machine=machine, budget_source=budget_source,
+                warnings=warnings, parallel=parallel, capacity=capacity)
 
 
-def _choice(group: str, default: str) -> str:
+def _choice(group: str, default):
     try:
         return HydraConfig.get().runtime.choices.get(group) or default
     except ValueError:  # not under Hydra (tests call run() directly)
@@ -145,11 +184,14 @@ def _execute(cfg: DictConfig, run_dir: str | Path, config_yaml: str) -> dict:
         backend=parts["executor"].name,
         batch_size=parts["workload"].batch_size,
         model=parts["model"].name,
-        hardware=parts["hardware"].name if parts["hardware"] is not None else None,
+        hardware=parts["machine"],
         cost=_choice("cost", type(parts["cost"]).__name__),
+        cost_model=checks.cost_label(parts["cost"], parts["hardware"]),
+        token_budget_source=parts["budget_source"],
         acceptance=_choice("acceptance", type(parts["acceptance"]).__name__),
         workload=_choice("workload", type(parts["workload"]).__name__),
         seed=parts["seed"],
+        warnings=parts["warnings"],
     )
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     ok = False
@@ -200,18 +242,111 @@ def _discard_run_dir(run_dir) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def _job_failed(run_dir: str, message: str, multirun: bool):
+    """A job's clean failure: one line on stderr. A single run leaves nothing behind and exits with code 2; a
+    job of a sweep records its error (sweeps.record_failure) and the sweep goes on."""
+    print(message, file=sys.stderr, flush=True)
+    if not multirun:
+        _discard_run_dir(run_dir)
+        raise SystemExit(2)
+    hc = HydraConfig.get()
+    sweeps.record_failure(run_dir, hc.sweep.dir, hc.overrides.task, message)
+    return float("nan")   # the Optuna sweeper reads a failed trial's NaN as failed
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _task(cfg: DictConfig):
-    run_dir = HydraConfig.get().runtime.output_dir
+    hc = HydraConfig.get()
+    run_dir, multirun = hc.runtime.output_dir, hc.mode == RunMode.MULTIRUN
     try:
         summary = run(cfg, run_dir)
     except SpecdepthError as e:
-        print(f"specdepth: error: {e}", file=sys.stderr, flush=True)
+        if _debug() and not multirun:
+            _discard_run_dir(run_dir)
+            raise
+        return _job_failed(run_dir, f"specdepth: error: {checks.one_line(e)}", multirun)
+    except KeyboardInterrupt:
         _discard_run_dir(run_dir)
-        raise SystemExit(2) from None
+        raise
+    except Exception as e:  # a bug, not the user's input: a sweep records it and goes on
+        if _interrupted(e):   # Ctrl-C inside compiled code arrives wrapped in a SystemError
+            _discard_run_dir(run_dir)
+            raise KeyboardInterrupt from None
+        if not multirun or _debug():
+            _discard_run_dir(run_dir)
+            raise
+        return _job_failed(run_dir, f"specdepth: unexpected error: {type(e).__name__}: {checks.one_line(e)}", True)
+    Path(run_dir, sweeps.ERROR).unlink(missing_ok=True)   # an earlier failure of this job, now fixed
     print(format_summary(summary), flush=True)
     return summary.get("throughput_tok_s")
 
 
+def _interrupted(e: BaseException) -> bool:
+    seen = 0
+    while e is not None and seen < 20:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
+def _debug() -> bool:
+    """HYDRA_FULL_ERROR=1 or SPECDEPTH_DEBUG=1 (as the user set them: main() sets HYDRA_FULL_ERROR itself and
+    keeps the user's value in _SPECDEPTH_FULL_ERROR): full tracebacks instead of one-line errors."""
+    full = os.environ.get("_SPECDEPTH_FULL_ERROR", os.environ.get("HYDRA_FULL_ERROR", ""))
+    return any(v not in ("", "0") for v in (full, os.environ.get("SPECDEPTH_DEBUG", "")))
+
+
+# errors in the user's input that Hydra or OmegaConf raise before the run starts (exit code 2)
+_INPUT_ERRORS = (HydraException, OmegaConfBaseException, OSError)
+
+
 def main():
-    _task()
+    """The `specdepth` command: every error is one line on stderr (exit code 2 for bad input, 1 for a failed
+    sweep or a bug, 130 for Ctrl-C) unless HYDRA_FULL_ERROR=1 / SPECDEPTH_DEBUG=1 asks for the traceback."""
+    debug = _debug()
+    saved = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["_SPECDEPTH_FULL_ERROR"] = "1" if debug else ""
+    os.environ["HYDRA_FULL_ERROR"] = "1"   # Hydra re-raises; the errors are reported here
+    sweeps.last_failures.clear()
+    try:
+        _task()
+    except KeyboardInterrupt:
+        print("specdepth: interrupted (Ctrl-C); finished runs are kept, rerun the command to resume",
+              file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+    except _INPUT_ERRORS as e:
+        if debug:
+            raise
+        print(f"specdepth: error: {_input_error(e)}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    except Exception as e:
+        if _interrupted(e):
+            print("specdepth: interrupted (Ctrl-C); finished runs are kept, rerun the command to resume",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(130) from None
+        if debug:
+            raise
+        print(f"specdepth: unexpected error: {type(e).__name__}: {checks.one_line(e)} "
+              f"(HYDRA_FULL_ERROR=1 shows the traceback)", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    finally:
+        os.environ.pop("_SPECDEPTH_FULL_ERROR", None)
+        if saved is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = saved
+    if sweeps.last_failures:
+        raise SystemExit(1)
+
+
+def _input_error(e: Exception) -> str:
+    if isinstance(e, OverrideParseException):
+        return f"cannot parse the override {e.override!r}: {checks.one_line(e)}"
+    if isinstance(e, OSError) and e.filename is not None:
+        return f"cannot write {e.filename}: {e.strerror or type(e).__name__} (check hydra.run.dir / hydra.sweep.dir)"
+    text = checks.one_line(e)
+    cause = e.__cause__
+    if cause is not None and checks.one_line(cause) not in text:
+        text += f" ({checks.one_line(cause)})"
+    return text

@@ -118,7 +118,7 @@ def forward_flops(arch: ModelArch, ctx: np.ndarray, q: np.ndarray | None = None)
 class CostModel:
     """Base class. Subclasses implement `_time(which, t, pairs, c, n)`; FLOPs are analytic for all."""
 
-    def __init__(self, target: ModelArch, draft: ModelArch | None = None, **_):
+    def __init__(self, target: ModelArch, draft: ModelArch | None = None):
         self.target = target
         self.draft = draft if draft is not None else target
         self._tf = (2.0 * target.matmul_params, float(target.attn_flops_coeff))
@@ -204,7 +204,7 @@ class RooflineCost(CostModel):
 
     def __init__(self, target: ModelArch, draft: ModelArch | None = None, hardware: Hardware | None = None,
                  overhead_s: float = 2e-5, draft_overhead_s: float | None = None, parallel=None,
-                 moe_skew: float = 0.0, **_):
+                 moe_skew: float = 0.0):
         super().__init__(target, draft)
         if hardware is None:
             raise ConfigError("cost=roofline needs a hardware entry (hardware=h100_sxm, ...)")
@@ -245,7 +245,7 @@ class ConstantCost(CostModel):
     """Leviathan et al.'s setting: every target forward costs `target_step_s`, a draft one `draft_ratio` x that."""
 
     def __init__(self, target: ModelArch, draft: ModelArch | None = None, target_step_s: float = 0.02,
-                 draft_ratio: float = 0.05, **_):
+                 draft_ratio: float = 0.05):
         super().__init__(target, draft)
         self.target_step_s = as_float(target_step_s, "cost.target_step_s", min=0, min_open=True)
         self.draft_ratio = as_float(draft_ratio, "cost.draft_ratio", min=0)
@@ -271,39 +271,71 @@ class TableCost(CostModel):
 
     COLUMNS = ("model", "batch", "query", "context", "seconds")
 
-    def __init__(self, target, draft=None, path: str | None = None, **_):
+    def __init__(self, target, draft=None, path: str | None = None, model_name: str | None = None):
         super().__init__(target, draft)
         if not path:
             raise ConfigError("cost.path: cost=table needs the CSV written by specdepth-profile (cost.path=...)")
-        import csv
         from pathlib import Path
         p = Path(str(path))
         if not p.is_file():
             raise ConfigError(f"cost.path: profile CSV not found: {p}")
-        rows: dict[str, dict] = {"target": {}, "draft": {}}
-        with p.open(newline="") as f:
-            reader = csv.DictReader(f)
-            missing = [c for c in self.COLUMNS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise ConfigError(f"cost.path: {p} lacks columns {missing} (a specdepth-profile CSV has {list(self.COLUMNS)})")
-            for lineno, r in enumerate(reader, 2):
-                which = r["model"]
-                if which not in rows:
-                    raise ConfigError(f"{p}:{lineno}: model must be target or draft, got {which!r}")
-                try:
-                    key = (int(r["batch"]), int(r["query"]), int(r["context"]))
-                    sec = float(r["seconds"])
-                except ValueError as e:
-                    raise ConfigError(f"{p}:{lineno}: {e}") from None
-                if min(key[:2]) < 1 or key[2] < 0 or not sec > 0:
-                    raise ConfigError(f"{p}:{lineno}: batch and query must be >= 1, context >= 0, seconds > 0")
-                rows[which][key] = sec
+        rows, meta = self._read(p)
         if not rows["target"]:
             raise ConfigError(f"cost.path: {p} has no target rows")
+        self._check_model(p, meta, model_name)
         if not rows["draft"]:
             rows["draft"] = rows["target"]
         self.path = str(p)
+        self.device = meta.get("device")
+        self.model_name = model_name
         self._grid = {w: self._build(rows[w], p, w) for w in rows}
+
+    def _read(self, p):
+        """({target|draft: {(batch, query, context): seconds}}, the profile's model/device metadata)."""
+        import csv
+        rows: dict[str, dict] = {"target": {}, "draft": {}}
+        meta: dict = {"arch": {}}
+        try:
+            with p.open(newline="", encoding="utf-8") as f:
+                reader = csv.DictReader(f)
+                missing = [c for c in self.COLUMNS if c not in (reader.fieldnames or [])]
+                if missing:
+                    raise ConfigError(f"cost.path: {p} lacks columns {missing} (a specdepth-profile CSV has "
+                                      f"{list(self.COLUMNS)})")
+                for lineno, r in enumerate(reader, 2):
+                    which = r["model"]
+                    if which not in rows:
+                        raise ConfigError(f"{p}:{lineno}: model must be target or draft, got {which!r}")
+                    try:
+                        key = (int(r["batch"]), int(r["query"]), int(r["context"]))
+                        sec = float(r["seconds"])
+                    except (TypeError, ValueError) as e:
+                        raise ConfigError(f"{p}:{lineno}: {e}") from None
+                    if min(key[:2]) < 1 or key[2] < 0 or not sec > 0:
+                        raise ConfigError(f"{p}:{lineno}: batch and query must be >= 1, context >= 0, seconds > 0")
+                    rows[which][key] = sec
+                    if r.get("arch"):
+                        meta["arch"].setdefault(which, r["arch"])
+                    for k in ("name", "device"):
+                        if r.get(k):
+                            meta.setdefault(k, r[k])
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"cost.path: {p} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        return rows, meta
+
+    def _check_model(self, p, meta, model_name):
+        """Refuse a profile measured for another model: by its `arch` column (specdepth-profile writes it), or
+        for older profiles without one, by its `name` column."""
+        archs = {"target": self.target.signature, "draft": self.draft.signature}
+        for which, sig in meta["arch"].items():
+            if sig.rsplit("-", 1)[0] != archs[which].rsplit("-", 1)[0]:   # the shape; the dtype may differ
+                raise ConfigError(f"cost.path: {p} was profiled for another model ({meta.get('name', '?')}, {which} "
+                                  f"{sig}); this run's {which} is {archs[which]}: profile this model with "
+                                  f"specdepth-profile and point cost.path at its CSV")
+        if not meta["arch"] and model_name and meta.get("name") and meta["name"] != model_name:
+            raise ConfigError(f"cost.path: {p} was profiled for model {meta['name']!r}, this run's model is "
+                              f"{model_name!r}: profile this model with specdepth-profile and point cost.path at "
+                              f"its CSV")
 
     @staticmethod
     def _build(points: dict, p, which):
@@ -351,7 +383,7 @@ class TableCost(CostModel):
                     if fc == 0.0 or ic + dc >= C.size:
                         continue
                     total += fb * fq * fc * T[ib + db, iq + dq, ic + dc]
-        return max(total, float(T.min()) * 0.5) * scale
+        return float(max(total, float(T.min()) * 0.5) * scale)
 
     def _time(self, which, tokens, flops, ctx_tokens, seqs):
         n = max(float(seqs), 1.0)

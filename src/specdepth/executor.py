@@ -28,6 +28,11 @@ class Executor(ABC):
     #: True: the engine records acceptance_trace.jsonl even when engine.record_trace is false.
     record_trace: bool = False
 
+    def machine(self) -> str | None:
+        """The device a wall-clock executor is timed on ("cpu", "cuda:0 NVIDIA H200"): summary.json's
+        `hardware`. None for a simulated clock (the cost model's hardware is the label)."""
+        return None
+
     def prepare(self, requests: list[Request]) -> list[Request]:
         """Validate the whole workload before anything runs (raise ConfigError/BackendError) and return
         the requests this backend will serve (new Request objects where it fills in token ids: never

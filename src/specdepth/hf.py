@@ -28,6 +28,7 @@ from .cost import CostModel, forward_flops
 from .errors import BackendError, ConfigError, as_float, as_int
 from .executor import Executor
 from .hf_runner import Runner, SlotCache, _torch  # noqa: F401  (Runner, SlotCache: this module's API too)
+from .inputs import too_large_draft_vocab
 from .workload import Request, with_prompt_ids
 
 _TORCH_DTYPES = ("float32", "float16", "bfloat16")
@@ -40,7 +41,7 @@ class HFExecutor(Executor):
     record_trace = True
 
     def __init__(self, cost: CostModel, model, seed: int = 0, decode=None, engine=None,
-                 attn_implementation: str = "sdpa", num_threads: int | None = None, pad_token_id: int = 0, **_):
+                 attn_implementation: str = "sdpa", num_threads: int | None = None, pad_token_id: int = 0):
         torch = _torch()
         self.torch = torch
         self.cost = cost
@@ -85,6 +86,11 @@ class HFExecutor(Executor):
         self.rows = None
         self.outputs: dict[int, dict] = {}
 
+    def machine(self) -> str:
+        if self.device.type == "cuda":
+            return f"{self.device} {self.torch.cuda.get_device_name(self.device)}"
+        return str(self.device)
+
     # ---- loading -------------------------------------------------------------------------------------
     def _load_tokenizer(self, path, key):
         from transformers import AutoTokenizer
@@ -122,6 +128,8 @@ class HFExecutor(Executor):
                     "decoding needs one tokenizer for both models")
         for key, m in (("model.target", self.target_model), ("model.draft", self.draft_model)):
             v = int(m.get_output_embeddings().weight.shape[0])
+            if key == "model.draft" and v > int(self.target_model.get_output_embeddings().weight.shape[0]):
+                raise BackendError(too_large_draft_vocab(self.pair, v, self.target_model))
             if v < ntok:
                 raise BackendError(f"{key}: its vocabulary has {v} rows but the tokenizer ({self.pair.tokenizer}) "
                                    f"has {ntok} tokens; target and draft must share one vocabulary")

@@ -48,6 +48,11 @@ def summarize(res: RunResult, **meta) -> dict:
         verify_tokens=int(S["verify_tokens"].sum()),
         per_position_acceptance=per_pos,
         mean_batch_size=_ratio(float(S["batch_size"].sum()), decode_steps),
+        # the batch that actually ran (engine.max_batch_size / max_num_batched_tokens may cap the requested one):
+        # the most and the mean number of sequences running per decode step
+        max_running=int(S["batch_size"].max()) if steps.shape[0] else 0,
+        mean_running=_ratio(float(S["batch_size"].sum()), decode_steps),
+        depth_changes_per_request=_ratio(float(sum(res.depth_changes)), len(res.depth_changes)),
         token_budget=res.token_budget,
         tpot_p50_s=_pct(Q["tpot_s"], 50),
         tpot_p99_s=_pct(Q["tpot_s"], 99),

@@ -115,6 +115,13 @@ class ModelArch:
 
     # ---- derived sizes -------------------------------------------------------------------------
     @property
+    def signature(self) -> str:
+        """The shape that sets a forward's time, as one token (specdepth-profile's `arch` column), e.g.
+        `L32-H4096-A32-KV8-I14336-V128256-D128-bfloat16`."""
+        return (f"L{self.layers}-H{self.hidden}-A{self.heads}-KV{self.kv_heads}-I{self.intermediate}-V{self.vocab}"
+                f"-D{self.hd}-{self.dtype}")
+
+    @property
     def hd(self) -> int:
         return self.head_dim or self.hidden // self.heads
 

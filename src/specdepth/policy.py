@@ -153,12 +153,15 @@ class Policy:
                                       [batch_size], NaN for rows not drafting; rows whose mask is False stop
                                       (the token just drafted is still verified). Default: keep all.
       observe(view, accepted)         accepted drafts per row after verification. Default: nothing.
-    Set `requires_oracle = True` to receive `view.oracle_accept` (simulator only).
+    Set `requires_oracle = True` to receive `view.oracle_accept` (simulator only). Set `depth_param` (or
+    override depth_bound) to have a configuration deeper than engine.max_depth refused before the run.
     Attributes whose names start with `_` are private state; the public ones form the label.
     """
 
     name: str | None = None
     requires_oracle: bool = False
+    #: the parameter bounding the deepest plan (see depth_bound), e.g. "depth" or "max_depth"
+    depth_param: str | None = None
 
     def reset(self) -> None:
         """Called once before a run starts. Clear per-run state here."""
@@ -171,6 +174,15 @@ class Policy:
 
     def observe(self, view: StepView, accepted: np.ndarray) -> None:
         pass
+
+    def depth_bound(self) -> tuple[str, int] | None:
+        """The parameter that bounds this policy's deepest plan, and its value: ("depth", 4). The app refuses
+        (PolicyError) a policy whose bound exceeds engine.max_depth rather than let the engine's cap change
+        what the policy's label says it does. Default: the attribute named by `depth_param`; None (no such
+        parameter, as for most user policies): every plan is still checked by the engine."""
+        if self.depth_param is None:
+            return None
+        return self.depth_param, int(getattr(self, self.depth_param))
 
     @property
     def label(self) -> str:

@@ -29,12 +29,14 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .app import CONF_DIR, make
+from .app import CONF_DIR, make_model
 from .errors import ConfigError, SpecdepthError, as_int
 from .results import atomic_write
 
 log = logging.getLogger("specdepth.profile")
-COLUMNS = ("model", "batch", "query", "context", "seconds", "device", "dtype", "name")
+# `arch` (ModelArch.signature of the row's model) lets cost=table refuse a profile made for another model;
+# readers that predate it ignore the extra column
+COLUMNS = ("model", "batch", "query", "context", "seconds", "device", "dtype", "name", "arch")
 
 
 def _ints(values, key):
@@ -47,13 +49,14 @@ def _ints(values, key):
     return out
 
 
-def _load(cfg: DictConfig, pair, which: list) -> list[tuple]:
-    """[(target|draft, model)] for the models to profile, on the device the config asks for."""
-    import torch
+def _load(cfg, pair, which, torch) -> list[tuple]:
+    """[(target|draft, the loaded model)] for the entries of `models`, on model.device, in model.dtype."""
     from transformers import AutoModelForCausalLM
+
     if pair.dtype not in ("float32", "float16", "bfloat16"):
         raise ConfigError(f"model.dtype: profiling supports float32/float16/bfloat16, got {pair.dtype!r}")
     dev = pair.device if pair.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, pair.dtype)
     loaded = []
     for w in which:
         if w not in ("target", "draft"):
@@ -62,7 +65,7 @@ def _load(cfg: DictConfig, pair, which: list) -> list[tuple]:
         if not path:
             log.warning("model.%s is not set: skipped", w)
             continue
-        kw = dict(dtype=getattr(torch, pair.dtype), attn_implementation=cfg.get("attn_implementation", "sdpa"))
+        kw = dict(dtype=dtype, attn_implementation=cfg.get("attn_implementation", "sdpa"))
         if w == "target" and pair.device_map is not None:
             kw["device_map"] = pair.device_map
         try:
@@ -75,50 +78,21 @@ def _load(cfg: DictConfig, pair, which: list) -> list[tuple]:
     return loaded
 
 
-def _time_point(runner, toks, lens, q: int, warmup: int, repeats: int, device) -> float:
-    """Median seconds of one batched forward (after `warmup` untimed ones)."""
-    import torch
-    b = toks.shape[0]
-    ts = []
-    with torch.inference_mode():
-        for r in range(warmup + repeats):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            runner.forward(slice(0, b), toks, lens, None, "all" if q > 1 else "last")
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if r >= warmup:
-                ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
-
-
-def _walk(loaded, grid, rnd: int, rounds: int, warmup: int, repeats: int, times: dict) -> None:
-    """One round: every (model, batch, query, context) point of the grid once."""
-    from .hf_runner import Runner
-    batches, queries, contexts = grid
-    for w, model in loaded:
-        limit = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
-        device = model.get_input_embeddings().weight.device
-        vocab = int(model.get_input_embeddings().weight.shape[0])
-        rng = np.random.default_rng(rnd)
-        for b in batches:
-            runner = Runner(model, b, max(contexts) + max(queries) + 1)
-            for c in contexts:
-                for q in queries:
-                    if c + q > limit:
-                        continue
-                    sec = _time_point(runner, rng.integers(0, vocab, (b, q)), np.full(b, c, np.int64), q, warmup,
-                                      repeats, device)
-                    times.setdefault((w, b, q, c, str(device)), []).append(sec)
-                    log.info("round %d/%d %s batch=%d query=%d context=%d: %.3f ms", rnd + 1, rounds, w, b, q, c,
-                             sec * 1e3)
-            del runner
+def _write(rows, out_path) -> None:
+    buf = io.StringIO()
+    wr = csv.writer(buf, lineterminator="\n")
+    wr.writerow(COLUMNS)
+    for r in rows:
+        wr.writerow([repr(v) if isinstance(v, float) else v for v in r])
+    atomic_write(Path(out_path), buf.getvalue())
 
 
 def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
     import torch
-    pair = make(cfg, "model")
+
+    from .hf_runner import Runner
+
+    pair = make_model(cfg)
     grid = cfg.get("grid") or {}
     batches = _ints(grid.get("batch", [1]), "grid.batch")
     queries = _ints(grid.get("query", [1]), "grid.query")
@@ -128,23 +102,48 @@ def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
     repeats = as_int(cfg.get("repeats", 5), "repeats", min=1)
     warmup = as_int(cfg.get("warmup", 2), "warmup", min=0)
     rounds = as_int(cfg.get("rounds", 1), "rounds", min=1)
+    which = list(cfg.get("models", ["target", "draft"]))
     if cfg.get("num_threads") is not None:
         torch.set_num_threads(as_int(cfg.num_threads, "num_threads", min=1))
-    loaded = _load(cfg, pair, list(cfg.get("models", ["target", "draft"])))
+    loaded = _load(cfg, pair, which, torch)
     # every round walks the whole grid (both models); a point's figure is the median over rounds of each
     # round's median, so a slow minute of the machine moves one round of every point, not a block of points
     times: dict[tuple, list[float]] = {}
     t_all = time.perf_counter()
     for rnd in range(rounds):
-        _walk(loaded, (batches, queries, contexts), rnd, rounds, warmup, repeats, times)
-    rows = [(w, b, q, c, statistics.median(v), device, pair.dtype, pair.name)
+        for w, model in loaded:
+            limit = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+            device = model.get_input_embeddings().weight.device
+            vocab = int(model.get_input_embeddings().weight.shape[0])
+            rng = np.random.default_rng(rnd)
+            for b in batches:
+                runner = Runner(model, b, max(contexts) + max(queries) + 1)
+                for c in contexts:
+                    for q in queries:
+                        if c + q > limit:
+                            continue
+                        toks = rng.integers(0, vocab, (b, q))
+                        lens = np.full(b, c, np.int64)
+                        ts = []
+                        with torch.inference_mode():
+                            for r in range(warmup + repeats):
+                                if device.type == "cuda":
+                                    torch.cuda.synchronize(device)
+                                t0 = time.perf_counter()
+                                runner.forward(slice(0, b), toks, lens, None, "all" if q > 1 else "last")
+                                if device.type == "cuda":
+                                    torch.cuda.synchronize(device)
+                                if r >= warmup:
+                                    ts.append(time.perf_counter() - t0)
+                        sec = statistics.median(ts)
+                        times.setdefault((w, b, q, c, str(device)), []).append(sec)
+                        log.info("round %d/%d %s batch=%d query=%d context=%d: %.3f ms", rnd + 1, rounds, w, b, q,
+                                 c, sec * 1e3)
+                del runner
+    arch = {"target": pair.target_arch, "draft": pair.draft_arch or pair.target_arch}
+    rows = [(w, b, q, c, statistics.median(v), device, pair.dtype, pair.name, arch[w].signature)
             for (w, b, q, c, device), v in times.items()]
-    buf = io.StringIO()
-    wr = csv.writer(buf, lineterminator="\n")
-    wr.writerow(COLUMNS)
-    for r in rows:
-        wr.writerow([repr(v) if isinstance(v, float) else v for v in r])
-    atomic_write(Path(out_path), buf.getvalue())
+    _write(rows, out_path)
     log.info("profiled %d points in %.1f s -> %s", len(rows), time.perf_counter() - t_all, out_path)
     return rows
 

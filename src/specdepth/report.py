@@ -181,16 +181,39 @@ def _job_key(overrides, exclude) -> tuple[str, ...]:
     return tuple(sorted(keep))
 
 
+def _broken(sweep_dir: Path, done: set) -> dict:
+    """Run dirs below sweep_dir that hold no usable result: {failed: {dir: error}, corrupt: {dir: why},
+    unfinished: [dirs]} (failed: the job's error.txt; corrupt: a summary.json that is not a JSON object)."""
+    failed, corrupt, unfinished = {}, {}, []
+    for d in sorted(p for p in sweep_dir.rglob("*") if p.is_dir() and (p / ".hydra").is_dir()):
+        if str(d.resolve()) in done:
+            continue
+        s = d / SUMMARY
+        if s.is_file():
+            try:
+                ok = isinstance(json.loads(s.read_text()), dict)
+                why = "not a JSON object"
+            except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+                ok, why = False, f"{type(e).__name__}: {e}"
+            if not ok:
+                corrupt[str(d)] = why
+                continue
+        if (d / "error.txt").is_file():
+            failed[str(d)] = (d / "error.txt").read_text(errors="replace").strip()
+        else:
+            unfinished.append(str(d))
+    return dict(failed=failed, corrupt=corrupt, unfinished=unfinished)
+
+
 def missing(sweep_dir, rows: list[dict]) -> dict:
-    """{expected: n or None, missing: [override strings], unfinished: [run dirs without summary.json]}."""
+    """{expected: n or None, missing: [override strings], unfinished: [run dirs without summary.json],
+    failed: {run dir: error}, corrupt: {run dir: why its summary.json cannot be read}}."""
     sweep_dir = Path(sweep_dir)
     done = {str(Path(r["run_dir"]).resolve()) for r in rows}
-    unfinished = sorted(str(d) for d in sweep_dir.iterdir()
-                        if d.is_dir() and (d / ".hydra").is_dir() and str(d.resolve()) not in done) \
-        if sweep_dir.is_dir() else []
+    broken = _broken(sweep_dir, done) if sweep_dir.is_dir() else dict(failed={}, corrupt={}, unfinished=[])
     exp = expected_jobs(sweep_dir)
     if exp is None:
-        return dict(expected=None, missing=[], unfinished=unfinished)
+        return dict(expected=None, missing=[], **broken)
     jobs, exclude = exp
     have = set()
     for r in rows:
@@ -201,7 +224,7 @@ def missing(sweep_dir, rows: list[dict]) -> dict:
         except Exception:
             pass
     miss = [" ".join(j) for j in dict.fromkeys(jobs) if j not in have]
-    return dict(expected=len(set(jobs)), missing=miss, unfinished=unfinished)
+    return dict(expected=len(set(jobs)), missing=miss, **broken)
 
 
 # ------------------------------------------------------------------------------------------------ tables
@@ -226,7 +249,8 @@ def _csv_value(v):
         return ""
     if isinstance(v, (list, dict)):
         return json.dumps(v)
-    return v
+    from .results import _cell
+    return _cell(v)
 
 
 def write_csv(rows: list[dict], path) -> Path:
@@ -369,8 +393,14 @@ def _gaps_text(gaps: dict, limit: int = 20) -> list[str]:
                 out.append(f"  ... and {len(miss) - limit} more")
         else:
             out += ["", f"complete: all {gaps['expected']} runs of the last sweep here are finished"]
+    for kind, head in (("failed", "FAILED: {n} runs (their error.txt; the sweep's failures.jsonl):"),
+                       ("corrupt", "CORRUPT: {n} runs whose summary.json cannot be read (rerun with resume=false):")):
+        items = gaps.get(kind) or {}
+        if items:
+            out += ["", head.format(n=len(items))]
+            out += [f"  {d}: {why}" for d, why in list(items.items())[:limit]]
     if gaps["unfinished"]:
-        out += ["", f"{len(gaps['unfinished'])} run dirs without summary.json (failed, killed or still running):"]
+        out += ["", f"{len(gaps['unfinished'])} run dirs without summary.json (killed or still running):"]
         out += [f"  {d}" for d in gaps["unfinished"][:limit]]
     return out
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
+import numbers
 import os
 import tempfile
 from pathlib import Path
@@ -12,12 +14,20 @@ SUMMARY = "summary.json"
 CONFIG = "config.yaml"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` so that readers see the old file or the whole new one, never a part."""
+    """Write `text` to `path` so that readers see the old file or the whole new one, never a part. The file
+    gets the mode a plain open() would give it (0666 minus the user's umask), not mkstemp's 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", newline="") as f:
             f.write(text)
             f.flush()
@@ -31,17 +41,49 @@ def atomic_write(path: Path, text: str) -> None:
         raise
 
 
+def plain(v):
+    """`v` with numpy scalars and arrays turned into Python numbers and lists (recursively), so that every
+    CSV cell and JSON value is a plain number: np.float64(0.5) -> 0.5, np.int64(3) -> 3, NaN/inf -> None."""
+    if v is None or isinstance(v, (str, bool)):
+        return v
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if isinstance(v, numbers.Real):
+        v = float(v)
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {str(k): plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    if hasattr(v, "tolist"):   # numpy arrays and numpy bools
+        return plain(v.tolist())
+    return v
+
+
+def _cell(v):
+    if v is None:
+        return ""
+    if isinstance(v, numbers.Real) and not isinstance(v, (numbers.Integral, bool)):
+        return repr(float(v))   # a plain float: never np.float64(...)
+    v = plain(v)
+    return "" if v is None else v
+
+
 def csv_text(columns, rows) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(columns)
     for r in rows:
-        w.writerow(["" if v is None else (repr(v) if isinstance(v, float) else v) for v in r])
+        w.writerow([_cell(v) for v in r])
     return buf.getvalue()
 
 
+def json_text(obj, **kw) -> str:
+    return json.dumps(plain(obj), allow_nan=False, **kw)
+
+
 def jsonl_text(records) -> str:
-    return "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+    return "".join(json_text(r, separators=(",", ":")) + "\n" for r in records)
 
 
 def write_run(run_dir, *, summary: dict, config_yaml: str, tables: dict[str, tuple], extra: dict[str, list]) -> Path:
@@ -52,7 +94,7 @@ def write_run(run_dir, *, summary: dict, config_yaml: str, tables: dict[str, tup
         atomic_write(run_dir / name, csv_text(cols, rows))
     for name, records in extra.items():
         atomic_write(run_dir / name, jsonl_text(records))
-    atomic_write(run_dir / SUMMARY, json.dumps(summary, indent=2) + "\n")
+    atomic_write(run_dir / SUMMARY, json_text(summary, indent=2) + "\n")
     return run_dir / SUMMARY
 
 

@@ -18,7 +18,7 @@ class SimExecutor(Executor):
 
     def __init__(self, cost: CostModel, acceptance: AcceptanceModel, seed: int = 0, step_overhead_s: float = 0.0,
                  position_overhead_s: float = 0.0, pad_ragged: bool = False, clock_profile: str | None = None,
-                 draft_catch_up: bool = False, **_):
+                 draft_catch_up: bool = False, model=None):
         self.cost = cost
         # a real backend's fixed costs outside the model forwards (engine and policy bookkeeping, sampling,
         # host copies), which a cost model of forwards alone does not see: seconds per step (charged with
@@ -33,7 +33,8 @@ class SimExecutor(Executor):
         self.clock_cost = cost
         if clock_profile:
             try:
-                self.clock_cost = TableCost(cost.target, cost.draft, path=str(clock_profile))
+                self.clock_cost = TableCost(cost.target, cost.draft, path=str(clock_profile),
+                                            model_name=getattr(model, "name", None))
             except ConfigError as e:
                 raise ConfigError(str(e).replace("cost.path", "backend.clock_profile", 1)) from None
         # draft_catch_up: the draft's first forward of a step also feeds the tokens its KV cache lacks, as

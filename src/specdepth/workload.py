@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from . import inputs
 from .errors import ConfigError, as_choice, as_float, as_int
 
 
@@ -22,6 +22,9 @@ class Request:
     meta: dict = field(default_factory=dict)
 
 
+_DIST_KEYS = {"fixed": ("value",), "uniform": ("low", "high"), "lognormal": ("mean", "sigma", "max")}
+
+
 def lengths(spec, key: str, n: int, rng: np.random.Generator, min_value: int = 1) -> np.ndarray:
     """Draw n lengths from `spec`: an int, or {dist: fixed|uniform|lognormal, ...}."""
     if isinstance(spec, (int, float)) and not isinstance(spec, bool):
@@ -30,7 +33,11 @@ def lengths(spec, key: str, n: int, rng: np.random.Generator, min_value: int = 1
         spec = dict(spec)
     except (TypeError, ValueError):
         raise ConfigError(f"{key} must be an integer or a mapping with 'dist', got {spec!r}") from None
-    dist = as_choice(spec.get("dist"), f"{key}.dist", {"fixed", "uniform", "lognormal"})
+    dist = as_choice(spec.get("dist"), f"{key}.dist", set(_DIST_KEYS))
+    unknown = sorted(set(spec) - {"dist", *_DIST_KEYS[dist]})
+    if unknown:
+        raise ConfigError(f"{key}.{unknown[0]}: unknown key for dist={dist}; valid keys: "
+                          f"{', '.join(['dist', *_DIST_KEYS[dist]])}")
     if dist == "fixed":
         return np.full(n, as_int(spec.get("value"), f"{key}.value", min=min_value), dtype=np.int64)
     if dist == "uniform":
@@ -96,29 +103,22 @@ class File(Workload):
     """Requests from a JSONL file: one object per line with `prompt_len` (or `prompt_ids`), `output_len`,
     and optionally `arrival_s` (default 0)."""
 
+    KEYS = ("prompt_len", "prompt_ids", "output_len", "arrival_s")
+
     def __init__(self, path: str, max_concurrency: int | None = None):
         self.path = Path(str(path))
-        if not self.path.is_file():
-            raise ConfigError(f"workload.path: file not found: {self.path}")
         self._reqs = []
-        with self.path.open() as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"{self.path}:{lineno}"
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ConfigError(f"{where}: invalid JSON ({e})") from None
-                if not isinstance(rec, dict):
-                    raise ConfigError(f"{where}: expected an object, got {rec!r}")
-                ids = rec.get("prompt_ids")
-                plen = len(ids) if ids is not None else as_int(rec.get("prompt_len"), f"{where}: prompt_len", min=1)
-                if plen < 1:
-                    raise ConfigError(f"{where}: empty prompt")
-                self._reqs.append(Request(len(self._reqs), as_float(rec.get("arrival_s", 0.0), f"{where}: arrival_s", min=0),
-                                          plen, as_int(rec.get("output_len"), f"{where}: output_len", min=1),
-                                          prompt_ids=list(ids) if ids is not None else None))
+        for where, rec in inputs.records(self.path, "workload.path", self.KEYS, "workload"):
+            ids = rec.get("prompt_ids")
+            if ids is not None:
+                ids = inputs.token_ids(ids, where)
+                if rec.get("prompt_len") is not None and as_int(rec["prompt_len"], f"{where}: prompt_len") != len(ids):
+                    raise ConfigError(f"{where}: prompt_len ({rec['prompt_len']}) differs from the length of "
+                                      f"prompt_ids ({len(ids)}); give one of them")
+            plen = len(ids) if ids is not None else as_int(rec.get("prompt_len"), f"{where}: prompt_len", min=1)
+            self._reqs.append(Request(len(self._reqs), as_float(rec.get("arrival_s", 0.0), f"{where}: arrival_s", min=0),
+                                      plen, as_int(rec.get("output_len"), f"{where}: output_len", min=1),
+                                      prompt_ids=ids))
         if not self._reqs:
             raise ConfigError(f"workload.path: {self.path} holds no requests")
         self._reqs.sort(key=lambda r: r.arrival_s)
@@ -213,31 +213,16 @@ class Dataset(Workload):
 
 # ---- token ids for a real backend -------------------------------------------------------------------------
 def prompt_pool(path, tokenizer) -> list[list[int]]:
-    """model.prompts: a JSONL file of prompts ({"text": ...}, {"prompt": ...}, {"prompt_ids": [...]} or a
-    JSON string per line), tokenized; synthesized prompts are cut from these."""
-    p = Path(str(path))
-    if not p.is_file():
-        raise ConfigError(f"model.prompts: file not found: {p}")
+    """model.prompts: a JSONL file of prompts (one of "text", "prompt" or "prompt_ids" per line),
+    tokenized; synthesized prompts are cut from these."""
     pool = []
-    with p.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{p}:{lineno}: invalid JSON ({e})") from None
-            if isinstance(rec, dict) and rec.get("prompt_ids") is not None:
-                ids = [int(x) for x in rec["prompt_ids"]]
-            else:
-                text = rec if isinstance(rec, str) else (rec.get("text") or rec.get("prompt"))
-                if not isinstance(text, str):
-                    raise ConfigError(f"{p}:{lineno}: expected 'text', 'prompt' or 'prompt_ids'")
-                ids = tokenizer(text)["input_ids"]
-            if ids:
-                pool.append(ids)
+    for where, rec in inputs.records(path, "model.prompts", inputs.PROMPT_KEYS, "prompts"):
+        ids = inputs.prompt_record(where, rec)
+        ids = tokenizer(ids)["input_ids"] if isinstance(ids, str) else ids
+        if ids:
+            pool.append(ids)
     if not pool:
-        raise ConfigError(f"model.prompts: {p} holds no prompts")
+        raise ConfigError(f"model.prompts: {path} holds no prompts")
     return pool
 
 

@@ -41,7 +41,7 @@ SIM_EXTRA = [
     ("switches_fixed", ["policy=fixed", "workload.batch_size=12", "workload.output_len=48", "backend.pad_ragged=true",
                         "backend.draft_catch_up=true"]),
     ("trace_confidence", ["policy=confidence", "workload.batch_size=6", "workload.output_len=40",
-                          "engine.record_trace=true", "engine.max_depth=6"]),
+                          "engine.record_trace=true", "engine.max_depth=6", "policy.max_depth=6"]),
     ("constant_leviathan", ["policy=fixed", "policy.depth=3", "cost=constant", "acceptance=iid",
                             "workload.batch_size=4", "workload.output_len=64"]),
     ("len1", ["policy=fixed", "workload.batch_size=5", "workload.output_len={dist: uniform, low: 1, high: 3}"]),

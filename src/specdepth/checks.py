@@ -1,0 +1,175 @@
+"""Build-time checks of a run's configuration: unknown config keys, what each constructor accepts, a policy's
+depth against the engine's cap, batch limits, local checkpoints, and what the cost model describes.
+
+Each check either raises a SpecdepthError naming the key, file or policy at fault, or returns what the run
+must record so that its summary says what ran (app.build calls them before anything runs or is written).
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+from pathlib import Path
+
+from .errors import ConfigError, PolicyError
+
+log = logging.getLogger("specdepth")
+
+# keys Hydra's instantiate reads itself (not constructor arguments)
+_HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
+
+
+def _params(func):
+    """(named parameters, accepts **kwargs) of a class's constructor or a function; None when unknown."""
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):
+        return None
+    named = {n for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    return named, any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
+
+
+def _required(func) -> list[str]:
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):
+        return []
+    return [n for n, p in sig.parameters.items()
+            if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def constructor_kwargs(key: str, target: str, func, user_keys, provided: dict) -> dict:
+    """The app's objects (`provided`) that `func` accepts, after refusing config keys it does not know.
+
+    user_keys: the keys the config sets under `key`; provided: what the app passes besides them (cost,
+    model, ...), each only to the constructors whose signature names it."""
+    sig = _params(func)
+    if sig is None:
+        return dict(provided)
+    named, var_kw = sig
+    for name in _required(func):
+        if name not in user_keys and name not in provided:
+            raise ConfigError(f"{key}.{name}: missing; {target} needs it (set {key}.{name}=...)")
+    if not var_kw:
+        unknown = sorted(k for k in user_keys if k not in named and k not in _HYDRA_KEYS)
+        if unknown:
+            valid = sorted(named - set(provided))
+            raise ConfigError(f"{key}.{unknown[0]}: unknown key for {target}"
+                              + (f" (also unknown: {', '.join(unknown[1:])})" if unknown[1:] else "")
+                              + f"; valid keys: {', '.join(valid) if valid else '(none)'}")
+    return {k: v for k, v in provided.items() if var_kw or k in named}
+
+
+def check_group_keys(key: str, node, valid) -> None:
+    """A plain config mapping (no _target_), e.g. `decode`: refuse keys outside `valid`."""
+    if node is None:
+        return
+    unknown = sorted(set(node) - set(valid))
+    if unknown:
+        raise ConfigError(f"{key}.{unknown[0]}: unknown key; valid keys: {', '.join(sorted(valid))}")
+
+
+def one_line(text: str) -> str:
+    """An exception's message on one line (Hydra's and transformers' messages span several)."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    return " ".join(lines) if lines else ""
+
+
+# ---- policies ------------------------------------------------------------------------------------------
+def check_policy(policy, engine_cfg) -> None:
+    """A policy object the engine can run: a specdepth.Policy that implements plan and whose parameters ask
+    for no more depth than engine.max_depth (a built-in policy would be capped silently: refused instead)."""
+    from .policy import Policy
+
+    name = type(policy).__name__
+    if not isinstance(policy, Policy):
+        raise PolicyError(f"policy {name}: not a specdepth.Policy subclass ({type(policy).__module__}.{name}); "
+                          "a policy class must subclass specdepth.Policy")
+    if type(policy).plan is Policy.plan:
+        raise PolicyError(f"policy {name}: does not implement plan(view), the one required hook")
+    bound = policy.depth_bound()
+    if bound is None:
+        return
+    param, depth = bound
+    cap = engine_cfg.max_depth
+    if depth > cap:
+        raise PolicyError(f"policy {policy.label}: policy.{param}={depth} asks for deeper drafts than "
+                          f"engine.max_depth={cap} allows; set policy.{param}<={cap} or engine.max_depth>={depth}")
+
+
+# ---- the batch that runs -------------------------------------------------------------------------------
+def batch_limits(workload, engine_cfg) -> str | None:
+    """A warning when the requested concurrency cannot run at once: engine.max_batch_size or
+    engine.max_num_batched_tokens (one verify token per sequence at least) caps it. summary.json's
+    max_running / mean_running then say what ran."""
+    want = int(workload.batch_size)
+    cap = min(engine_cfg.max_batch_size, engine_cfg.max_num_batched_tokens)
+    if want <= cap:
+        return None
+    by = ("engine.max_batch_size" if engine_cfg.max_batch_size <= engine_cfg.max_num_batched_tokens
+          else "engine.max_num_batched_tokens")
+    msg = (f"workload.batch_size={want} exceeds {by}={cap}: at most {cap} sequences run at once "
+           f"(summary.json max_running / mean_running record the batch that ran)")
+    log.warning(msg)
+    return msg
+
+
+# ---- local checkpoints -----------------------------------------------------------------------------------
+def _is_checkpoint(path) -> bool:
+    return isinstance(path, str) and bool(path) and (Path(path) / "config.json").is_file()
+
+
+def checkpoint_kwargs(node: dict, preset: dict | None) -> dict:
+    """Constructor overrides for a model preset whose target or draft was pointed at a local checkpoint:
+    its architecture (and, for the target, the pair's name) come from the checkpoint's config.json, unless
+    the config gives them explicitly (a value other than the preset's own)."""
+    if not preset:
+        return {}
+    out = {}
+    for role in ("target", "draft"):
+        path = node.get(role)
+        if path == preset.get(role) or not _is_checkpoint(path):
+            continue
+        if node.get(f"{role}_arch") == preset.get(f"{role}_arch"):
+            out[f"{role}_arch"] = None
+        if role == "target" and node.get("name") == preset.get("name"):
+            out["name"] = None
+    return out
+
+
+# ---- what the cost model describes -------------------------------------------------------------------
+def cost_label(cost, hardware) -> str:
+    from .cost import ConstantCost, RooflineCost, TableCost
+
+    if isinstance(cost, TableCost):
+        return f"table({cost.path})"
+    if isinstance(cost, RooflineCost):
+        return f"roofline({cost.hardware.name})"
+    if isinstance(cost, ConstantCost):
+        return "constant"
+    return type(cost).__name__
+
+
+def machine_and_budget(executor, cost, hardware, engine_cfg) -> tuple[str | None, str]:
+    """(hardware label, where the token budget comes from) for summary.json.
+
+    Simulator: the hardware the cost model describes (a profile's device for cost=table). A wall-clock backend
+    is labelled with the device it runs on; its automatic budget comes only from a profile (cost=table):
+    another cost model describes no machine this run is on, so no budget applies and policies are offered
+    engine.max_num_batched_tokens (stated in summary.json's token_budget_source and the log)."""
+    from .cost import TableCost
+
+    profile = isinstance(cost, TableCost)
+    explicit = engine_cfg.token_budget != "auto"
+    source = "engine.token_budget" if explicit else f"ridge of the cost model ({cost_label(cost, hardware)})"
+    machine = executor.machine()
+    if machine is None:   # simulated clock
+        label = (cost.device or "profile") if profile else (hardware.name if hardware is not None else None)
+        return label, source
+    if profile and cost.device and cost.device.split(":")[0] != machine.split(":")[0].split(" ")[0]:
+        log.warning("cost.path %s was profiled on %s; this run is on %s", cost.path, cost.device, machine)
+    if not explicit and not profile:
+        engine_cfg.token_budget = engine_cfg.max_num_batched_tokens
+        source = (f"none: {cost_label(cost, hardware)} does not model this machine ({machine}); policies are "
+                  f"offered engine.max_num_batched_tokens. Profile it (specdepth-profile) and use cost=table")
+        log.warning("backend=%s: no token budget: %s", executor.name, source)
+    return machine, source

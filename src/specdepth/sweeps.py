@@ -1,0 +1,78 @@
+"""Failed jobs of a sweep: recorded, never fatal to the rest of the grid.
+
+A job of a `--multirun` that fails (a bad config value, an unreadable input file, a policy error, or an
+unexpected exception) writes its error to `<run dir>/error.txt` and appends one line to
+`<sweep dir>/failures.jsonl` (`run_dir`, `overrides`, `error`); the sweep goes on with the next job. The
+failures file lists the failures of the last sweep launched in that dir (`FailureCallback` empties it when a
+sweep starts); when the sweep ends the launching process prints how many jobs failed and exits with code 1.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import sys
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+
+from .results import atomic_write
+
+log = logging.getLogger("specdepth")
+FAILURES = "failures.jsonl"
+ERROR = "error.txt"
+
+#: failures of the last sweep this process launched (read by app.main for the exit code)
+last_failures: list[dict] = []
+
+
+def record_failure(run_dir, sweep_dir, overrides, message: str) -> None:
+    """The job's error into its run dir and one line into the sweep's failures file (locked: parallel jobs)."""
+    run_dir, sweep_dir = Path(run_dir), Path(sweep_dir)
+    try:
+        atomic_write(run_dir / ERROR, message.rstrip("\n") + "\n")
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        line = json.dumps({"run_dir": str(run_dir), "overrides": list(overrides), "error": message}) + "\n"
+        with open(sweep_dir / FAILURES, "a", encoding="utf-8") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.write(line)
+            fcntl.flock(f, fcntl.LOCK_UN)
+    except OSError as e:   # the sweep still goes on; the job's own error was printed
+        log.warning("could not record the failure of %s: %s", run_dir, e)
+
+
+def read_failures(sweep_dir) -> list[dict]:
+    """The failures file's records ([] when there is none); unreadable lines are kept as their text."""
+    p = Path(sweep_dir) / FAILURES
+    if not p.is_file():
+        return []
+    out = []
+    for line in p.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                out.append({"run_dir": "?", "overrides": [], "error": line})
+    return out
+
+
+class FailureCallback(Callback):
+    """Registered in conf/config.yaml (hydra.callbacks.failures): empties the failures file when a sweep
+    starts and reports its failures when the sweep ends."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        last_failures.clear()
+        p = Path(str(config.hydra.sweep.dir)) / FAILURES
+        if p.is_file():
+            p.unlink()
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = str(config.hydra.sweep.dir)
+        failed = read_failures(sweep_dir)
+        last_failures[:] = failed
+        if failed:
+            print(f"specdepth: {len(failed)} run(s) of the sweep failed (errors in {Path(sweep_dir) / FAILURES}):",
+                  file=sys.stderr, flush=True)
+            for f in failed[:20]:
+                print(f"  {' '.join(f.get('overrides') or []) or f.get('run_dir')}: {f.get('error')}",
+                      file=sys.stderr, flush=True)

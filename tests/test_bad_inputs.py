@@ -1,0 +1,335 @@
+"""Every bad input is one clear line (exit code 2, the culprit named, no traceback, no result files).
+
+One table, `ROWS`, of bad inputs across every config group, input file, custom-policy hook (the build-time
+ones: constructor, missing plan, not a Policy) and backend. Each row runs the real `specdepth` entry point
+(`specdepth.app.main`, Hydra included) in this process with a patched sys.argv, so the CLI's own error path
+is what is tested; a few rows also run as real subprocesses. Rows are (class, overrides, culprit): the
+class follows issue 13's numbering (2 results that would not say what ran, 3 input files, 4 config keys and
+values, 5 would-be tracebacks), plus "hydra" (the command line itself) and "hf" (the real backend).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from sdtest import ROOT, cli, result_files
+from specdepth.app import main
+
+FID = ROOT / "experiments" / "fidelity"
+TRACE_OK = '{"request_id": 0, "confidence": [0.9, 0.5], "accepted": [1, 0]}\n'
+
+
+def _files(d: Path) -> dict:
+    """Bad input files, written once: {name: path}."""
+    d.mkdir(parents=True, exist_ok=True)
+    text = {
+        "wl_typo.jsonl": '{"prompt_len": 8, "output_len": 4, "arival_s": 0.5}\n',
+        "wl_ids_str.jsonl": '{"prompt_ids": "12 13 14", "output_len": 4}\n',
+        "wl_ids_float.jsonl": '{"prompt_ids": [1, 2.5], "output_len": 4}\n',
+        "wl_json.jsonl": '{"prompt_len": 8, "output_len": 4}\n{"prompt_len": 8,\n',
+        "wl_list.jsonl": '[8, 4]\n',
+        "wl_no_out.jsonl": '{"prompt_len": 8}\n',
+        "wl_neg_arrival.jsonl": '{"prompt_len": 8, "output_len": 4, "arrival_s": -1}\n',
+        "wl_mismatch.jsonl": '{"prompt_len": 5, "prompt_ids": [1, 2, 3], "output_len": 4}\n',
+        "wl_empty.jsonl": "\n\n",
+        "tr_typo.jsonl": '{"request_id": 0, "confidence": [0.9], "accepted": [1], "acepted": [1]}\n',
+        "tr_str.jsonl": '{"confidence": "0.9", "accepted": [1]}\n',
+        "tr_two.jsonl": '{"confidence": [0.9], "accepted": [2]}\n',
+        "tr_len.jsonl": '{"confidence": [0.9, 0.8], "accepted": [1]}\n',
+        "tr_missing.jsonl": '{"confidence": [0.9]}\n',
+        "pr_typo.jsonl": '{"txt": "hello"}\n',
+        "pr_ids_str.jsonl": '{"prompt_ids": "1 2 3"}\n',
+        "pr_both.jsonl": '{"text": "a", "prompt": "b"}\n',
+        "csv_cols.csv": "model,batch,seconds\ntarget,1,0.1\n",
+        "csv_value.csv": "model,batch,query,context,seconds\ntarget,1,1,0,fast\n",
+        "csv_which.csv": "model,batch,query,context,seconds\nverifier,1,1,0,0.1\n",
+        "csv_grid.csv": "model,batch,query,context,seconds\ntarget,1,1,0,0.1\ntarget,2,2,0,0.2\n",
+        "csv_arch.csv": ("model,batch,query,context,seconds,device,dtype,name,arch\n"
+                         "target,1,1,0,0.1,cpu,float32,other,L2-H64-A4-KV2-I128-V64-D16-float32\n"),
+        "yaml_bad.yaml": "a: [1, 2\n",
+    }
+    out = {k: d / k for k in text}
+    for k, v in text.items():
+        out[k].write_text(v)
+    for name, body in (("wl_latin1.jsonl", '{"prompt_len": 8, "output_len": 4}\n# caf\xe9\n'),
+                       ("tr_latin1.jsonl", TRACE_OK + "caf\xe9\n"), ("pr_latin1.jsonl", '{"text": "caf\xe9"}\n')):
+        out[name] = d / name
+        out[name].write_bytes(body.encode("latin-1"))
+    return out
+
+
+WL, TR = "workload=file workload.path={%s}", "acceptance=trace acceptance.path={%s}"
+TABLE = "cost=table cost.path={%s}"
+POL = "policy=none ~policy.depth policy._target_=custom_policies.%s"
+
+# (class, overrides (space-separated; {name} = a file from _files), culprit the message must name)
+ROWS = [
+    # ---- 2: a result that would not say what ran -> refused
+    ("2", "policy=fixed engine.max_depth=2", "policy.depth=4"),
+    ("2", "policy=disable_by_batch policy.depth=6 engine.max_depth=5", "policy.depth=6"),
+    ("2", "policy=batch_scaled engine.max_depth=4", "policy.max_depth=8"),
+    ("2", "policy=confidence engine.max_depth=6", "policy.max_depth=8"),
+    ("2", "policy=heuristic engine.max_depth=8", "policy.max_depth=16"),
+    ("2", "policy=ema engine.max_depth=3", "policy.max_depth=7"),
+    ("2", "policy=ema policy.max_depth=5 engine.max_depth=5", "policy.tiers=7"),
+    ("2", "policy=goodput engine.max_depth=12", "policy.max_depth=16"),
+    ("2", "policy=oracle engine.max_depth=4", "policy.max_depth=16"),
+    ("2", "policy=bandit engine.max_depth=6", "policy.arms=8"),
+    ("2", "policy=batch_table engine.max_depth=3", "policy.table=4"),
+    ("2", "model=tiny_pair " + TABLE % "csv_arch.csv", "profiled for another model"),
+    ("2", "cost=table cost.path=" + str(FID / "profile.csv"), "profiled for model 'tiny_pair'"),
+    ("2", f"backend.clock_profile={FID / 'clock_profile.csv'}", "backend.clock_profile"),
+    # ---- 3: input files (workload=file, acceptance=trace, cost=table / clock_profile CSVs)
+    ("3", WL % "wl_typo.jsonl", "wl_typo.jsonl:1: unknown key 'arival_s'"),
+    ("3", WL % "wl_ids_str.jsonl", "wl_ids_str.jsonl:1: prompt_ids must be a list"),
+    ("3", WL % "wl_ids_float.jsonl", "wl_ids_float.jsonl:1: prompt_ids[1]"),
+    ("3", WL % "wl_latin1.jsonl", "wl_latin1.jsonl:2: not UTF-8"),
+    ("3", WL % "wl_json.jsonl", "wl_json.jsonl:2: invalid JSON"),
+    ("3", WL % "wl_list.jsonl", "wl_list.jsonl:1: expected a JSON object"),
+    ("3", WL % "wl_no_out.jsonl", "wl_no_out.jsonl:1: output_len"),
+    ("3", WL % "wl_neg_arrival.jsonl", "wl_neg_arrival.jsonl:1: arrival_s"),
+    ("3", WL % "wl_mismatch.jsonl", "wl_mismatch.jsonl:1: prompt_len"),
+    ("3", WL % "wl_empty.jsonl", "holds no requests"),
+    ("3", "workload=file workload.path=/nonexistent/w.jsonl", "/nonexistent/w.jsonl"),
+    ("3", TR % "tr_typo.jsonl", "tr_typo.jsonl:1: unknown key 'acepted'"),
+    ("3", TR % "tr_str.jsonl", "tr_str.jsonl:1: confidence must be a list"),
+    ("3", TR % "tr_two.jsonl", "tr_two.jsonl:1: confidences must be in [0, 1] and accepted 0 or 1"),
+    ("3", TR % "tr_len.jsonl", "tr_len.jsonl:1: 'confidence' and 'accepted'"),
+    ("3", TR % "tr_missing.jsonl", "tr_missing.jsonl:1: not a trace record"),
+    ("3", TR % "tr_latin1.jsonl", "tr_latin1.jsonl:2: not UTF-8"),
+    ("3", "acceptance=trace acceptance.path=/nonexistent/t.jsonl", "/nonexistent/t.jsonl"),
+    ("3", TABLE % "csv_cols.csv", "csv_cols.csv lacks columns"),
+    ("3", TABLE % "csv_value.csv", "csv_value.csv:2"),
+    ("3", TABLE % "csv_which.csv", "csv_which.csv:2: model must be target or draft"),
+    ("3", TABLE % "csv_grid.csv", "full batch x query x context grid"),
+    ("3", "cost=table cost.path=/nonexistent/p.csv", "cost.path: profile CSV not found"),
+    ("3", "backend.clock_profile={csv_cols.csv}", "backend.clock_profile"),
+    ("3", "workload=dataset workload.path={yaml_bad.yaml}", "workload.path"),
+    ("3", "workload=dataset workload.path=/nonexistent/d.jsonl", "workload.path"),
+    # ---- 4: config values and typos, every group
+    ("4", "engine.max_batch_size=0", "engine.max_batch_size"),
+    ("4", "engine.max_num_batched_tokens=0", "engine.max_num_batched_tokens"),
+    ("4", "engine.token_budget=0", "engine.token_budget"),
+    ("4", "engine.token_budget=lots", "engine.token_budget"),
+    ("4", "engine.max_depth=-1", "engine.max_depth"),
+    ("4", "engine.acceptance_prior=2", "engine.acceptance_prior"),
+    ("4", "engine.history=0", "engine.history"),
+    ("4", "engine.progress=maybe", "engine.progress"),
+    ("4", "+engine.max_dept=3", "engine.max_dept: unknown key"),
+    ("4", "policy=fixed policy.depth=-1", "policy.depth"),
+    ("4", "policy=fixed +policy.dept=3", "policy.dept: unknown key"),
+    ("4", "policy=goodput +policy.max_dept=3", "policy.max_dept: unknown key"),
+    ("4", "policy=goodput policy.estimator=vibes", "policy.estimator"),
+    ("4", "policy=goodput policy.ranking=alphabetical", "policy.ranking"),
+    ("4", "policy=ema policy.scope=galaxy", "policy.scope"),
+    ("4", "policy=ema policy.tiers=[]", "policy.tiers"),
+    ("4", "policy=bandit policy.arms=[]", "policy.arms"),
+    ("4", "policy=batch_table policy.table=[[1,2]]", "policy.table[0]"),
+    ("4", "policy=batch_table policy.table=[[1,8,2],[4,9,1]]", "policy.table"),
+    ("4", "policy=disable_by_batch policy.threshold=0", "policy.threshold"),
+    ("4", "policy=heuristic policy.initial=0", "policy.initial"),
+    ("4", "policy=confidence policy.max_depth=-3", "policy.max_depth"),
+    ("4", "+model.tokeniser=x", "model.tokeniser: unknown key"),
+    ("4", "model.dtype=int4", "model.dtype"),
+    ("4", "model.device=tpu", "model.device"),
+    ("4", "model.target_arch.layers=0", "model.target_arch.layers"),
+    ("4", "+model.target_arch.num_experts=8", "model.target_arch has unknown keys"),
+    ("4", "model.target=/nonexistent/ckpt model.target_arch=null", "model.target_arch"),
+    ("4", "hardware.mbu=0", "hardware.mbu"),
+    ("4", "hardware.peak_tflops=-1", "hardware.peak_tflops"),
+    ("4", "+hardware.hbm_gb=80", "hardware.hbm_gb: unknown key"),
+    ("4", "cost.overhead_s=-1", "cost.overhead_s"),
+    ("4", "+cost.overhed_s=1", "cost.overhed_s: unknown key"),
+    ("4", "cost=constant cost.target_step_s=0", "cost.target_step_s"),
+    ("4", "cost=constant +cost.hardware_name=h100", "cost.hardware_name: unknown key"),
+    ("4", "acceptance=iid acceptance.alpha=1.5", "acceptance.alpha"),
+    ("4", "acceptance=iid +acceptance.alpah=0.5", "acceptance.alpah: unknown key"),
+    ("4", "acceptance=beta acceptance.mean=1", "acceptance.mean"),
+    ("4", "acceptance=beta acceptance.concentration=0", "acceptance.concentration"),
+    ("4", "acceptance.calibration=-1", "acceptance.calibration"),
+    ("4", "workload.batch_size=0", "workload.batch_size"),
+    ("4", "workload.output_len=0", "workload.output_len"),
+    ("4", "workload.prompt_len=abc", "workload.prompt_len"),
+    ("4", "workload.prompt_len={dist:uniform,low:9,high:2}", "workload.prompt_len.high"),
+    ("4", "workload.prompt_len={dist:gauss,mean:5}", "workload.prompt_len.dist"),
+    ("4", "workload.prompt_len={dist:uniform,low:1,high:5,hi:9}", "workload.prompt_len.hi: unknown key"),
+    ("4", "+workload.batchsize=4", "workload.batchsize: unknown key"),
+    ("4", "workload=poisson workload.rate=0", "workload.rate"),
+    ("4", "workload=poisson workload.max_concurrency=0", "workload.max_concurrency"),
+    ("4", "+backend.pad_raged=true", "backend.pad_raged: unknown key"),
+    ("4", "backend.step_overhead_s=-1", "backend.step_overhead_s"),
+    ("4", "+logger.project=x", "logger.project: unknown key"),
+    ("4", "logger=wandb logger.mode=loud", "logger.mode"),
+    ("4", "logger=wandb +logger.projct=x", "logger.projct: unknown key"),
+    ("4", "+decode.temprature=0.5", "decode.temprature: unknown key"),
+    ("4", "seed=-3", "seed"),
+    # ---- 5: custom policies at build time, and what used to be a traceback
+    ("5", POL % "NoPlan", "does not implement plan"),
+    ("5", POL % "Exploding", "policy Exploding: __init__() raised ValueError: knob must be odd and prime"),
+    ("5", POL % "NotAPolicy", "policy NotAPolicy: not a specdepth.Policy subclass"),
+    ("5", POL % "Alternating" + " +policy.dpth=2", "policy.dpth: unknown key"),
+    ("5", "policy=none ~policy.depth policy._target_=no_such_module.Policy", "no_such_module"),
+    ("5", "policy=none ~policy.depth policy._target_=custom_policies.Missing", "custom_policies.Missing"),
+    ("5", "hydra.run.dir=/proc/no/such/dir", "/proc/no"),
+    # ---- the command line itself
+    ("hydra", "hardware=tpu_v9", "tpu_v9"),
+    ("hydra", "policy.depth=[1,", "policy.depth"),
+    ("hydra", "cost=table", "cost.path"),
+    ("hydra", "workload=file", "workload.path"),
+]
+
+
+def _fill(overrides: str, names: dict) -> list[str]:
+    """The row's overrides, each {name} replaced by that file's path."""
+    out = []
+    for a in overrides.split(" "):
+        for k, v in names.items():
+            a = a.replace("{" + k + "}", str(v))
+        out.append(a)
+    return out
+
+
+def _main(args, cwd: Path):
+    """`specdepth *args` in this process: (exit code, stdout + stderr)."""
+    out = io.StringIO()
+    old_argv, old_cwd = sys.argv, os.getcwd()
+    sys.argv = ["specdepth", *args]
+    os.chdir(cwd)
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            main()
+    except SystemExit as e:
+        code = e.code
+    finally:
+        sys.argv = old_argv
+        os.chdir(old_cwd)
+    return code, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return _files(tmp_path_factory.mktemp("bad_files"))
+
+
+def _assert_refused(code, out, culprit, tmp_path):
+    assert code == 2, out[-3000:]
+    assert culprit in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    line = [ln for ln in out.splitlines() if ln.startswith("specdepth: error:")]
+    assert len(line) == 1, out[-3000:]
+    assert result_files(tmp_path) == []
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("cls,overrides,culprit", ROWS, ids=[f"{c}:{o[:60]}" for c, o, _ in ROWS])
+def test_bad_input(cls, overrides, culprit, files, tmp_path):
+    args = _fill(overrides, files)
+    if not any(a.startswith("hydra.run.dir=") for a in args):
+        args.append(f"hydra.run.dir={tmp_path / 'run'}")
+    code, out = _main(["engine.progress=false", *args], tmp_path)
+    _assert_refused(code, out, culprit, tmp_path)
+
+
+# ---- the real backend -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def big_vocab_draft(tiny_pair, tmp_path_factory):
+    """A draft whose vocabulary (80 rows) is larger than the target's (64)."""
+    from conftest import build_tiny_llama
+    d = tmp_path_factory.mktemp("big_vocab") / "draft"
+    build_tiny_llama(d, seed=3, tokenizer=False, vocab=80)
+    return d
+
+
+HF_ROWS = [
+    ("hf", "model.draft={big_draft}", "model.draft: its vocabulary has 80 rows, more than model.target's 64"),
+    ("hf", "policy=oracle", "backend 'hf' cannot provide them"),
+    ("hf", "+backend.pad_ragged=true", "backend.pad_ragged: unknown key for specdepth.hf.HFExecutor"),
+    ("hf", "decode.temperature=-1", "decode.temperature"),
+    ("hf", "decode.top_p=0", "decode.top_p"),
+    ("hf", "backend.num_threads=0", "backend.num_threads"),
+    ("hf", "model.prompts={pr_typo.jsonl}", "pr_typo.jsonl:1: unknown key 'txt'"),
+    ("hf", "model.prompts={pr_ids_str.jsonl}", "pr_ids_str.jsonl:1: prompt_ids must be a list"),
+    ("hf", "model.prompts={pr_both.jsonl}", "pr_both.jsonl:1: expected exactly one of"),
+    ("hf", "model.prompts={pr_latin1.jsonl}", "pr_latin1.jsonl:1: not UTF-8"),
+    ("hf", "model.prompts=/nonexistent/p.jsonl", "/nonexistent/p.jsonl"),
+    ("hf", "workload=file workload.path={wl_typo.jsonl}", "unknown key 'arival_s'"),
+]
+
+
+@pytest.mark.parametrize("cls,overrides,culprit", HF_ROWS, ids=[o[:50] for _, o, _ in HF_ROWS])
+def test_bad_input_hf(cls, overrides, culprit, files, tiny_pair, big_vocab_draft, tmp_path):
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM  # noqa: F401  (imported before Hydra runs the job)
+
+    from conftest import hf_overrides
+    extra = _fill(overrides, dict(files, big_draft=big_vocab_draft))
+    small = [] if "workload=" in overrides else ["workload.batch_size=2", "workload.output_len=4",
+                                                  "workload.prompt_len=4"]
+    args = hf_overrides(tiny_pair, *small, *extra, f"hydra.run.dir={tmp_path / 'run'}")
+    code, out = _main(args, tmp_path)
+    _assert_refused(code, out, culprit, tmp_path)
+
+
+def test_table_counts_by_class():
+    """The table covers every config group, input file, build-time policy hook and backend (>= 80 rows)."""
+    counts = Counter(c for c, _, _ in ROWS + HF_ROWS)
+    assert sum(counts.values()) >= 80, counts
+    groups = {o.split("=")[0].lstrip("+~").split(".")[0] for _, ov, _ in ROWS + HF_ROWS for o in ov.split(" ")}
+    for g in ("engine", "policy", "model", "hardware", "cost", "acceptance", "workload", "backend", "logger",
+              "decode", "seed", "hydra"):
+        assert g in groups, g
+
+
+# ---- a few through a real subprocess ------------------------------------------------------------------
+@pytest.mark.parametrize("args,culprit", [
+    (["+cost.overhed_s=1"], "cost.overhed_s: unknown key"),
+    (["policy=none", "~policy.depth", "policy._target_=custom_policies.Exploding"], "raised ValueError"),
+    (["hydra.run.dir=/proc/no/such/dir"], "/proc/no"),
+])
+def test_bad_input_subprocess(args, culprit, tmp_path):
+    p = cli(*args, cwd=tmp_path, env_extra={"PYTHONPATH": str(ROOT / "tests")})
+    assert p.returncode == 2, p.stderr
+    assert culprit in p.stderr and "Traceback" not in p.stderr + p.stdout
+    assert result_files(tmp_path) == []
+
+
+def test_debug_switch_shows_the_traceback(tmp_path):
+    p = cli("policy=none", "~policy.depth", "policy._target_=custom_policies.Exploding", cwd=tmp_path,
+            env_extra={"PYTHONPATH": str(ROOT / "tests"), "SPECDEPTH_DEBUG": "1"})
+    assert p.returncode != 0 and "Traceback" in p.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    from sdtest import CLI
+    proc = subprocess.Popen([CLI, "workload.batch_size=256", "workload.output_len=120000", "policy=none",
+                             "hardware.memory_gb=null", "hydra.run.dir=run"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, HYDRA_FULL_ERROR="0"))
+    deadline = time.time() + 60
+    while time.time() < deadline and not (tmp_path / "run" / ".lock").exists():
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in out + err
+    assert result_files(tmp_path) == [] and not (tmp_path / "run").exists()
+
+
+def test_summary_of_a_refusal_is_not_json(tmp_path):
+    """A refused run writes no summary.json that a report could mistake for a result."""
+    code, out = _main(["policy=fixed", "engine.max_depth=2", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert code == 2
+    assert not list(tmp_path.rglob("*.json")), json.dumps([str(p) for p in tmp_path.rglob("*")])
