@@ -48,6 +48,13 @@ def ragged_sums(ctx, q):
 
 
 @njit(cache=True, nogil=True)
+def advance(x, accepted):
+    """x[i] += accepted[i] + 1 (the tokens a verify emits per row: accepted drafts + the bonus/correction)."""
+    for i in range(x.shape[0]):
+        x[i] += accepted[i] + 1
+
+
+@njit(cache=True, nogil=True)
 def int_sum(a):
     s = 0
     for i in range(a.shape[0]):
@@ -147,10 +154,8 @@ def commit(generated, output_len, accepted_w, rejected_w, drafted_total, accepte
     return a_sum, d_sum, out, n_done
 
 
-@njit(cache=True, nogil=True)
-def compact_columns(keep, M):
-    """M [columns, capacity]: move the kept rows (M[:, i] with keep[i]) to the front, in order, in place;
-    returns how many were kept."""
+@njit(cache=True, nogil=True, inline="always")
+def _compact_columns(keep, M, fill):
     m = 0
     for i in range(keep.shape[0]):
         if keep[i]:
@@ -158,18 +163,31 @@ def compact_columns(keep, M):
                 for j in range(M.shape[0]):
                     M[j, m] = M[j, i]
             m += 1
+    for i in range(m, keep.shape[0]):   # the freed rows hold their fill values again
+        for j in range(M.shape[0]):
+            M[j, i] = fill[j]
     return m
 
 
 @njit(cache=True, nogil=True)
-def compact_rows(keep, A):
-    """A [capacity, width]: move the kept rows A[i] to the front, in order, in place; returns the count."""
+def compact_flat(keep, Mi, fill_i, Mf, fill_f):
+    """Mi, Mf [columns, capacity] (the RowTable's int and float columns): move the kept rows to the front,
+    in order, in place, and reset the freed rows to their fill values; returns how many were kept."""
+    _compact_columns(keep, Mf, fill_f)
+    return _compact_columns(keep, Mi, fill_i)
+
+
+@njit(cache=True, nogil=True)
+def compact_rows(keep, A, fill):
+    """A [capacity, width]: move the kept rows A[i] to the front, in order, in place, and reset the freed
+    rows to `fill`; returns the count."""
     m = 0
     for i in range(keep.shape[0]):
         if keep[i]:
             if m != i:
                 A[m] = A[i]
             m += 1
+    A[m:keep.shape[0]] = fill
     return m
 
 
@@ -286,6 +304,16 @@ def keyed_block(key, ids, pos, k, level, logit_normal, spread, calibration):
 
 
 @njit(cache=True, nogil=True)
+def keyed_at(key, ids, pos, rows, offset, level, logit_normal, spread, calibration, conf, acc):
+    """Draft position `offset` of the rows `rows` only: fills conf[r, offset] and acc[r, offset] with the
+    outcomes keyed_block draws there (output position pos[r] + offset of request ids[r])."""
+    for t in range(rows.shape[0]):
+        r = rows[t]
+        conf[r, offset], acc[r, offset] = _keyed_draw(_row_base(key, ids[r], 0), _row_base(key, ids[r], 1),
+                                                      pos[r] + offset, level[r], logit_normal, spread, calibration)
+
+
+@njit(cache=True, nogil=True)
 def keyed_leading(key, ids, pos, drafted, level, logit_normal, spread, calibration):
     """Per row: how many of its drafted[i] drafts the target accepts (the leading accepted run of the same
     outcomes keyed_block draws), drawing only up to the first rejection."""
@@ -314,6 +342,15 @@ def roofline_seconds(flops, tokens, ctx_tokens, weight_bytes, kv_bytes, inv_flop
 
 
 _roofline_seconds = njit(cache=True, nogil=True, inline="always")(roofline_seconds)
+
+
+@njit(cache=True, nogil=True)
+def roofline_forward(ctx, q, a, b, w, kv, inv_f, inv_b, oh, ca):
+    """RooflineCost.target_forward/draft_forward over a ragged batch in one pass: (seconds, flops), the same
+    arithmetic in the same order as the Python path (ragged_sums, then the roofline)."""
+    t, pairs, c = ragged_sums(ctx, q)
+    f = a * t + b * pairs
+    return _roofline_seconds(f, t, c, w, kv, inv_f, inv_b, oh, ca), f
 
 
 @njit(cache=True, nogil=True)

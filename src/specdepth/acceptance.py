@@ -79,6 +79,12 @@ class AcceptanceModel:
         drafts are accepted (the leading run of `sample`'s outcomes). None: not offered (use sample)."""
         return None
 
+    def draw(self, rows: np.ndarray, offset: int, conf: np.ndarray, acc: np.ndarray) -> bool:
+        """Optional: fill conf[rows, offset] and acc[rows, offset] with `sample`'s outcomes at draft position
+        `offset` of those rows only (a step's drafting reaches few positions of most rows). False: not
+        offered (use sample)."""
+        return False
+
     def commit(self, drafted: np.ndarray, accepted: np.ndarray) -> None:
         """After every verify (also one without drafts): row i had drafted[i] drafts verified, accepted[i]
         of them, and emitted accepted[i] + 1 tokens."""
@@ -118,13 +124,19 @@ class Keyed(AcceptanceModel):
         return _k.keyed_block(self.key, r.acc_request, r.acc_pos, k, r.acc_level, self.logit_normal, self.spread,
                               self.calibration)
 
+    def draw(self, rows, offset, conf, acc):
+        r = self.rows
+        _k.keyed_at(self.key, r.acc_request, r.acc_pos, rows, offset, r.acc_level, self.logit_normal, self.spread,
+                    self.calibration, conf, acc)
+        return True
+
     def leading(self, drafted):
         r = self.rows
         return _k.keyed_leading(self.key, r.acc_request, r.acc_pos, drafted, r.acc_level, self.logit_normal,
                                 self.spread, self.calibration)
 
     def commit(self, drafted, accepted):
-        self.rows.acc_pos += accepted + 1
+        _k.advance(self.rows.acc_pos, accepted)   # pos += accepted + 1
 
 
 class IID(Keyed):

@@ -225,12 +225,20 @@ class RooflineCost(CostModel):
             self._oh[which] = oh + per_forward if tp > 1 else oh
             self._ca[which] = per_token
             self._moe[which] = MoEWeights(arch, tp, self.moe_skew) if arch.is_moe else None
+        self._target_terms = (self._tf[0], self._tf[1], self._w["target"], self._kv["target"], self._inv_f["target"],
+                              self._inv_b, self._oh["target"], self._ca["target"])
 
     def _time(self, which, tokens, flops, ctx_tokens, seqs):
         moe = self._moe[which]
         return _k.roofline_seconds(flops, tokens, ctx_tokens, self._w[which] if moe is None else moe(tokens),
                                    self._kv[which], self._inv_f[which], self._inv_b, self._oh[which],
                                    self._ca[which])
+
+    def target_forward(self, ctx, q=None):
+        if (q is not None and self._moe["target"] is None and type(q) is np.ndarray and ctx.dtype == np.int64
+                and q.dtype == np.int64 and q.shape == ctx.shape):   # the verify's shape: one compiled pass
+            return _k.roofline_forward(ctx, q, *self._target_terms)
+        return super().target_forward(ctx, q)
 
     def draft_positions(self, ctx, depths):
         if ctx.dtype == np.int64 and depths.dtype == np.int64 and self._moe["draft"] is None:

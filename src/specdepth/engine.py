@@ -67,14 +67,14 @@ class EngineConfig:
         return int(min(b, self.max_num_batched_tokens))
 
 
-@dataclass(slots=True)
 class Step:
     """One engine step, filled phase by phase. The fields named like STEP_COLUMNS are the step's row of
-    steps.csv (totals over the batch); the per-row arrays (length batch_size) are what the policy sees."""
+    steps.csv (totals over the batch); the per-row arrays (length batch_size) are what the policy sees.
+    Fields not yet filled read their class default (a step costs two assignments to create)."""
 
     # admit
-    step: int
-    time_s: float                       # the clock when the step began
+    step: int                           # (set by __init__)
+    time_s: float                       # the clock when the step began (set by __init__)
     admitted: int = 0
     prefill_s: float = 0.0
     now_s: float = 0.0                  # the clock when the policy plans (after admission)
@@ -104,12 +104,21 @@ class Step:
     overhead_s: float = 0.0
     step_s: float = 0.0
 
+    def __init__(self, step: int, time_s: float, **fields):
+        self.step, self.time_s = step, time_s
+        for name, value in fields.items():
+            if not hasattr(Step, name):
+                raise TypeError(f"Step has no field {name!r}")
+            setattr(self, name, value)
+
     def row(self) -> tuple:
         """The step's row of steps.csv, by column name."""
         return _STEP_ROW(self)
 
 
 _STEP_ROW = operator.attrgetter(*STEP_COLUMNS)
+_INT64 = np.dtype(np.int64)
+_REQUEST_ROW = operator.itemgetter(*REQUEST_COLUMNS)   # a request's row of requests.csv, by column name
 
 
 @dataclass
@@ -168,7 +177,7 @@ class Engine:
         """Call a policy hook through the clock (which charges its time, or not); an exception the
         policy raises becomes a PolicyError naming the policy, the hook and the exception's message."""
         try:
-            return self._call(getattr(self.policy, hook), *args)
+            return self._call(self._hooks[hook], *args)
         except SpecdepthError:
             raise
         except Exception as e:
@@ -178,9 +187,9 @@ class Engine:
         raise PolicyError(f"policy {self._pname} broke a rule: {rule}")
 
     def _check_depths(self, depths, n: int) -> tuple[np.ndarray, int]:
-        if type(depths) is np.ndarray and depths.dtype == np.int64 and depths.shape == (n,):   # the usual answer
+        if type(depths) is np.ndarray and depths.dtype is _INT64 and depths.shape == (n,):   # the usual answer
             lo, hi, total = _k.depth_stats(depths)
-            if lo >= 0 and hi <= self.cfg.max_depth and n + total <= self.cfg.max_num_batched_tokens:
+            if lo >= 0 and hi <= self._max_depth and n + total <= self._max_tokens:
                 return depths, int(hi)
         return self._check_any_depths(depths, n)
 
@@ -235,6 +244,8 @@ class Engine:
         ex.attach(self.rows)
         self.clock = Clock(ex.clock, cfg.charge_policy_time)
         self._call = self.clock.call
+        self._hooks = {h: getattr(self.policy, h) for h in ("reset", "plan", "keep_drafting", "observe")}
+        self._oracle = self.policy.requires_oracle
         self.view = StepView(self.rows, self.budget, cfg.max_depth, cfg.max_num_batched_tokens, self.cost,
                              cfg.acceptance_prior)
         self._has_keep, self._has_obs = _overrides(self.policy, "keep_drafting"), _overrides(self.policy, "observe")
@@ -245,6 +256,8 @@ class Engine:
         self._joint = np.zeros((cfg.max_depth + 1) ** 2, np.int64)   # (drafted, accepted) per (row, step)
         self._next = self._step = self._hptr = 0
         self._commit_version = -1
+        self._max_depth, self._max_tokens, self._history = cfg.max_depth, cfg.max_num_batched_tokens, cfg.history
+        self._commit_args = (cfg.acceptance_decay, self._joint, cfg.max_depth + 1)
         reqs = self.requests
         self._arrivals = [r.arrival_s for r in reqs]
         self._admit_cols = {c: np.array([getattr(r, c) for r in reqs], np.float64 if c == "arrival_s" else np.int64)
@@ -259,12 +272,15 @@ class Engine:
         prefill emits its first token. Requests done after one token (output_len 1) leave at once."""
         rows, now, arrivals = self.rows, self.clock.now, self._arrivals
         start = end = self._next
+        s.now_s = now
+        if start == len(arrivals) or arrivals[start] > now:   # nobody waiting
+            rows.sync()
+            return
         room = self._cap - rows.n
-        if self.capacity is not None and room and start < len(arrivals) and arrivals[start] <= now:
+        if self.capacity is not None and room:
             room = self.capacity.room(rows.prompt_len, rows.output_len, start, room)   # what the KV memory fits
         while end < len(arrivals) and end - start < room and arrivals[end] <= now:
             end += 1
-        s.now_s = now
         if end == start:
             rows.sync()
             return
@@ -296,7 +312,7 @@ class Engine:
 
     def _plan(self, s: Step) -> None:
         s.batch_size = self.rows.n
-        if self.policy.requires_oracle:
+        if self._oracle:
             s.oracle_accept = self.executor.peek_accepted(self.cfg.max_depth)
         self.view.bind(s, self._hptr)
         s.depths, s.max_depth = self._check_depths(self._hook("plan", self.view), s.batch_size)
@@ -347,10 +363,9 @@ class Engine:
             self._commit_version = r.version
             self._commit_cols = (r.generated, r.output_len, r.accepted_w, r.rejected_w, r.drafted_total,
                                  r.accepted_total, r.last_depth, r.depth_changes, r.ring_accepted, r.ring_drafted)
-        self._hptr = (self._hptr + 1) % self.cfg.history
+        self._hptr = hptr = (self._hptr + 1) % self._history
         s.accepted, s.drafted, s.emitted, s.decoded_done = _k.commit(
-            *self._commit_cols, self._hptr, s.row_drafted, s.row_accepted, self.cfg.acceptance_decay, self._joint,
-            self.cfg.max_depth + 1, s.max_depth > 0)
+            *self._commit_cols, hptr, s.row_drafted, s.row_accepted, *self._commit_args, s.max_depth > 0)
         s.finished += s.decoded_done
         self.res.seq_steps += s.batch_size
         self.res.emitted_unclipped += s.accepted + s.batch_size
@@ -362,7 +377,7 @@ class Engine:
     def _record(self, s: Step) -> None:
         s.verify_tokens = s.batch_size + s.drafted
         s.step_s, s.overhead_s = self.clock.end_step(s.draft_s, s.verify_s, s.prefill_s)
-        self.res.steps.append(s.row())
+        self.res.steps.append(_STEP_ROW(s))
         self._step += 1
 
     def _retire(self, s: Step) -> None:
@@ -374,15 +389,12 @@ class Engine:
         r, now, out = self.rows, self.clock.now, self.res.requests
         if self.capacity is not None:   # the KV the batch holds peaks just before requests leave
             self.capacity.observe(r.prompt_len, r.generated)
-        for i in np.flatnonzero(~keep).tolist():
-            first, arr, g = float(r.first_token_s[i]), float(r.arrival_s[i]), int(r.generated[i])
-            row = dict(request_id=int(r.request_id[i]), prompt_len=int(r.prompt_len[i]),
-                       output_len=int(r.output_len[i]), arrival_s=arr, first_token_s=first, finish_s=now,
-                       ttft_s=first - arr, e2e_s=now - arr, tpot_s=(now - first) / (g - 1) if g > 1 else 0.0,
-                       steps=self._step - int(r.admitted_step[i]), drafted=int(r.drafted_total[i]),
-                       accepted=int(r.accepted_total[i]))
-            out.append(tuple(row[c] for c in REQUEST_COLUMNS))
-            self.res.depth_changes.append(int(r.depth_changes[i]))
+        for v in r.records(np.flatnonzero(~keep)):
+            first, arr, g = v["first_token_s"], v["arrival_s"], v["generated"]
+            v.update(finish_s=now, ttft_s=first - arr, e2e_s=now - arr, tpot_s=(now - first) / (g - 1) if g > 1 else 0.0,
+                     steps=self._step - v["admitted_step"], drafted=v["drafted_total"], accepted=v["accepted_total"])
+            out.append(_REQUEST_ROW(v))
+            self.res.depth_changes.append(v["depth_changes"])
         r.keep(keep, refresh=False)   # the views refresh at the next admission (rows.grow or rows.sync)
 
     def _finish(self) -> RunResult:

@@ -24,7 +24,7 @@ class RowTable:
         self.n = 0
         self._cap = max(int(capacity), 1)
         self._flat: dict[str, tuple[type, int]] = {}      # name -> (dtype, index in its dtype's matrix)
-        self._fill = {np.int64: [], np.float64: []}
+        self._fill = {np.int64: np.zeros(0, np.int64), np.float64: np.zeros(0)}   # per flat column
         self._mat = {np.int64: np.zeros((0, self._cap), np.int64), np.float64: np.zeros((0, self._cap))}
         self._wide: dict[str, tuple[np.ndarray, object]] = {}   # name -> (storage [cap, width], fill)
         self._names = {np.int64: [], np.float64: []}              # flat column names in matrix order
@@ -48,7 +48,7 @@ class RowTable:
             m = self._mat[dt]
             self._flat[name] = (dt, m.shape[0])
             self._names[dt].append(name)
-            self._fill[dt].append(fill)
+            self._fill[dt] = np.append(self._fill[dt], dt(fill))
             self._mat[dt] = np.vstack([m, np.full((1, self._cap), fill, dt)])
         self._views()
 
@@ -58,15 +58,11 @@ class RowTable:
 
     # ---- rows -------------------------------------------------------------------------------------
     def grow(self, m: int) -> slice:
-        """Append m rows at their columns' fill values; returns the slice of the new rows."""
+        """Append m rows at their columns' fill values (rows past n always hold them); returns the slice of
+        the new rows."""
         n = self.n
         if n + m > self._cap:
             self._resize(max(n + m, 2 * self._cap))
-        for dt, mat in self._mat.items():
-            if mat.shape[0]:
-                mat[:, n:n + m] = np.asarray(self._fill[dt], dt)[:, None]
-        for arr, fill in self._wide.values():
-            arr[n:n + m] = fill
         self.n = n + m
         self._views()
         return slice(n, n + m)
@@ -77,13 +73,11 @@ class RowTable:
         right after retiring: one refresh instead of two)."""
         for hook in self._hooks:
             hook(keep)
-        m = None
-        for mat in self._mat.values():
-            if mat.shape[0]:
-                m = _k.compact_columns(keep, mat)
-        for arr, _ in self._wide.values():
-            m = _k.compact_rows(keep, arr)
-        self.n = int(np.count_nonzero(keep)) if m is None else int(m)
+        m = _k.compact_flat(keep, self._mat[np.int64], self._fill[np.int64], self._mat[np.float64],
+                            self._fill[np.float64])
+        for arr, fill in self._wide.values():
+            _k.compact_rows(keep, arr, fill)
+        self.n = int(m)
         if refresh:
             self._views()
         else:
@@ -96,7 +90,7 @@ class RowTable:
 
     def _resize(self, cap: int) -> None:
         for dt, mat in self._mat.items():
-            new = np.zeros((mat.shape[0], cap), dt)
+            new = np.repeat(self._fill[dt][:, None], cap, axis=1)
             new[:, :self.n] = mat[:, :self.n]
             self._mat[dt] = new
         for name, (arr, fill) in self._wide.items():
@@ -114,6 +108,16 @@ class RowTable:
             d[name] = arr[:n]
         self._stale = False
         self.version += 1
+
+    def records(self, idx: np.ndarray) -> list[dict]:
+        """Rows idx's flat columns, one {name: Python int or float} per row (one conversion per storage
+        block, whatever the number of rows)."""
+        out = [{} for _ in range(len(idx))]
+        for dt, mat in self._mat.items():
+            names = self._names[dt]
+            for rec, vals in zip(out, mat[:, idx].T.tolist()):
+                rec.update(zip(names, vals))
+        return out
 
     @property
     def columns(self) -> list[str]:

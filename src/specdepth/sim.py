@@ -74,7 +74,7 @@ class SimExecutor(Executor):
 
     def prefill(self, requests, new):
         plen = np.array([r.prompt_len for r in requests], np.int64)
-        zeros = np.zeros_like(plen)
+        zeros = np.zeros(plen.shape[0], np.int64)
         t1, f1 = self._forward("target", zeros, plen)
         t2, f2 = self._forward("draft", zeros, plen)
         self.rows.sim_ctx[new] = plen
@@ -91,19 +91,31 @@ class SimExecutor(Executor):
         return _k.leading_run(self._acc)
 
     def begin_step(self, depths, kmax):
-        # the block of outcomes is drawn when first needed: at the first draft position that reports
-        # confidences, or (drafting in one block) at verify, only up to each row's first rejection
+        # outcomes are drawn when first needed: while drafting position by position, each drafted (row,
+        # position) alone; drafting in one block, at verify, each row only up to its first rejection
         self._k = kmax
+        self._lazy = False
         if self._acc is not None and self._acc.shape[1] < kmax:   # peeked by an oracle, not deep enough
             self._sample(kmax)
 
-    def draft(self, rows, position):
+    def _outcomes(self, rows, position):
+        """(confidences of `rows` at `position`), drawing what this step has not drawn yet."""
         if self._acc is None:
-            self._sample(self._k)
+            n = self.rows.n
+            self._conf, self._acc = np.empty((n, self._k)), np.empty((n, self._k), np.bool_)
+            self._lazy = self.acceptance.draw(rows[:0], 0, self._conf, self._acc)
+            if not self._lazy:
+                self._sample(self._k)
+        if self._lazy:
+            self.acceptance.draw(rows, position, self._conf, self._acc)
+        return self._conf[rows, position]
+
+    def draft(self, rows, position):
+        conf = self._outcomes(rows, position)
         r = self.rows
         q = r.sim_lag[rows] if self.catch_up and position == 0 else None
         t, f = self._forward("draft", r.sim_ctx[rows] + position, q)
-        return self._conf[rows, position], t + self.position_overhead_s, f
+        return conf, t + self.position_overhead_s, f
 
     def draft_block(self, depths):
         if self.catch_up:   # position 0 with each row's catch-up tokens, then one token per position
@@ -130,10 +142,10 @@ class SimExecutor(Executor):
         t, f = self._forward("target", ctx, drafted + 1)
         t += self.step_overhead_s
         if not self._k:   # nothing drafted this step: one token each
-            accepted = np.zeros_like(drafted)
+            accepted = np.zeros(drafted.shape[0], np.int64)
             ctx += 1
         elif self._acc is None and (accepted := self.acceptance.leading(drafted)) is not None:
-            ctx += accepted + 1
+            _k.advance(ctx, accepted)   # ctx += accepted + 1
         else:
             if self._acc is None:
                 self._sample(self._k)
