@@ -63,7 +63,7 @@ def build(cfg: DictConfig) -> dict:
     acceptance = make(cfg, "acceptance")
     workload = make(cfg, "workload")
     policy = make(cfg, "policy")
-    executor = make(cfg, "backend", cost=cost, acceptance=acceptance, model=model, seed=seed,
+    executor = make(cfg, "backend", cost=cost, acceptance_model=acceptance, model=model, seed=seed,
                     decode=cfg.get("decode"), engine=engine_cfg)
     requests = workload.requests(np.random.default_rng(np.random.SeedSequence([seed, 0x3A7])))
     engine = Engine(policy, executor, cost, engine_cfg, requests)
@@ -136,6 +136,7 @@ def _execute(cfg: DictConfig, run_dir: str | Path, config_yaml: str) -> dict:
     meta = dict(
         policy=parts["policy"].label,
         backend=parts["executor"].name,
+        lossless=bool(parts["executor"].lossless),
         batch_size=parts["workload"].batch_size,
         model=parts["model"].name,
         hardware=parts["hardware"].name if parts["hardware"] is not None else None,
@@ -178,7 +179,14 @@ def format_summary(s: dict) -> str:
     return (f"{s['policy']} on {s['backend']} | batch {s['batch_size']} | {s['output_tokens']} tokens in "
             f"{f(s['time_s'], '.4g')} s = {f(s['throughput_tok_s'], ',.0f')} tok/s | tokens/step "
             f"{f(s['tokens_per_step'], '.3f')} | acceptance {f(s['acceptance_rate'], '.3f')} | TPOT p50 "
-            f"{f(s['tpot_p50_s'] and s['tpot_p50_s'] * 1e3, '.3f')} ms | FLOPs/token {f(s['flops_per_token'], '.3g')}")
+            f"{f(s['tpot_p50_s'] and s['tpot_p50_s'] * 1e3, '.3f')} ms | FLOPs/token {f(s['flops_per_token'], '.3g')}"
+            + (" | TIMING MODE: accept/reject simulated, outputs are not the target's" if timing_mode(s) else ""))
+
+
+def timing_mode(summary: dict) -> bool:
+    """A real backend's run whose accept/reject decisions came from the acceptance model
+    (backend.acceptance=simulated): its times are real, its outputs are not the target's decoding."""
+    return summary.get("backend") not in (None, "sim") and summary.get("lossless") is False
 
 
 def _discard_run_dir(run_dir) -> None:

@@ -222,3 +222,20 @@ def _rows_arg(torch, rows: np.ndarray, device):
     if rows.size and int(rows[-1]) - int(rows[0]) + 1 == rows.size:
         return slice(int(rows[0]), int(rows[-1]) + 1)
     return torch.as_tensor(rows, device=device)
+
+
+def random_causal_lm(path, key: str, dtype, attn: str, device, seed: int):
+    """A causal LM with random weights from `path`'s config.json (a directory or a cached hub id), allocated
+    and initialised directly on `device` in `dtype` (no weights read, none written). Seeded: the same seed
+    gives the same weights on the same device."""
+    torch = _torch()
+    from transformers import AutoConfig, AutoModelForCausalLM
+    try:
+        cfg = AutoConfig.from_pretrained(str(path))
+    except Exception as e:
+        raise BackendError(f"{key}: model.init=random needs a config.json at {path!r}: {type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    torch.manual_seed(int(seed))
+    with torch.device(device):
+        m = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)
+    return m.eval()

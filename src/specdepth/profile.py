@@ -63,6 +63,11 @@ def _load(cfg: DictConfig, pair, which: list) -> list[tuple]:
             log.warning("model.%s is not set: skipped", w)
             continue
         kw = dict(dtype=getattr(torch, pair.dtype), attn_implementation=cfg.get("attn_implementation", "sdpa"))
+        if pair.init == "random":   # the timing of random weights is the timing of trained ones
+            from .hf_runner import random_causal_lm
+            loaded.append((w, random_causal_lm(path, f"model.{w}", kw["dtype"], kw["attn_implementation"],
+                                               torch.device(dev), int(w == "draft"))))
+            continue
         if w == "target" and pair.device_map is not None:
             kw["device_map"] = pair.device_map
         try:

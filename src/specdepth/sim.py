@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _kernels as _k
 from .acceptance import AcceptanceModel
 from .cost import CostModel, TableCost
 from .errors import ConfigError, as_float
 from .executor import Executor
+from .timing import SimulatedOutcomes
 
 
 class SimExecutor(Executor):
@@ -16,7 +16,7 @@ class SimExecutor(Executor):
     clock = "model"
     supports_oracle = True
 
-    def __init__(self, cost: CostModel, acceptance: AcceptanceModel, seed: int = 0, step_overhead_s: float = 0.0,
+    def __init__(self, cost: CostModel, acceptance_model: AcceptanceModel, seed: int = 0, step_overhead_s: float = 0.0,
                  position_overhead_s: float = 0.0, pad_ragged: bool = False, clock_profile: str | None = None,
                  draft_catch_up: bool = False, **_):
         self.cost = cost
@@ -41,16 +41,14 @@ class SimExecutor(Executor):
         # rejection, one more for every step the row did not draft. False = one token (the default).
         self.catch_up = bool(draft_catch_up)
         self._exact = self.clock_cost is cost and not self.pad_ragged   # time and FLOPs from one call
-        self.acceptance = acceptance
-        self.rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x51D]))
-        acceptance.reset(self.rng)
+        self.acceptance = acceptance_model
+        self.outcomes = SimulatedOutcomes(acceptance_model, seed)   # the model's (confidence, accepted) blocks
         self.rows = None
-        self._conf = self._acc = None      # this step's (confidence, accepted) block
 
     def attach(self, rows):
         rows.add("sim_ctx")        # tokens in each row's KV cache
         rows.add("sim_lag")        # tokens the draft's cache lacks (draft_catch_up)
-        self.acceptance.attach(rows)
+        self.outcomes.attach(rows)
         self.rows = rows
 
 
@@ -78,26 +76,20 @@ class SimExecutor(Executor):
         self.rows.sim_ctx[new] = plen
         if self.catch_up:   # the draft prefilled the prompt; the target's first token is not in its cache
             self.rows.sim_lag[new] = 1
-        self.acceptance.admit(np.fromiter((r.request_id for r in requests), np.int64, len(requests)), new)
+        self.outcomes.admit(np.fromiter((r.request_id for r in requests), np.int64, len(requests)), new)
         return t1 + t2, f1, f2
 
-    def _sample(self, k: int):
-        self._conf, self._acc = self.acceptance.sample(self.rows.n, k)
-
     def peek_accepted(self, k):
-        self._sample(k)
-        return _k.leading_run(self._acc)
+        return self.outcomes.peek(k)
 
     def begin_step(self, depths, kmax):
-        k = kmax
-        if k and (self._acc is None or self._acc.shape[1] < k):
-            self._sample(k)
+        self.outcomes.begin_step(kmax)
 
     def draft(self, rows, position):
         r = self.rows
         q = r.sim_lag[rows] if self.catch_up and position == 0 else None
         t, f = self._forward("draft", r.sim_ctx[rows] + position, q)
-        return self._conf[rows, position], t + self.position_overhead_s, f
+        return self.outcomes.confidence(rows, position), t + self.position_overhead_s, f
 
     def draft_block(self, depths):
         if self.catch_up:   # position 0 with each row's catch-up tokens, then one token per position
@@ -123,15 +115,8 @@ class SimExecutor(Executor):
         ctx = self.rows.sim_ctx
         t, f = self._forward("target", ctx, drafted + 1)
         t += self.step_overhead_s
-        if self._acc is None:   # nothing drafted this step: one token each
-            accepted = np.zeros_like(drafted)
-            ctx += 1
-        else:
-            # leading accepted positions, at most the drafts; ctx advances by those + 1
-            accepted = _k.leading_accepted(self._acc, drafted, ctx)
-            self._conf = self._acc = None
+        accepted = self.outcomes.decide(drafted, ctx)   # at most the drafts; ctx advances by those + 1
         if self.catch_up:
             lag = self.rows.sim_lag
             lag[:] = np.where(drafted > 0, 1 + (accepted >= drafted), lag + 1)
-        self.acceptance.commit(drafted, accepted)
         return accepted, t, f
