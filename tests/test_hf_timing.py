@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 from conftest import compose  # noqa: E402
 from specdepth.app import format_summary, run  # noqa: E402
 from specdepth.errors import ConfigError  # noqa: E402
+from specdepth.report import render  # noqa: E402
 
 SMALL = ("model=tiny_pair", "workload.batch_size=3", "workload.prompt_len=16", "workload.output_len=20",
          "engine.progress=false")
@@ -59,6 +60,7 @@ def test_timing_mode_results_say_not_lossless(tmp_path):
     assert lossless["lossless"] is True and (tmp_path / "l" / "generations.jsonl").is_file()
     assert "TIMING MODE" not in format_summary(lossless)
     assert run(compose("backend=sim", *ov), tmp_path / "s")["lossless"] is False
+    assert "TIMING MODE: 1 of them" in render(tmp_path)   # specdepth-report marks the timing-mode run
 
 
 def test_sampled_timing_mode_and_random_weights(tmp_path):

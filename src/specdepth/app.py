@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import specdepth.conf
 from . import results
+from .results import timing_mode
 from ._resolvers import run_identity
 from .engine import REQUEST_COLUMNS, STEP_COLUMNS, Engine
 from .errors import ConfigError, SpecdepthError, as_int
@@ -182,11 +183,6 @@ def format_summary(s: dict) -> str:
             f"{f(s['tpot_p50_s'] and s['tpot_p50_s'] * 1e3, '.3f')} ms | FLOPs/token {f(s['flops_per_token'], '.3g')}"
             + (" | TIMING MODE: accept/reject simulated, outputs are not the target's" if timing_mode(s) else ""))
 
-
-def timing_mode(summary: dict) -> bool:
-    """A real backend's run whose accept/reject decisions came from the acceptance model
-    (backend.acceptance=simulated): its times are real, its outputs are not the target's decoding."""
-    return summary.get("backend") not in (None, "sim") and summary.get("lossless") is False
 
 
 def _discard_run_dir(run_dir) -> None:
