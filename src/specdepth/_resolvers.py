@@ -29,7 +29,7 @@ def _asset(rel: str) -> str:
 VOLATILE = ("resume", "name", "logger", "engine.progress")
 # Keys added after runs were recorded, with the value that reproduces the old behaviour: left out of the
 # identity while they hold it, so runs recorded before the key existed keep their hash (and resume).
-DEFAULTED = {"backend.acceptance": "model", "model.init": "pretrained"}
+DEFAULTED = {"backend.acceptance": "model", "model.init": "pretrained", "model.tokenizer": None}
 
 
 def run_identity(config: dict) -> dict:

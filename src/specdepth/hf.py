@@ -27,7 +27,7 @@ from . import verify as V
 from .cost import CostModel, forward_flops
 from .errors import BackendError, ConfigError, as_float, as_int
 from .executor import Executor
-from .hf_runner import Runner, SlotCache, _torch, random_causal_lm  # noqa: F401  (Runner, SlotCache: API too)
+from .hf_runner import MODELS, Runner, SlotCache, _torch, random_causal_lm  # noqa: F401  (Runner, SlotCache: API)
 from .timing import timing_outcomes
 from .workload import Request, with_prompt_ids
 
@@ -101,6 +101,11 @@ class HFExecutor(Executor):
                                f"{str(e).splitlines()[0] if str(e) else ''}") from None
 
     def _load(self, path, key, attn, device_map):
+        ident = (str(path), key, self.pair.init, str(self.dtype), attn, str(self.device), str(device_map),
+                 self.seed if self.pair.init == "random" else None)
+        return MODELS.get(ident, lambda: self._load_model(path, key, attn, device_map))
+
+    def _load_model(self, path, key, attn, device_map):
         if self.pair.init == "random":   # random weights from the checkpoint's config.json, built on the device
             return random_causal_lm(path, key, self.dtype, attn, self.device, self.seed + (key == "model.draft"))
         from transformers import AutoModelForCausalLM

@@ -15,6 +15,7 @@ finite values and their outputs are ignored.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -224,6 +225,34 @@ def _rows_arg(torch, rows: np.ndarray, device):
     return torch.as_tensor(rows, device=device)
 
 
+class ModelCache:
+    """Opt-in, process-wide reuse of loaded models: inside `with MODELS.keep():` every model the real backend
+    loads is loaded once per identity (path, weights, dtype, device, attention, seed) and shared by later runs
+    (a script running hundreds of runs over one pair, experiments/gpu/). Outside it, every run loads its own."""
+
+    def __init__(self):
+        self._store: dict | None = None
+
+    @contextlib.contextmanager
+    def keep(self):
+        prev = self._store
+        self._store = {} if prev is None else prev
+        try:
+            yield self
+        finally:
+            self._store = prev
+
+    def get(self, ident: tuple, load):
+        if self._store is None:
+            return load()
+        if ident not in self._store:
+            self._store[ident] = load()
+        return self._store[ident]
+
+
+MODELS = ModelCache()
+
+
 def random_causal_lm(path, key: str, dtype, attn: str, device, seed: int):
     """A causal LM with random weights from `path`'s config.json (a directory or a cached hub id), allocated
     and initialised directly on `device` in `dtype` (no weights read, none written). Seeded: the same seed
@@ -238,4 +267,4 @@ def random_causal_lm(path, key: str, dtype, attn: str, device, seed: int):
     torch.manual_seed(int(seed))
     with torch.device(device):
         m = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)
-    return m.eval()
+    return m.to(device).eval()   # a no-op when the weights were created there

@@ -136,22 +136,31 @@ def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
     if cfg.get("num_threads") is not None:
         torch.set_num_threads(as_int(cfg.num_threads, "num_threads", min=1))
     loaded = _load(cfg, pair, list(cfg.get("models", ["target", "draft"])))
-    # every round walks the whole grid (both models); a point's figure is the median over rounds of each
-    # round's median, so a slow minute of the machine moves one round of every point, not a block of points
-    times: dict[tuple, list[float]] = {}
     t_all = time.perf_counter()
+    rows = measure(loaded, (batches, queries, contexts), warmup, repeats, rounds, pair.dtype, pair.name)
+    write_profile(rows, out_path)
+    log.info("profiled %d points in %.1f s -> %s", len(rows), time.perf_counter() - t_all, out_path)
+    return rows
+
+
+def measure(loaded, grid, warmup: int = 2, repeats: int = 5, rounds: int = 1, dtype: str = "", name: str = ""):
+    """Rows of profile.csv (COLUMNS) for [(target|draft, model)] over grid = (batches, queries, contexts).
+    Every round walks the whole grid (both models); a point's figure is the median over rounds of each
+    round's median, so a slow minute of the machine moves one round of every point, not a block of points."""
+    times: dict[tuple, list[float]] = {}
     for rnd in range(rounds):
-        _walk(loaded, (batches, queries, contexts), rnd, rounds, warmup, repeats, times)
-    rows = [(w, b, q, c, statistics.median(v), device, pair.dtype, pair.name)
-            for (w, b, q, c, device), v in times.items()]
+        _walk(loaded, grid, rnd, rounds, warmup, repeats, times)
+    return [(w, b, q, c, statistics.median(v), device, dtype, name) for (w, b, q, c, device), v in times.items()]
+
+
+def write_profile(rows, out_path) -> None:
+    """profile.csv (the format cost=table reads), atomically."""
     buf = io.StringIO()
     wr = csv.writer(buf, lineterminator="\n")
     wr.writerow(COLUMNS)
     for r in rows:
         wr.writerow([repr(v) if isinstance(v, float) else v for v in r])
     atomic_write(Path(out_path), buf.getvalue())
-    log.info("profiled %d points in %.1f s -> %s", len(rows), time.perf_counter() - t_all, out_path)
-    return rows
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="profile")
