@@ -50,7 +50,7 @@ FULL = dict(
     total_s=450, report_s=15, dtype="bfloat16", shapes=(LLAMA_8B, LLAMA_1B), name="llama8b_1b_random",
     grid=([1, 4, 16, 64, 256], [1, 2, 4, 7, 128], [0, 128, 256]), warmup=1, repeats=3,
     batches=[1, 2, 4, 8, 16, 32, 64, 128, 256], depths=list(range(7)), alphas=[0.6, 0.8], prompt_len=128,
-    output_len=32, lossless=dict(batch=4, prompt_len=32, output_len=32, pair=dict()), overhead_len=32, k=4, reps=2,
+    output_len=32, lossless=dict(batch=4, prompt_len=32, output_len=32, pair=dict()), overhead_len=32, k=4, reps=3,
     budgets=dict(roofline=75, crossover=200, lossless=50, overhead=70))
 SMOKE = dict(
     total_s=55, report_s=4, dtype="bfloat16", shapes=(SMOKE_TARGET, SMOKE_DRAFT), name="tiny_random",
