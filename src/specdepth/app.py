@@ -184,7 +184,6 @@ def format_summary(s: dict) -> str:
             + (" | TIMING MODE: accept/reject simulated, outputs are not the target's" if timing_mode(s) else ""))
 
 
-
 def _discard_run_dir(run_dir) -> None:
     """A run that failed at start leaves nothing behind: drop its dir if it holds only Hydra's own
     files (.hydra/, the job log) and the run lock, never a result."""
