@@ -27,7 +27,9 @@ def _module(path: Path):
 
 
 @pytest.mark.parametrize("exp,backend", [("real_pareto", "specdepth.hf.HFExecutor"),
-                                         ("fidelity_sim", "specdepth.sim.SimExecutor")])
+                                         ("fidelity_sim", "specdepth.sim.SimExecutor"),
+                                         ("fidelity_timing", "specdepth.hf.HFExecutor"),
+                                         ("fidelity_timing_sim", "specdepth.sim.SimExecutor")])
 def test_configs_compose(exp, backend):
     cfg = _compose_with_hydra([f"experiment={exp}", "pol=goodput", "workload.batch_size=4", "rep=1"])
     assert cfg.backend._target_ == backend
@@ -45,6 +47,13 @@ def test_configs_compose(exp, backend):
     if exp == "fidelity_sim":
         assert cfg.acceptance._target_ == "specdepth.acceptance.Trace"
         assert cfg.acceptance.path == "outputs/fidelity_traces/r1/b4/goodput.jsonl"
+    if exp.startswith("fidelity_timing"):   # the same acceptance model on both sides, at a level set per sweep
+        c = compose([f"experiment={exp}", "acceptance.alpha=0.85"])
+        assert c.acceptance._target_ == "specdepth.acceptance.IID" and c.acceptance.alpha == 0.85
+        if exp == "fidelity_timing":
+            assert c.backend.acceptance == "simulated"
+        else:
+            assert c.backend.pad_ragged and c.backend.draft_catch_up and c.engine.charge_policy_time
 
 
 def _fake_run(d: Path, policy: str, batch: int, tput: float, tps: float, drafted: int, trace=None):
@@ -75,6 +84,9 @@ def test_analyze_on_fake_sweeps(tmp_path):
     text = (out / "results.md").read_text()
     assert "| sim | 20 | 4.0% | 4.0% | 0.0% | 0.0% | 0.0% | 0.0% |" in text
     assert "old" not in readme.read_text() and "4.0%" in readme.read_text()
+    # restated goal: per cell, every sim run 4 % above its real run (spread 2 %): 4.0 % everywhere
+    assert ("10 of 10 cells within max(10 %, the cell's own spread) (met); mean error 4.0% (goal <= 5 %: met)"
+            in text)
     for f in ("sim_vs_real.png", "error_by_batch.png", "time_split.png", "cells.csv"):
         assert (out / f).stat().st_size > 0
 
@@ -93,6 +105,17 @@ def test_analyze_on_fake_sweeps(tmp_path):
     cells = rp.load(real)
     assert cells[4]["goodput"]["reps"][1] == pytest.approx(cells[4]["goodput"]["reps"][0] * 1.02)
     assert (out2 / "real_pareto_e2e.png").stat().st_size > 0
+
+
+def test_goal_tolerance_is_the_cells_own_spread():
+    fid = _module(ROOT / "experiments" / "fidelity" / "analyze.py")
+    rows = [dict(batch=1, pol="none", rep=r, real_tput=t, sim_tput=140.0) for r, t in enumerate((100.0, 140.0))]
+    rows += [dict(batch=2, pol="none", rep=r, real_tput=t, sim_tput=120.0) for r, t in enumerate((100.0, 102.0))]
+    g = {c["batch"]: c for c in fid.goal_cells(rows)}
+    assert g[1]["spread"] == pytest.approx(40 / 120) and g[1]["err"] == pytest.approx(140 / 120 - 1)
+    assert g[1]["within"]                                  # 16.7 % error, inside its own 33 % spread
+    assert not g[2]["within"]                              # 18.8 % error, spread 2 %: the 10 % floor applies
+    assert "1 of 2 cells within" in fid.goal_text(rows, "x") and "16.7% (33.3%) |" in fid.goal_text(rows, "x")
 
 
 def test_sim_overheads_are_charged_per_step_and_position():

@@ -236,3 +236,14 @@ def test_launcher_presets_compose(launcher, target):
     if launcher == "slurm":
         for key in ("partition", "gpus_per_node", "mem_gb", "array_parallelism", "setup", "account", "qos"):
             assert key in lc
+
+
+def test_keys_added_later_keep_old_identities_at_their_defaults():
+    from specdepth._resolvers import config_hash
+    old = {"seed": 0, "backend": {"_target_": "specdepth.hf.HFExecutor"}, "model": {"name": "m"}}
+    new = {"seed": 0, "backend": {"_target_": "specdepth.hf.HFExecutor", "acceptance": "model"},
+           "model": {"name": "m", "init": "pretrained", "tokenizer": None}}
+    assert config_hash(new) == config_hash(old)
+    timed = {**new, "backend": {**new["backend"], "acceptance": "simulated"}}
+    rand = {**new, "model": {**new["model"], "init": "random"}}
+    assert len({config_hash(old), config_hash(timed), config_hash(rand)}) == 3

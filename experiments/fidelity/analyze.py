@@ -125,6 +125,46 @@ def repeatability(real: dict) -> list[float]:
     return out
 
 
+def goal_cells(rows: list[dict]) -> list[dict]:
+    """Per cell (batch, policy): the error of the simulated mean throughput against the real mean over the
+    repetitions, and the real runs' own spread, (max - min) / mean over the repetitions (0 with one). The
+    restated goal: every cell within max(10 %, its spread), and the mean error <= 5 %."""
+    cells: dict = defaultdict(list)
+    for r in rows:
+        cells[(r["batch"], r["pol"])].append(r)
+    out = []
+    for (b, p), rs in sorted(cells.items(), key=lambda kv: (kv[0][0], pol_key(kv[0][1]))):
+        real = [r["real_tput"] for r in rs]
+        mean = statistics.fmean(real)
+        spread = (max(real) - min(real)) / mean if len(real) > 1 else 0.0
+        err = abs(statistics.fmean(r["sim_tput"] for r in rs) / mean - 1)
+        out.append(dict(batch=b, pol=p, reps=len(rs), err=err, spread=spread, tolerance=max(0.10, spread),
+                        within=err <= max(0.10, spread)))
+    return out
+
+
+def goal_text(rows: list[dict], label: str) -> str:
+    """The restated goal for one simulator variant: verdicts, then error (spread) per cell."""
+    g = goal_cells(rows)
+    if not g:
+        return ""
+    mean = statistics.fmean(c["err"] for c in g)
+    ok = sum(c["within"] for c in g)
+    lines = [f"**{label}, restated goal** (each cell's mean over repetitions): {ok} of {len(g)} cells within "
+             f"max(10 %, the cell's own spread) ({'met' if ok == len(g) else 'NOT met'}); mean error "
+             f"{100 * mean:.1f}% (goal <= 5 %: {'met' if mean <= 0.05 else 'NOT met'}). Cell: |error| "
+             "(spread of the real repetitions = (max - min) / mean); * = outside its tolerance.", ""]
+    batches = sorted({c["batch"] for c in g})
+    pols = sorted({c["pol"] for c in g}, key=pol_key)
+    by = {(c["batch"], c["pol"]): c for c in g}
+    lines += ["| policy | " + " | ".join(f"b={b}" for b in batches) + " |", "|---|" + "---|" * len(batches)]
+    for p in pols:
+        cells = [by.get((b, p)) for b in batches]
+        lines.append(f"| {p} | " + " | ".join("-" if c is None else f"{100 * c['err']:.1f}% ({100 * c['spread']:.1f}%)"
+                                               + ("" if c["within"] else " *") for c in cells) + " |")
+    return "\n".join(lines)
+
+
 def cell_table(rows: list[dict], label: str) -> str:
     """batch x policy, throughput (real / sim / err) and tokens per step err, averaged over reps."""
     by = defaultdict(list)
@@ -304,6 +344,8 @@ def report(real_dir: Path, sim_dirs: list[Path], out: Path) -> str:
     if rp:
         md += ["", f"Real backend repeatability (same cell, any two repetitions, {len(rp)} pairs): mean "
                f"|difference| {100 * statistics.fmean(rp):.1f}%, max {100 * max(rp):.1f}%."]
+    for label, rows in results.items():
+        md += ["", goal_text(rows, label)]
     for label, rows in results.items():
         md += ["", cell_table(rows, label)]
         md += ["", f"Time split ({label}), seconds summed over policies and repetitions:", "", parts_table(rows)]

@@ -42,7 +42,6 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
             num_key_value_heads=2, head_dim=16, vocab_size=256, tie_word_embeddings=False,
             max_position_embeddings=8192)
 TOKENS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512, 768, 1024, 2048, 4096)
-GPU_NAMES = (("H200", "h200"), ("H100", "h100_sxm"), ("A100", "a100_80g"), ("B200", "b200"))
 
 
 def build(spec: dict, device, dtype):
@@ -151,7 +150,13 @@ def main(argv=None):
         torch.backends.cuda.matmul.allow_tf32 = True
     else:
         gpu = "cpu"
-    hardware = a.hardware or next((hw for key, hw in GPU_NAMES if key in gpu), None)
+    sys.path.insert(0, str(ROOT / "src"))
+    try:
+        from specdepth.cost import hardware_for_device
+    except ImportError:   # specdepth not importable: measure without a prediction
+        def hardware_for_device(name):
+            return None
+    hardware = a.hardware or hardware_for_device(gpu)
     predict = None if a.tiny else predictor(hardware)
     dtype = torch.float32 if a.tiny else torch.bfloat16
     tokens = [n for n in TOKENS if n <= a.max_tokens]

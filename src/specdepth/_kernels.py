@@ -89,9 +89,8 @@ def position_counts(ctx, depths):
 
 
 @njit(cache=True, nogil=True)
-def leading_accepted(acc, drafted, ctx):
-    """Per row: the accepted drafts (leading True entries of acc, at most drafted[i]); advances ctx by
-    those plus the bonus/correction token."""
+def leading_run_at_most(acc, drafted):
+    """Per row: the accepted drafts, the leading True entries of acc, at most drafted[i]."""
     n, k = acc.shape
     out = np.empty(n, np.int64)
     for i in range(n):
@@ -100,7 +99,6 @@ def leading_accepted(acc, drafted, ctx):
         while r < lim and acc[i, r]:
             r += 1
         out[i] = r
-        ctx[i] += r + 1
     return out
 
 

@@ -27,18 +27,21 @@ def _asset(rel: str) -> str:
 # Keys that do not change a run's results: left out of its identity (run dir hash and the resume check),
 # so that `resume=false`, `logger=wandb` or another sweep name still find the same finished run.
 VOLATILE = ("resume", "name", "logger", "engine.progress")
+# Keys added after runs were recorded, with the value that reproduces the old behaviour: left out of the
+# identity while they hold it, so runs recorded before the key existed keep their hash (and resume).
+DEFAULTED = {"backend.acceptance": "model", "model.init": "pretrained", "model.tokenizer": None}
 
 
 def run_identity(config: dict) -> dict:
     """The part of a resolved task config (a plain dict, no `hydra` node) that determines the results."""
     ident = json.loads(json.dumps(config, default=str))  # a deep copy with plain types
     ident.pop("hydra", None)
-    for key in VOLATILE:
+    for key in (*VOLATILE, *DEFAULTED):
         *parents, leaf = key.split(".")
         node = ident
         for p in parents:
             node = node.get(p) if isinstance(node, dict) else None
-        if isinstance(node, dict):
+        if isinstance(node, dict) and (key not in DEFAULTED or node.get(leaf, DEFAULTED[key]) == DEFAULTED[key]):
             node.pop(leaf, None)
     return ident
 

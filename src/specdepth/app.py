@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import specdepth.conf
 from . import checks, results, sweeps
+from .results import timing_mode
 from ._resolvers import run_identity
 from .capacity import Capacity, Parallel
 from .engine import REQUEST_COLUMNS, STEP_COLUMNS, Engine
@@ -104,7 +105,7 @@ def build(cfg: DictConfig) -> dict:
     policy = make(cfg, "policy")
     checks.check_policy(policy, engine_cfg)
     warnings = [w for w in [checks.batch_limits(workload, engine_cfg)] if w]
-    executor = make(cfg, "backend", cost=cost, acceptance=acceptance, model=model, seed=seed,
+    executor = make(cfg, "backend", cost=cost, acceptance_model=acceptance, model=model, seed=seed,
                     decode=cfg.get("decode"), engine=engine_cfg)
     parallel.check_backend(executor, cost)
     machine, budget_source = checks.machine_and_budget(executor, cost, hardware, engine_cfg)
@@ -182,6 +183,7 @@ def _execute(cfg: DictConfig, run_dir: str | Path, config_yaml: str) -> dict:
     meta = dict(
         policy=parts["policy"].label,
         backend=parts["executor"].name,
+        lossless=bool(parts["executor"].lossless),
         batch_size=parts["workload"].batch_size,
         model=parts["model"].name,
         hardware=parts["machine"],
@@ -228,7 +230,8 @@ def format_summary(s: dict) -> str:
     return (f"{s['policy']} on {s['backend']} | batch {s['batch_size']} | {s['output_tokens']} tokens in "
             f"{f(s['time_s'], '.4g')} s = {f(s['throughput_tok_s'], ',.0f')} tok/s | tokens/step "
             f"{f(s['tokens_per_step'], '.3f')} | acceptance {f(s['acceptance_rate'], '.3f')} | TPOT p50 "
-            f"{f(s['tpot_p50_s'] and s['tpot_p50_s'] * 1e3, '.3f')} ms | FLOPs/token {f(s['flops_per_token'], '.3g')}")
+            f"{f(s['tpot_p50_s'] and s['tpot_p50_s'] * 1e3, '.3f')} ms | FLOPs/token {f(s['flops_per_token'], '.3g')}"
+            + (" | TIMING MODE: accept/reject simulated, outputs are not the target's" if timing_mode(s) else ""))
 
 
 def _discard_run_dir(run_dir) -> None:

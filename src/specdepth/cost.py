@@ -54,6 +54,16 @@ class Hardware:
         return self.flops_per_s / self.bytes_per_s
 
 
+#: the simulator's hardware entry (conf/hardware/<name>.yaml) for a device whose name contains the key
+#: (torch.cuda.get_device_name: "NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", ...)
+HARDWARE_BY_DEVICE = (("H200", "h200"), ("H100", "h100_sxm"), ("A100", "a100_80g"), ("B200", "b200"))
+
+
+def hardware_for_device(device_name: str) -> str | None:
+    """The conf/hardware entry for a device name, or None when the simulator has no entry for it."""
+    return next((hw for key, hw in HARDWARE_BY_DEVICE if key in str(device_name).upper()), None)
+
+
 def _sums(ctx: np.ndarray, q: np.ndarray | None):
     """(query tokens, attended (query, key) pairs, context tokens read) of a ragged forward."""
     int64 = ctx.dtype == np.int64

@@ -27,6 +27,11 @@ class Executor(ABC):
     supports_oracle: bool = False
     #: True: the engine records acceptance_trace.jsonl even when engine.record_trace is false.
     record_trace: bool = False
+    #: True when the outputs are the target model's own decoding (its greedy output, or distributed as its
+    #: samples): backend=hf with backend.acceptance=model. False for the simulator and for the real backend's
+    #: timing mode (backend.acceptance=simulated), whose accept/reject decisions come from an acceptance model.
+    #: summary.json's `lossless`.
+    lossless: bool = False
 
     def machine(self) -> str | None:
         """The device a wall-clock executor is timed on ("cpu", "cuda:0 NVIDIA H200"): summary.json's

@@ -27,8 +27,9 @@ from . import verify as V
 from .cost import CostModel, forward_flops
 from .errors import BackendError, ConfigError, as_float, as_int
 from .executor import Executor
-from .hf_runner import Runner, SlotCache, _torch  # noqa: F401  (Runner, SlotCache: this module's API too)
+from .hf_runner import MODELS, Runner, SlotCache, _torch, random_causal_lm  # noqa: F401  (Runner, SlotCache: API)
 from .inputs import too_large_draft_vocab
+from .timing import timing_outcomes
 from .workload import Request, with_prompt_ids
 
 _TORCH_DTYPES = ("float32", "float16", "bfloat16")
@@ -41,7 +42,8 @@ class HFExecutor(Executor):
     record_trace = True
 
     def __init__(self, cost: CostModel, model, seed: int = 0, decode=None, engine=None,
-                 attn_implementation: str = "sdpa", num_threads: int | None = None, pad_token_id: int = 0):
+                 attn_implementation: str = "sdpa", num_threads: int | None = None, pad_token_id: int = 0,
+                 acceptance: str = "model", acceptance_model=None):
         torch = _torch()
         self.torch = torch
         self.cost = cost
@@ -54,6 +56,10 @@ class HFExecutor(Executor):
         self.max_depth = engine.max_depth if engine is not None else 16
         self.max_batch = engine.max_batch_size if engine is not None else 512
         self.pad = as_int(pad_token_id, "backend.pad_token_id", min=0)
+        # timing mode (backend.acceptance=simulated): accept/reject from the acceptance model (timing.py)
+        self.timing = timing_outcomes(acceptance, acceptance_model, self.seed)
+        self.lossless = self.timing is None
+        self.supports_oracle = not self.lossless   # timing mode can reveal its outcomes (oracle policies)
         if num_threads is not None:
             torch.set_num_threads(as_int(num_threads, "backend.num_threads", min=1))
         if not model.draft:
@@ -101,6 +107,13 @@ class HFExecutor(Executor):
                                f"{str(e).splitlines()[0] if str(e) else ''}") from None
 
     def _load(self, path, key, attn, device_map):
+        ident = (str(path), key, self.pair.init, str(self.dtype), attn, str(self.device), str(device_map),
+                 self.seed if self.pair.init == "random" else None)
+        return MODELS.get(ident, lambda: self._load_model(path, key, attn, device_map))
+
+    def _load_model(self, path, key, attn, device_map):
+        if self.pair.init == "random":   # random weights from the checkpoint's config.json, built on the device
+            return random_causal_lm(path, key, self.dtype, attn, self.device, self.seed + (key == "model.draft"))
         from transformers import AutoModelForCausalLM
         kw = dict(dtype=self.dtype, attn_implementation=attn)
         if device_map is not None:
@@ -162,6 +175,8 @@ class HFExecutor(Executor):
         rows.add("hf_ids", np.int64, width=getattr(self, "width", 1))   # known tokens: prompt + generated
         rows.on_retire(self._retire)
         self.rows = rows
+        if self.timing is not None:
+            self.timing.attach(rows)
 
     def _sync(self):
         if self.cuda:
@@ -196,6 +211,8 @@ class HFExecutor(Executor):
             r.hf_plen[new], r.hf_tlen[new], r.hf_dlen[new] = P, P, P
             r.hf_olen[new] = [q.output_len for q in requests]
             r.hf_length[new] = P + 1
+            if self.timing is not None:
+                self.timing.admit(r.hf_request[new], new)
             self._sync()
         return (time.perf_counter() - t0, forward_flops(self.cost.target, zeros, P),
                 forward_flops(self.cost.draft, zeros, P))
@@ -205,6 +222,11 @@ class HFExecutor(Executor):
         self.drafts = np.zeros((n, max(K, 1)), np.int64)
         self.q = (self.torch.zeros((n, K, self.vt), dtype=self.torch.float32, device=self.device)
                   if K and not self.greedy else None)
+        if self.timing is not None:
+            self.timing.begin_step(K)
+
+    def peek_accepted(self, k):
+        return super().peek_accepted(k) if self.timing is None else self.timing.peek(k)
 
     def _draft_tokens(self, rows, position):
         """The draft's input at `position`: at 0 every known token not yet in its cache (usually 1 or 2,
@@ -237,6 +259,8 @@ class HFExecutor(Executor):
                 self.q[torch.as_tensor(rows, device=self.device), position, :q.shape[-1]] = q
             self.drafts[rows, position] = tok.cpu().numpy()
             conf = conf.double().cpu().numpy()
+            if self.timing is not None:   # policies see the acceptance model's confidences (timing.py)
+                conf = self.timing.confidence(rows, position)
             self.rows.hf_dlen[rows] = lens + ql
             self._sync()
         return conf, time.perf_counter() - t0, forward_flops(self.cost.draft, lens, ql)
@@ -253,7 +277,9 @@ class HFExecutor(Executor):
                 toks[:, 1:] = np.where(np.arange(K)[None, :] < k[:, None], self.drafts[:, :K], self.pad)
             lens = r.hf_tlen.copy()
             logits = self.tr.forward(slice(0, n), toks, lens, k + 1, "all")
-            if self.greedy:
+            if self.timing is not None:
+                a, out = self._simulated(logits, k)
+            elif self.greedy:
                 a, out = V.greedy(toks[:, 1:], k, logits.argmax(-1).cpu().numpy())
             else:
                 p = V.distribution(logits, self.temperature, self.top_p)                  # [n, K + 1, Vt]
@@ -263,6 +289,16 @@ class HFExecutor(Executor):
             self._commit(toks, a, out)
             self._sync()
         return a, time.perf_counter() - t0, forward_flops(self.cost.target, lens, k + 1)
+
+    def _simulated(self, logits, k):
+        """Timing mode: the accepted drafts from the acceptance model, then the target's own token after them
+        (its argmax, or a sample of its distribution), at the cost of the lossless rule's target-side work."""
+        a = self.timing.decide(k)
+        ar = np.arange(a.size)
+        if self.greedy:
+            return a, logits.argmax(-1).cpu().numpy()[ar, a]
+        p = V.distribution(logits, self.temperature, self.top_p)
+        return a, V.sample(p[self.torch.from_numpy(ar), self.torch.from_numpy(a)], self.gen).cpu().numpy()
 
     def _commit(self, toks, a, out):
         """The accepted drafts and the correction/bonus token of every row into hf_ids; cache lengths."""
@@ -310,6 +346,8 @@ class HFExecutor(Executor):
                     rows_allocated=max((K.shape[0] for K in self.tr.cache.k.values()), default=0))
 
     def finish(self):
+        if self.timing is not None:   # timing mode: the outputs are not the target's decoding
+            return {}
         recs = []
         for rid in sorted(self.outputs):
             o = self.outputs[rid]

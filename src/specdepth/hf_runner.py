@@ -15,6 +15,7 @@ finite values and their outputs are ignored.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -222,3 +223,48 @@ def _rows_arg(torch, rows: np.ndarray, device):
     if rows.size and int(rows[-1]) - int(rows[0]) + 1 == rows.size:
         return slice(int(rows[0]), int(rows[-1]) + 1)
     return torch.as_tensor(rows, device=device)
+
+
+class ModelCache:
+    """Opt-in, process-wide reuse of loaded models: inside `with MODELS.keep():` every model the real backend
+    loads is loaded once per identity (path, weights, dtype, device, attention, seed) and shared by later runs
+    (a script running hundreds of runs over one pair, experiments/gpu/). Outside it, every run loads its own."""
+
+    def __init__(self):
+        self._store: dict | None = None
+
+    @contextlib.contextmanager
+    def keep(self):
+        prev = self._store
+        self._store = {} if prev is None else prev
+        try:
+            yield self
+        finally:
+            self._store = prev
+
+    def get(self, ident: tuple, load):
+        if self._store is None:
+            return load()
+        if ident not in self._store:
+            self._store[ident] = load()
+        return self._store[ident]
+
+
+MODELS = ModelCache()
+
+
+def random_causal_lm(path, key: str, dtype, attn: str, device, seed: int):
+    """A causal LM with random weights from `path`'s config.json (a directory or a cached hub id), allocated
+    and initialised directly on `device` in `dtype` (no weights read, none written). Seeded: the same seed
+    gives the same weights on the same device."""
+    torch = _torch()
+    from transformers import AutoConfig, AutoModelForCausalLM
+    try:
+        cfg = AutoConfig.from_pretrained(str(path))
+    except Exception as e:
+        raise BackendError(f"{key}: model.init=random needs a config.json at {path!r}: {type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    torch.manual_seed(int(seed))
+    with torch.device(device):
+        m = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)
+    return m.to(device).eval()   # a no-op when the weights were created there

@@ -213,7 +213,7 @@ class ModelPair:
 
     def __init__(self, target: str, draft: str | None = None, target_arch=None, draft_arch=None,
                  name: str | None = None, dtype: str = "bfloat16", device: str = "auto", device_map=None,
-                 tokenizer: str | None = None, prompts: str | None = None):
+                 tokenizer: str | None = None, prompts: str | None = None, init: str = "pretrained"):
         if not target or not isinstance(target, str):
             raise ConfigError(f"model.target must be a hub id or a local path, got {target!r}")
         self.target = target
@@ -224,6 +224,11 @@ class ModelPair:
         self.device_map = device_map
         self.tokenizer = tokenizer or target
         self.prompts = prompts
+        # "pretrained": load the checkpoints' weights; "random": only their config.json, random weights built
+        # on the device (timing runs of any shape, no weights on disk, no download)
+        self.init = as_choice(init, "model.init", ("pretrained", "random"))
+        if self.init == "random" and device_map is not None:
+            raise ConfigError("model.device_map: not supported with model.init=random (one device)")
         self.target_arch = (ModelArch.build(target_arch, "model.target_arch") if target_arch is not None
                             else ModelArch.from_hf_config(target, "model.target_arch", dtype))
         if draft_arch is not None:

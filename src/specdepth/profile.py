@@ -66,6 +66,11 @@ def _load(cfg, pair, which, torch) -> list[tuple]:
             log.warning("model.%s is not set: skipped", w)
             continue
         kw = dict(dtype=dtype, attn_implementation=cfg.get("attn_implementation", "sdpa"))
+        if pair.init == "random":   # the timing of random weights is the timing of trained ones
+            from .hf_runner import random_causal_lm
+            loaded.append((w, random_causal_lm(path, f"model.{w}", dtype, kw["attn_implementation"],
+                                               torch.device(dev), int(w == "draft"))))
+            continue
         if w == "target" and pair.device_map is not None:
             kw["device_map"] = pair.device_map
         try:
@@ -78,7 +83,63 @@ def _load(cfg, pair, which, torch) -> list[tuple]:
     return loaded
 
 
-def _write(rows, out_path) -> None:
+def _time_point(runner, toks, lens, q: int, warmup: int, repeats: int, device) -> float:
+    """Median seconds of one batched forward (after `warmup` untimed ones)."""
+    import torch
+    b = toks.shape[0]
+    ts = []
+    with torch.inference_mode():
+        for r in range(warmup + repeats):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            runner.forward(slice(0, b), toks, lens, None, "all" if q > 1 else "last")
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if r >= warmup:
+                ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _walk(loaded, grid, rnd: int, rounds: int, warmup: int, repeats: int, times: dict) -> None:
+    """One round: every (model, batch, query, context) point of the grid once."""
+    from .hf_runner import Runner
+    batches, queries, contexts = grid
+    for w, model in loaded:
+        limit = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        device = model.get_input_embeddings().weight.device
+        vocab = int(model.get_input_embeddings().weight.shape[0])
+        rng = np.random.default_rng(rnd)
+        for b in batches:
+            runner = Runner(model, b, max(contexts) + max(queries) + 1)
+            for c in contexts:
+                for q in queries:
+                    if c + q > limit:
+                        continue
+                    sec = _time_point(runner, rng.integers(0, vocab, (b, q)), np.full(b, c, np.int64), q, warmup,
+                                      repeats, device)
+                    times.setdefault((w, b, q, c, str(device)), []).append(sec)
+                    log.info("round %d/%d %s batch=%d query=%d context=%d: %.3f ms", rnd + 1, rounds, w, b, q, c,
+                             sec * 1e3)
+            del runner
+
+
+def measure(loaded, grid, warmup: int = 2, repeats: int = 5, rounds: int = 1, dtype: str = "", name: str = "",
+            arch: dict | None = None) -> list[tuple]:
+    """Rows of profile.csv (COLUMNS) for [(target|draft, model)] over grid = (batches, queries, contexts);
+    arch: {target|draft: ModelArch.signature} for the `arch` column. Every round walks the whole grid (both
+    models); a point's figure is the median over rounds of each round's median, so a slow minute of the
+    machine moves one round of every point, not a block of points."""
+    times: dict[tuple, list[float]] = {}
+    for rnd in range(rounds):
+        _walk(loaded, grid, rnd, rounds, warmup, repeats, times)
+    arch = arch or {}
+    return [(w, b, q, c, statistics.median(v), device, dtype, name, arch.get(w, ""))
+            for (w, b, q, c, device), v in times.items()]
+
+
+def write_profile(rows, out_path) -> None:
+    """profile.csv (the format cost=table reads), atomically."""
     buf = io.StringIO()
     wr = csv.writer(buf, lineterminator="\n")
     wr.writerow(COLUMNS)
@@ -89,9 +150,6 @@ def _write(rows, out_path) -> None:
 
 def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
     import torch
-
-    from .hf_runner import Runner
-
     pair = make_model(cfg)
     grid = cfg.get("grid") or {}
     batches = _ints(grid.get("batch", [1]), "grid.batch")
@@ -102,48 +160,13 @@ def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
     repeats = as_int(cfg.get("repeats", 5), "repeats", min=1)
     warmup = as_int(cfg.get("warmup", 2), "warmup", min=0)
     rounds = as_int(cfg.get("rounds", 1), "rounds", min=1)
-    which = list(cfg.get("models", ["target", "draft"]))
     if cfg.get("num_threads") is not None:
         torch.set_num_threads(as_int(cfg.num_threads, "num_threads", min=1))
-    loaded = _load(cfg, pair, which, torch)
-    # every round walks the whole grid (both models); a point's figure is the median over rounds of each
-    # round's median, so a slow minute of the machine moves one round of every point, not a block of points
-    times: dict[tuple, list[float]] = {}
+    loaded = _load(cfg, pair, list(cfg.get("models", ["target", "draft"])), torch)
     t_all = time.perf_counter()
-    for rnd in range(rounds):
-        for w, model in loaded:
-            limit = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
-            device = model.get_input_embeddings().weight.device
-            vocab = int(model.get_input_embeddings().weight.shape[0])
-            rng = np.random.default_rng(rnd)
-            for b in batches:
-                runner = Runner(model, b, max(contexts) + max(queries) + 1)
-                for c in contexts:
-                    for q in queries:
-                        if c + q > limit:
-                            continue
-                        toks = rng.integers(0, vocab, (b, q))
-                        lens = np.full(b, c, np.int64)
-                        ts = []
-                        with torch.inference_mode():
-                            for r in range(warmup + repeats):
-                                if device.type == "cuda":
-                                    torch.cuda.synchronize(device)
-                                t0 = time.perf_counter()
-                                runner.forward(slice(0, b), toks, lens, None, "all" if q > 1 else "last")
-                                if device.type == "cuda":
-                                    torch.cuda.synchronize(device)
-                                if r >= warmup:
-                                    ts.append(time.perf_counter() - t0)
-                        sec = statistics.median(ts)
-                        times.setdefault((w, b, q, c, str(device)), []).append(sec)
-                        log.info("round %d/%d %s batch=%d query=%d context=%d: %.3f ms", rnd + 1, rounds, w, b, q,
-                                 c, sec * 1e3)
-                del runner
-    arch = {"target": pair.target_arch, "draft": pair.draft_arch or pair.target_arch}
-    rows = [(w, b, q, c, statistics.median(v), device, pair.dtype, pair.name, arch[w].signature)
-            for (w, b, q, c, device), v in times.items()]
-    _write(rows, out_path)
+    arch = {"target": pair.target_arch.signature, "draft": (pair.draft_arch or pair.target_arch).signature}
+    rows = measure(loaded, (batches, queries, contexts), warmup, repeats, rounds, pair.dtype, pair.name, arch)
+    write_profile(rows, out_path)
     log.info("profiled %d points in %.1f s -> %s", len(rows), time.perf_counter() - t_all, out_path)
     return rows
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 
 from ._resolvers import config_hash, run_identity
+from .results import timing_mode
 
 KEYS = ("policy", "batch_size", "throughput_tok_s", "tokens_per_step", "acceptance_rate", "tpot_p50_s",
         "flops_per_token")
@@ -352,6 +353,10 @@ def render(sweep_dir, rows: list[dict] | None = None, gaps: dict | None = None) 
     else:
         label_rows(rows)
         parts.append(f"{len(rows)} runs under {sweep_dir}")
+        timed = sum(1 for r in rows if timing_mode(r))
+        if timed:
+            parts.append(f"TIMING MODE: {timed} of them ran a real backend with backend.acceptance=simulated "
+                         "(real forwards and wall clock, accept/reject from the acceptance model; not lossless)")
         for facet in sorted({r["facet"] for r in rows}):
             sub = [r for r in rows if r["facet"] == facet]
             if facet:

@@ -98,6 +98,12 @@ def write_run(run_dir, *, summary: dict, config_yaml: str, tables: dict[str, tup
     return run_dir / SUMMARY
 
 
+def timing_mode(summary: dict) -> bool:
+    """A real backend's run whose accept/reject decisions came from the acceptance model
+    (backend.acceptance=simulated): its times are real, its outputs are not the target's decoding."""
+    return summary.get("backend") not in (None, "sim") and summary.get("lossless") is False
+
+
 def completed(run_dir, config_yaml: str) -> dict | None:
     """The summary of a finished run in `run_dir` with exactly this resolved config, else None."""
     run_dir = Path(run_dir)

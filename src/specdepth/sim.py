@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _kernels as _k
 from .acceptance import AcceptanceModel
 from .cost import CostModel, TableCost
 from .errors import ConfigError, as_float
 from .executor import Executor
+from .timing import SimulatedOutcomes
 
 
 class SimExecutor(Executor):
@@ -16,7 +16,7 @@ class SimExecutor(Executor):
     clock = "model"
     supports_oracle = True
 
-    def __init__(self, cost: CostModel, acceptance: AcceptanceModel, seed: int = 0, step_overhead_s: float = 0.0,
+    def __init__(self, cost: CostModel, acceptance_model: AcceptanceModel, seed: int = 0, step_overhead_s: float = 0.0,
                  position_overhead_s: float = 0.0, pad_ragged: bool = False, clock_profile: str | None = None,
                  draft_catch_up: bool = False, model=None):
         self.cost = cost
@@ -42,19 +42,15 @@ class SimExecutor(Executor):
         # rejection, one more for every step the row did not draft. False = one token (the default).
         self.catch_up = bool(draft_catch_up)
         self._exact = self.clock_cost is cost and not self.pad_ragged   # time and FLOPs from one call
-        self.acceptance = acceptance
-        self.rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x51D]))
-        acceptance.reset(self.rng)
+        self.acceptance = acceptance_model
+        self.outcomes = SimulatedOutcomes(acceptance_model, seed)   # the model's (confidence, accepted) blocks
         self.rows = None
-        self._conf = self._acc = None      # this step's (confidence, accepted) block
-        self._k = 0                        # this step's deepest plan
 
     def attach(self, rows):
         rows.add("sim_ctx")        # tokens in each row's KV cache
         rows.add("sim_lag")        # tokens the draft's cache lacks (draft_catch_up)
-        self.acceptance.attach(rows)
+        self.outcomes.attach(rows)
         self.rows = rows
-
 
     def _pad(self, ctx, q=None):
         """(ctx, q) as the padded forward runs them: every row at the largest context and query."""
@@ -80,42 +76,20 @@ class SimExecutor(Executor):
         self.rows.sim_ctx[new] = plen
         if self.catch_up:   # the draft prefilled the prompt; the target's first token is not in its cache
             self.rows.sim_lag[new] = 1
-        self.acceptance.admit(np.fromiter((r.request_id for r in requests), np.int64, len(requests)), new)
+        self.outcomes.admit(np.fromiter((r.request_id for r in requests), np.int64, len(requests)), new)
         return t1 + t2, f1, f2
 
-    def _sample(self, k: int):
-        self._conf, self._acc = self.acceptance.sample(self.rows.n, k)
-
     def peek_accepted(self, k):
-        self._sample(k)
-        return _k.leading_run(self._acc)
+        return self.outcomes.peek(k)
 
     def begin_step(self, depths, kmax):
-        # outcomes are drawn when first needed: while drafting position by position, each drafted (row,
-        # position) alone; drafting in one block, at verify, each row only up to its first rejection
-        self._k = kmax
-        self._lazy = False
-        if self._acc is not None and self._acc.shape[1] < kmax:   # peeked by an oracle, not deep enough
-            self._sample(kmax)
-
-    def _outcomes(self, rows, position):
-        """(confidences of `rows` at `position`), drawing what this step has not drawn yet."""
-        if self._acc is None:
-            n = self.rows.n
-            self._conf, self._acc = np.empty((n, self._k)), np.empty((n, self._k), np.bool_)
-            self._lazy = self.acceptance.draw(rows[:0], 0, self._conf, self._acc)
-            if not self._lazy:
-                self._sample(self._k)
-        if self._lazy:
-            self.acceptance.draw(rows, position, self._conf, self._acc)
-        return self._conf[rows, position]
+        self.outcomes.begin_step(kmax)
 
     def draft(self, rows, position):
-        conf = self._outcomes(rows, position)
         r = self.rows
         q = r.sim_lag[rows] if self.catch_up and position == 0 else None
         t, f = self._forward("draft", r.sim_ctx[rows] + position, q)
-        return conf, t + self.position_overhead_s, f
+        return self.outcomes.confidence(rows, position), t + self.position_overhead_s, f
 
     def draft_block(self, depths):
         if self.catch_up:   # position 0 with each row's catch-up tokens, then one token per position
@@ -141,19 +115,8 @@ class SimExecutor(Executor):
         ctx = self.rows.sim_ctx
         t, f = self._forward("target", ctx, drafted + 1)
         t += self.step_overhead_s
-        if not self._k:   # nothing drafted this step: one token each
-            accepted = np.zeros(drafted.shape[0], np.int64)
-            ctx += 1
-        elif self._acc is None and (accepted := self.acceptance.leading(drafted)) is not None:
-            _k.advance(ctx, accepted)   # ctx += accepted + 1
-        else:
-            if self._acc is None:
-                self._sample(self._k)
-            # leading accepted positions, at most the drafts; ctx advances by those + 1
-            accepted = _k.leading_accepted(self._acc, drafted, ctx)
-        self._conf = self._acc = None
+        accepted = self.outcomes.decide(drafted, ctx)   # at most the drafts; ctx advances by those + 1
         if self.catch_up:
             lag = self.rows.sim_lag
             lag[:] = np.where(drafted > 0, 1 + (accepted >= drafted), lag + 1)
-        self.acceptance.commit(drafted, accepted)
         return accepted, t, f

@@ -1,0 +1,641 @@
+"""The real-hardware questions in one command, on one device, in under 8 minutes (experiments/gpu/README.md).
+
+    python experiments/gpu/gpu_check.py OUT_DIR              # on a CUDA machine (run.sh wraps it)
+    python experiments/gpu/gpu_check.py OUT_DIR --smoke      # the same code on CPU, tiny shapes, < 1 minute
+
+Parts, each with its own time budget and guarded (a part that fails records its error and the script goes on):
+  roofline   target and draft forward times over batch x query x context (profile.csv, specdepth-profile's
+             format) beside the simulator's roofline prediction for the detected device (roofline.csv/.png)
+  crossover  timing mode (backend.acceptance=simulated, acceptance=iid at two levels), fixed depths 0-6 and
+             goodput, batch 1-256: measured speed-up over no speculation, the crossover batch, and the
+             simulator's prediction of the same table from the measured profile (cost=table) and from the
+             roofline (crossover.csv/.png)
+  lossless   the shipped tiny pair and a random pair, greedy, every non-oracle policy: outputs equal to the
+             target's own greedy output (HF generate) (lossless.csv)
+  overhead   the real backend's framework overhead per step, and its throughput against HF generate (k = 0)
+             and HF assisted generation (batch 1, same pair, same depth) (overhead.csv)
+The 8B/1B-shaped models are random bf16 weights built on the device from their config (model.init=random):
+nothing is downloaded and no weights touch the disk. Writes summary.md (README-ready), results.json and the
+CSVs/PNGs into OUT_DIR (after every part), run dirs under OUT_DIR/runs, and prints the headline lines last.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+T0 = time.monotonic()
+ROOT = Path(__file__).resolve().parents[2]
+for sub in ("experiments/perf", "experiments/crossover", "experiments/roofline"):
+    sys.path.insert(0, str(ROOT / sub))
+for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+    os.environ.setdefault(var, "1")
+
+from cuda_roofline import DRAFT as LLAMA_1B  # noqa: E402  (Llama-3.2-1B config.json numbers)
+from cuda_roofline import TARGET as LLAMA_8B  # noqa: E402  (Llama-3.1-8B)
+
+SMOKE_TARGET = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, vocab_size=1024, max_position_embeddings=2048)
+SMOKE_DRAFT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                   num_key_value_heads=1, head_dim=16, vocab_size=1024, max_position_embeddings=2048)
+FULL = dict(
+    total_s=450, report_s=15, dtype="bfloat16", shapes=(LLAMA_8B, LLAMA_1B), name="llama8b_1b_random",
+    grid=([1, 4, 16, 64, 256], [1, 2, 4, 7, 128], [0, 128, 256]), warmup=1, repeats=3,
+    batches=[1, 2, 4, 8, 16, 32, 64, 128, 256], depths=list(range(7)), alphas=[0.6, 0.8], prompt_len=128,
+    output_len=32, lossless=dict(batch=4, prompt_len=32, output_len=32, pair=dict()), overhead_len=32, k=4, reps=3,
+    budgets=dict(roofline=75, crossover=200, lossless=50, overhead=70))
+SMOKE = dict(
+    total_s=55, report_s=4, dtype="bfloat16", shapes=(SMOKE_TARGET, SMOKE_DRAFT), name="tiny_random",
+    grid=([1, 2], [1, 2, 4, 16], [0, 16]), warmup=0, repeats=1,
+    batches=[1, 2], depths=list(range(7)), alphas=[0.6, 0.8], prompt_len=16, output_len=8,
+    lossless=dict(batch=2, prompt_len=16, output_len=8,
+                  pair=dict(vocab=256, hidden=64, layers=2, heads=4, intermediate=128)),
+    overhead_len=8, k=2, reps=1, budgets=dict(roofline=8, crossover=18, lossless=12, overhead=8))
+PARTS = ("roofline", "crossover", "lossless", "overhead")
+
+
+# ------------------------------------------------------------------------------------------------ plumbing
+class Budget:
+    """Seconds a part may still spend: its own budget, and never past the run's deadline."""
+
+    def __init__(self, seconds: float, deadline: float):
+        self.end = min(time.monotonic() + seconds, deadline)
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+class Ctx:
+    """What the parts share: the plan, the device, the models' config dirs, the measured profile, results."""
+
+    def __init__(self, out: Path, plan: dict, smoke: bool, device: str):
+        self.out, self.plan, self.smoke, self.device = out, plan, smoke, device
+        self.deadline = T0 + plan["total_s"] - plan["report_s"]
+        self.parts: list[dict] = []
+        self.profile: Path | None = None
+        self.info: dict = {}
+        self.log = open(out / "log.txt", "a")
+
+    def say(self, msg: str) -> None:
+        line = f"[{time.monotonic() - T0:6.1f} s] {msg}"
+        print(line, flush=True)
+        self.log.write(line + "\n")
+        self.log.flush()
+
+
+def compose(overrides):
+    from hf_backend import compose as _compose
+    return _compose(list(overrides))
+
+
+def with_values(cfg, **values):
+    """A copy of a composed config with dotted keys set (keys written with __ for dots)."""
+    from omegaconf import OmegaConf
+    c = copy.deepcopy(cfg)
+    for k, v in values.items():
+        OmegaConf.update(c, k.replace("__", "."), v, merge=False)
+    return c
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    from specdepth.results import atomic_write, csv_text
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    atomic_write(path, csv_text(cols, [[r.get(c) for c in cols] for r in rows]))
+
+
+def fmt(x, spec=".2f", none="-"):
+    return none if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+# ------------------------------------------------------------------------------------------------ setup
+def detect(ctx: Ctx) -> None:
+    import torch
+    import transformers
+
+    from specdepth.cost import hardware_for_device
+    name = torch.cuda.get_device_name(0) if ctx.device == "cuda" else "cpu"
+    hw = hardware_for_device(name)
+    ctx.info = dict(device=name, hardware=hw or "h200", hardware_matched=hw is not None, torch=torch.__version__,
+                    transformers=transformers.__version__, smoke=ctx.smoke, dtype=ctx.plan["dtype"],
+                    memory_gb=(torch.cuda.get_device_properties(0).total_memory / 2**30 if ctx.device == "cuda"
+                               else None))
+    ctx.say(f"device {name} -> simulator hardware {ctx.info['hardware']}"
+            + ("" if hw else " (no entry for this device: h200 stands in, predictions are not this device's)")
+            + f"; torch {torch.__version__}, transformers {transformers.__version__}")
+
+
+def model_dirs(ctx: Ctx) -> None:
+    """config.json of the 8B- and 1B-shaped models (a few hundred bytes each; weights are built on the device)."""
+    from transformers import LlamaConfig
+    for which, spec in zip(("target", "draft"), ctx.plan["shapes"]):
+        d = ctx.out / "_models" / which
+        LlamaConfig(**spec, bos_token_id=None, eos_token_id=None, pad_token_id=0).save_pretrained(d)
+
+
+def big_pair(ctx: Ctx) -> list[str]:
+    """Overrides for the random 8B/1B-shaped pair (the tiny pair's tokenizer: ids < 1024 fit any vocabulary)."""
+    from specdepth._resolvers import _asset
+    m = ctx.out / "_models"
+    return [f"model.target={m / 'target'}", f"model.draft={m / 'draft'}", "model.target_arch=null",
+            "model.draft_arch=null", "model.init=random", f"model.tokenizer={_asset('tiny_pair/target')}",
+            "model.prompts=null", f"model.dtype={ctx.plan['dtype']}", f"model.device={ctx.device}",
+            f"model.name={ctx.plan['name']}", "workload=closed", "engine.progress=false", "seed=0"]
+
+
+def run_dir(ctx: Ctx, *parts) -> Path:
+    return ctx.out.joinpath("runs", *[str(p) for p in parts])
+
+
+def run_engine(cfg) -> dict:
+    """One run in-process, with what the result files do not hold: forward time and the executor's outputs."""
+    from specdepth.app import build
+    from specdepth.engine import STEP_COLUMNS
+    parts = build(cfg)
+    ex, eng = parts["executor"], parts["engine"]
+    res = eng.run()
+    tokens = sum(r.output_len for r in eng.requests)
+    drafted = sum(s[STEP_COLUMNS.index("drafted")] for s in res.steps)
+    accepted = sum(s[STEP_COLUMNS.index("accepted")] for s in res.steps)
+    step_s = sum(s[STEP_COLUMNS.index("step_s")] for s in res.steps)
+    gens = {g["request_id"]: g["output_ids"] for g in res.extra.get("generations.jsonl", [])}
+    return dict(tok_s=tokens / res.wall_s, wall_s=res.wall_s, steps=len(res.steps), step_s=step_s,
+                forward_s=ex.forward_s, acceptance=accepted / drafted if drafted else None,
+                outputs=[gens.get(r.request_id) for r in eng.requests], prompts=[r.prompt_ids for r in eng.requests],
+                target=ex.target_model, draft=ex.draft_model)
+
+
+# ------------------------------------------------------------------------------------------------ roofline
+def part_roofline(ctx: Ctx, budget: Budget) -> dict:
+    import numpy as np
+
+    from specdepth.app import build, make
+    from specdepth.profile import measure, write_profile
+    p = ctx.plan
+    cfg = compose([*big_pair(ctx), "backend=hf", "policy=none", "workload.batch_size=1", "workload.output_len=1"])
+    ex = build(cfg)["executor"]
+    rows = []
+    for which, model in (("target", ex.target_model), ("draft", ex.draft_model)):
+        if budget.left() <= 0:
+            break
+        rows += measure([(which, model)], p["grid"], p["warmup"], p["repeats"], 1, p["dtype"], p["name"])
+        ctx.say(f"roofline: {which} profiled ({len(rows)} points)")
+    write_profile(rows, ctx.out / "profile.csv")
+    complete = {r[0] for r in rows} == {"target", "draft"}
+    if complete:
+        ctx.profile = ctx.out / "profile.csv"
+    rc = compose([*big_pair(ctx), "cost=roofline", f"hardware={ctx.info['hardware']}"])   # backend=sim: no load
+    pair, hw = make(rc, "model"), make(rc, "hardware")
+    roof = make(rc, "cost", target=pair.target_arch, draft=pair.draft_arch, hardware=hw)
+    out = []
+    for which, b, q, c, sec, *_ in rows:
+        fwd = roof.target_forward if which == "target" else roof.draft_forward
+        pred = fwd(np.full(b, c, np.int64), np.full(b, q, np.int64))[0]
+        out.append(dict(model=which, batch=b, query=q, context=c, tokens=b * q, measured_s=sec, roofline_s=pred,
+                        measured_over_roofline=sec / pred))
+    write_csv(ctx.out / "roofline.csv", out)
+    plot_roofline(out, ctx.out / "roofline.png", f"{ctx.info['device']}: measured vs roofline "
+                  f"({ctx.info['hardware']})")
+    return dict(status="ok" if complete else "partial", **roofline_text(ctx, out))
+
+
+def roofline_text(ctx: Ctx, rows: list[dict]) -> dict:
+    ctxs = sorted({r["context"] for r in rows})
+    mid = ctxs[len(ctxs) // 2] if ctxs else 0
+    lines = [f"Forward time, measured vs the simulator's roofline ({ctx.info['hardware']}), context {mid} "
+             "tokens per sequence (all points: roofline.csv):", "",
+             "| model | batch | query | tokens | measured (ms) | roofline (ms) | measured / roofline |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if r["context"] == mid:
+            lines.append(f"| {r['model']} | {r['batch']} | {r['query']} | {r['tokens']} | {r['measured_s'] * 1e3:.3f} "
+                         f"| {r['roofline_s'] * 1e3:.3f} | {r['measured_over_roofline']:.2f} |")
+    head = []
+    for which in ("target", "draft"):
+        d = [r for r in rows if r["model"] == which and r["query"] == 1 and r["context"] == mid]
+        if d:
+            lo, hi = min(d, key=lambda r: r["batch"]), max(d, key=lambda r: r["batch"])
+            ratio = statistics.median(r["measured_over_roofline"] for r in rows if r["model"] == which)
+            head.append(f"{which} decode b{lo['batch']} {lo['measured_s'] * 1e3:.2f} ms (roofline "
+                        f"{lo['roofline_s'] * 1e3:.2f}), b{hi['batch']} {hi['measured_s'] * 1e3:.2f} ms (roofline "
+                        f"{hi['roofline_s'] * 1e3:.2f}); median measured/roofline {ratio:.2f}")
+    return dict(markdown="\n".join(lines), headline="roofline: " + "; ".join(head))
+
+
+def plot_roofline(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ctxs = sorted({r["context"] for r in rows})
+    mid = ctxs[len(ctxs) // 2] if ctxs else 0
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, which in enumerate(("target", "draft")):
+        for q, marker in ((1, "o"), (max((r["query"] for r in rows), default=1), "s")):
+            sub = sorted((r for r in rows if r["model"] == which and r["context"] == mid and r["query"] == q),
+                         key=lambda r: r["tokens"])
+            if sub:
+                x = [r["tokens"] for r in sub]
+                ax.plot(x, [r["measured_s"] * 1e3 for r in sub], marker, color=f"C{i}", label=f"{which} b x {q}: measured")
+                ax.plot(x, [r["roofline_s"] * 1e3 for r in sub], "-" if q == 1 else "--", color=f"C{i}",
+                        label=f"{which} b x {q}: roofline")
+    ax.set(xscale="log", yscale="log", xlabel="tokens per forward (batch x query)", ylabel="forward time (ms)")
+    ax.set_title(f"{title}; context {mid}", fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------ crossover
+def policies(ctx: Ctx) -> list[str]:
+    return [f"fixed{k}" for k in ctx.plan["depths"]] + ["goodput"]
+
+
+def bases(ctx: Ctx, backend: list[str], cost: list[str]) -> dict:
+    """Composed once per (backend, cost, policy kind); cells set alpha, batch and depth on a copy."""
+    p = ctx.plan
+    common = [*big_pair(ctx), *backend, *cost, "acceptance=iid", f"workload.prompt_len={p['prompt_len']}",
+              f"workload.output_len={p['output_len']}"]
+    return {kind: compose([*common, f"policy={kind}"]) for kind in ("fixed", "goodput")}
+
+
+def cell(base: dict, alpha: float, batch: int, pol: str):
+    if pol == "goodput":
+        return with_values(base["goodput"], acceptance__alpha=alpha, workload__batch_size=batch)
+    return with_values(base["fixed"], acceptance__alpha=alpha, workload__batch_size=batch, policy__depth=int(pol[5:]))
+
+
+def crossover_cells(ctx: Ctx, batch: int) -> list[tuple]:
+    """(alpha key, policy) of one batch size: no speculation once (it never consults the acceptance model),
+    then every drafting policy at each acceptance level."""
+    a = ctx.plan["alphas"]
+    return [(None, "fixed0")] + [(x, pol) for x in a for pol in policies(ctx) if pol != "fixed0"]
+
+
+def real_crossover(ctx: Ctx, budget: Budget, base: dict) -> tuple[dict, list]:
+    from specdepth.app import run
+    p, done, skipped, last = ctx.plan, {}, [], 0.0
+    run(cell(base, p["alphas"][0], 2, "fixed2"), run_dir(ctx, "warmup"))   # first CUDA/cuBLAS use, not recorded
+    for b in p["batches"]:
+        first = True
+        for akey, pol in crossover_cells(ctx, b):
+            if skipped or budget.left() < last * (2.5 if first else 1.2):
+                skipped.append((akey, b, pol))
+                continue
+            t = time.monotonic()
+            alpha = p["alphas"][0] if akey is None else akey
+            done[(akey, b, pol)] = run(cell(base, alpha, b, pol), run_dir(ctx, "real", f"a{akey}", f"b{b}", pol))
+            last, first = time.monotonic() - t, False
+        ctx.say(f"crossover: batch {b} done ({len(done)} real runs)" if not skipped else
+                f"crossover: budget spent, {len(skipped)} cells skipped from batch {skipped[0][1]}")
+    return done, skipped
+
+
+def sim_crossover(ctx: Ctx, base: dict, done: dict, name: str) -> dict:
+    """The simulator's run of every cell measured (backend=sim, the backend's padding and catch-up charged)."""
+    from specdepth.app import run
+    out = {}
+    for (akey, b, pol) in done:
+        if time.monotonic() > ctx.deadline:
+            break
+        alpha = ctx.plan["alphas"][0] if akey is None else akey
+        out[(akey, b, pol)] = run(cell(base, alpha, b, pol), run_dir(ctx, name, f"a{akey}", f"b{b}", pol))
+    return out
+
+
+def part_crossover(ctx: Ctx, budget: Budget) -> dict:
+    hw = ["cost=roofline", f"hardware={ctx.info['hardware']}"]
+    table = ["cost=table", f"cost.path={ctx.profile}"] if ctx.profile else None
+    sim = ["backend=sim", "backend.pad_ragged=true", "backend.draft_catch_up=true", "engine.charge_policy_time=true"]
+    done, skipped = real_crossover(ctx, budget, bases(ctx, ["backend=hf", "backend.acceptance=simulated"],
+                                                      table or hw))
+    preds = {"table": sim_crossover(ctx, bases(ctx, sim, table), done, "sim_table") if table else {},
+             "roofline": sim_crossover(ctx, bases(ctx, sim, hw), done, "sim_roofline")}
+    rows = crossover_rows(ctx, done, preds)
+    write_csv(ctx.out / "crossover.csv", rows)
+    plot_crossover(ctx, rows, ctx.out / "crossover.png")
+    text = crossover_text(ctx, rows, table is not None)
+    if skipped:
+        text["markdown"] += (f"\n\nBudget spent: {len(skipped)} cells not run (from batch {skipped[0][1]} on).")
+    return dict(status="partial" if skipped else "ok", **text)
+
+
+def crossover_rows(ctx: Ctx, done: dict, preds: dict) -> list[dict]:
+    rows = []
+    for a in ctx.plan["alphas"]:
+        for b in ctx.plan["batches"]:
+            for pol in policies(ctx):
+                key = (None if pol == "fixed0" else a, b, pol)
+                row = dict(alpha=a, batch=b, policy=pol)
+                for src, runs in (("real", done), *preds.items()):
+                    s, base = runs.get(key), runs.get((None, b, "fixed0"))
+                    tput = s["throughput_tok_s"] if s else None
+                    row[f"{src}_tok_s"] = tput
+                    row[f"{src}_speedup"] = tput / base["throughput_tok_s"] if tput and base else None
+                    row[f"{src}_tokens_per_step"] = s["tokens_per_step"] if s else None
+                rows.append(row)
+    return rows
+
+
+def crossover_text(ctx: Ctx, rows: list[dict], have_table: bool) -> dict:
+    from analyze import crossover
+    srcs = ["real", "table", "roofline"] if have_table else ["real", "roofline"]
+    lines = ["Crossover batch of fixed depth k (speed-up over no speculation falls below 1; interpolated in "
+             "log2 batch): measured / simulator from the measured profile (cost=table) / from the roofline; "
+             "speed-up at the smallest and largest batch, same order.", "",
+             "| alpha | depth | crossover batch | speed-up b" + str(ctx.plan["batches"][0]) + " | speed-up b"
+             + str(ctx.plan["batches"][-1]) + " |", "|---:|---:|---|---|---|"]
+    heads = []
+    for a in ctx.plan["alphas"]:
+        best = None
+        for pol in [q for q in policies(ctx) if q != "fixed0"]:
+            sub = [r for r in rows if r["alpha"] == a and r["policy"] == pol]
+            cross = [crossover([(r["batch"], r[f"{s}_speedup"]) for r in sub])[0] for s in srcs]
+            ends = [" / ".join(fmt(e[f"{s}_speedup"]) for s in srcs) for e in (sub[0], sub[-1])]
+            lines.append(f"| {a} | {pol} | {' / '.join(cross)} | {ends[0]} | {ends[1]} |")
+            b1 = sub[0]["real_speedup"]
+            if pol != "goodput" and b1 is not None and (best is None or b1 > best[1]):
+                best = (pol, b1, cross, ends[0])
+        if best:
+            heads.append(f"a={a}: best at b{ctx.plan['batches'][0]} {best[0]} ({best[3]} = "
+                         f"{'/'.join(srcs)}), its crossover {' / '.join(best[2])}; " + goodput_gap(rows, a))
+    return dict(markdown="\n".join(lines + ["", speedup_table(ctx, rows)]), headline="crossover " + " | ".join(heads))
+
+
+def goodput_gap(rows: list[dict], a: float) -> str:
+    """goodput's measured speed-up against the best fixed depth's, worst batch."""
+    gaps = []
+    for b in sorted({r["batch"] for r in rows}):
+        sub = {r["policy"]: r["real_speedup"] for r in rows if r["alpha"] == a and r["batch"] == b}
+        fixed = [v for p, v in sub.items() if p != "goodput" and v is not None]
+        if sub.get("goodput") is not None and fixed:
+            gaps.append((sub["goodput"] / max(fixed), b))
+    if not gaps:
+        return "goodput: -"
+    gap, b = min(gaps)
+    return f"goodput / best fixed >= {gap:.2f} (worst at b{b})"
+
+
+def speedup_table(ctx: Ctx, rows: list[dict]) -> str:
+    pols = [q for q in policies(ctx) if q != "fixed0"]
+    out = ["Measured speed-up over no speculation (timing mode), by batch:", ""]
+    for a in ctx.plan["alphas"]:
+        out += [f"alpha {a}:", "", "| batch | " + " | ".join(pols) + " |", "|---:|" + "---:|" * len(pols)]
+        for b in ctx.plan["batches"]:
+            v = {r["policy"]: r["real_speedup"] for r in rows if r["alpha"] == a and r["batch"] == b}
+            out.append(f"| {b} | " + " | ".join(fmt(v.get(p)) for p in pols) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def plot_crossover(ctx: Ctx, rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    alphas = ctx.plan["alphas"]
+    fig, axes = plt.subplots(1, len(alphas), figsize=(6 * len(alphas), 4.2), squeeze=False)
+    for ax, a in zip(axes[0], alphas):
+        for i, pol in enumerate(q for q in policies(ctx) if q != "fixed0"):
+            sub = [r for r in rows if r["alpha"] == a and r["policy"] == pol]
+            color = "k" if pol == "goodput" else f"C{i}"
+            for src, style in (("real", "-o"), ("table", "--"), ("roofline", ":")):
+                pts = [(r["batch"], r.get(f"{src}_speedup")) for r in sub if r.get(f"{src}_speedup") is not None]
+                if pts:
+                    ax.plot(*zip(*pts), style, color=color, ms=3, label=pol if src == "real" else None)
+        ax.axhline(1, color="grey", lw=0.8)
+        ax.set(xscale="log", xlabel="batch size", ylabel="speed-up over no speculation",
+               title=f"alpha {a}: measured (solid), sim table (dashed), sim roofline (dotted)")
+        ax.title.set_fontsize(8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------ lossless
+def lossless_policies() -> list[str]:
+    """Every policy config of conf/policy but the oracles (simulator and timing mode only)."""
+    from hydra.utils import get_class
+    from omegaconf import OmegaConf
+
+    from specdepth.app import CONF_DIR
+    return [f.stem for f in sorted(Path(CONF_DIR, "policy").glob("*.yaml"))
+            if not getattr(get_class(OmegaConf.load(f)["_target_"]), "requires_oracle", False)]
+
+
+def first_divergence(got: list, want: list):
+    """(request index, token index) of the first output token that differs, or None."""
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g != w:
+            return (i, next((j for j, (x, y) in enumerate(zip(g or [], w)) if x != y), min(len(g or []), len(w))))
+    return None
+
+
+def part_lossless(ctx: Ctx, budget: Budget) -> dict:
+    from hf_backend import build_pair, hf_generate
+    L = ctx.plan["lossless"]
+    rp = ctx.out / "_models" / "random_pair"
+    if not (rp / "draft" / "config.json").is_file():
+        build_pair(rp, **L["pair"])   # a random target and a draft made of its first layer (float32, saved)
+    pairs = (("tiny_pair", ["model=tiny_pair"]),
+             ("random_pair", [f"model.target={rp / 'target'}", f"model.draft={rp / 'draft'}", "model.target_arch=null",
+                              "model.draft_arch=null", "model.prompts=null", "model.dtype=float32",
+                              "model.name=random_pair"]))
+    common = ["backend=hf", f"model.device={ctx.device}", "workload=closed", f"workload.batch_size={L['batch']}",
+              f"workload.prompt_len={L['prompt_len']}", f"workload.output_len={L['output_len']}",
+              "engine.progress=false", "seed=0"]
+    rows = []
+    for name, ov in pairs:
+        ref = None
+        for pol in lossless_policies():
+            if budget.left() <= 0:
+                rows.append(dict(pair=name, policy=pol, equal=None))
+                continue
+            r = run_engine(compose([*common, *ov, f"policy={pol}"]))
+            if ref is None:   # the target alone, HF generate, greedy, the same prompts (one batch, equal lengths)
+                ref = hf_generate(r["target"], None, r["prompts"], L["output_len"])["outputs"]
+            rows.append(dict(pair=name, policy=pol, equal=r["outputs"] == ref, acceptance=r["acceptance"],
+                             first_divergence=first_divergence(r["outputs"], ref)))
+        ctx.say(f"lossless: {name}: {sum(bool(r['equal']) for r in rows if r['pair'] == name)} of "
+                f"{sum(r['pair'] == name for r in rows)} policies equal to target-only greedy")
+    write_csv(ctx.out / "lossless.csv", rows)
+    ran = [r for r in rows if r["equal"] is not None]
+    ok = sum(bool(r["equal"]) for r in ran)
+    md = ["Greedy outputs vs the target alone (HF generate), every non-oracle policy, batch "
+          f"{L['batch']}, {L['output_len']} tokens:", "", "| pair | policy | equal | acceptance | first divergence |",
+          "|---|---|---|---:|---|"]
+    md += [f"| {r['pair']} | {r['policy']} | {r['equal']} | {fmt(r.get('acceptance'))} | "
+           f"{r.get('first_divergence') or '-'} |" for r in rows]
+    status = "ok" if len(ran) == len(rows) else "partial"
+    return dict(status=status, markdown="\n".join(md),
+                headline=f"lossless: {ok} of {len(ran)} runs equal to target-only greedy ("
+                         + ", ".join(f"{n} {sum(bool(r['equal']) for r in ran if r['pair'] == n)}/"
+                                     f"{sum(r['pair'] == n for r in ran)}" for n, _ in pairs)
+                         + (f"; {len(rows) - len(ran)} not run" if len(ran) < len(rows) else "") + ")")
+
+
+# ------------------------------------------------------------------------------------------------ overhead
+def duel(budget: Budget, ours, theirs, reps: int) -> tuple[list, list]:
+    """Warm-up each, then `reps` interleaved pairs of runs (fewer when the budget runs out)."""
+    t = time.monotonic()
+    o = [ours()]
+    h = [theirs(o[0])]
+    pair_s = time.monotonic() - t
+    o, h = [], []
+    for _ in range(reps):
+        if o and budget.left() < 1.2 * pair_s:
+            break
+        o.append(ours())
+        h.append(theirs(o[-1]))
+    return o, h
+
+
+def part_overhead(ctx: Ctx, budget: Budget) -> dict:
+    from hf_backend import hf_generate
+    p, k, n = ctx.plan, ctx.plan["k"], ctx.plan["overhead_len"]
+    base = [*big_pair(ctx), "backend=hf", "workload.batch_size=1", f"workload.prompt_len={p['prompt_len']}",
+            f"workload.output_len={n}", "policy=fixed"]
+    ours0, oursk = compose([*base, "policy.depth=0"]), compose([*base, f"policy.depth={k}"])
+    cases, ours_runs = [], []
+    o, h = duel(budget, lambda: run_engine(ours0), lambda r: hf_generate(r["target"], None, r["prompts"], n),
+                p["reps"])
+    ours_runs += o
+    cases.append(case_row("k=0 vs HF generate", "k=0 vs HF generate, batch 1", o, h))
+    o, h = duel(budget, lambda: run_engine(oursk),
+                lambda r: hf_generate(r["target"], r["draft"], r["prompts"], n, k), p["reps"])
+    ours_runs += o
+    cases.append(case_row(f"k={k} vs HF assisted", f"fixed k={k} (lossless) vs HF assisted k={k}, batch 1", o, h))
+    alpha = min(max(round(statistics.fmean(r["acceptance"] or 0.0 for r in o), 2), 0.0), 0.99)
+    timed = compose([*base, f"policy.depth={k}", "backend.acceptance=simulated", "acceptance=iid",
+                     f"acceptance.alpha={alpha}"])
+    t, _ = duel(budget, lambda: run_engine(timed), lambda r: None, p["reps"])
+    cases.append(dict(label="timing mode vs lossless, per step",
+                      case=f"fixed k={k}: timing mode (iid alpha={alpha}, the measured acceptance) vs lossless",
+                      ours_tok_s=max(r["tok_s"] for r in t), other_tok_s=max(r["tok_s"] for r in o),
+                      ours_ms_per_step=min(r["wall_s"] / r["steps"] for r in t) * 1e3,
+                      other_ms_per_step=min(r["wall_s"] / r["steps"] for r in o) * 1e3))
+    cases[-1]["ratio"] = cases[-1]["ours_ms_per_step"] / cases[-1]["other_ms_per_step"]
+    step = sum(r["step_s"] for r in ours_runs)
+    outside = step - sum(r["forward_s"] for r in ours_runs)
+    steps = sum(r["steps"] for r in ours_runs)
+    write_csv(ctx.out / "overhead.csv", cases)
+    return overhead_text(cases, outside / step, outside / steps)
+
+
+def case_row(label: str, name: str, ours: list, theirs: list) -> dict:
+    o, h = max(ours, key=lambda r: r["tok_s"]), max(theirs, key=lambda r: r["tok_s"])
+    return dict(label=label, case=name, ours_tok_s=o["tok_s"], other_tok_s=h["tok_s"], ratio=o["tok_s"] / h["tok_s"],
+                identical_outputs=o["outputs"] == h["outputs"], acceptance=o["acceptance"],
+                overhead=1 - sum(r["forward_s"] for r in ours) / sum(r["step_s"] for r in ours))
+
+
+def overhead_text(cases: list[dict], share: float, per_step_s: float) -> dict:
+    md = [f"Framework overhead (step time outside the model forwards, CUDA events): {share * 100:.1f}% of step "
+          f"time, {per_step_s * 1e3:.2f} ms per step.", "",
+          "| case | ours | other | ratio | identical outputs | acceptance |", "|---|---:|---:|---:|---|---:|"]
+    for c in cases:
+        unit = "ms/step" if "ours_ms_per_step" in c else "tok/s"
+        a, b = (c["ours_ms_per_step"], c["other_ms_per_step"]) if unit == "ms/step" else (c["ours_tok_s"], c["other_tok_s"])
+        md.append(f"| {c['case']} | {a:.2f} {unit} | {b:.2f} {unit} | {c['ratio']:.2f} | "
+                  f"{c.get('identical_outputs', '-')} | {fmt(c.get('acceptance'))} |")
+    head = (f"overhead: {share * 100:.1f}% of step time ({per_step_s * 1e3:.2f} ms/step); "
+            + "; ".join(f"{c['label']}: {c['ratio']:.2f}x" for c in cases))
+    return dict(status="ok", markdown="\n".join(md), headline=head)
+
+
+# ------------------------------------------------------------------------------------------------ driver
+def guarded(ctx: Ctx, name: str, fn, seconds: float) -> None:
+    """Run one part; any failure is recorded (with its traceback in log.txt) and the script goes on."""
+    t = time.monotonic()
+    rec = dict(part=name, budget_s=seconds)
+    ctx.say(f"{name}: start (budget {seconds:.0f} s, {ctx.deadline - t:.0f} s left in all)")
+    try:
+        rec.update(fn(ctx, Budget(seconds, ctx.deadline)) or {})
+    except Exception as e:   # noqa: BLE001  (a part's failure must not stop the others)
+        rec.update(status="error", error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                   headline=f"{name}: ERROR {type(e).__name__}")
+        ctx.log.write(traceback.format_exc())
+        free_memory()
+    rec["seconds"] = round(time.monotonic() - t, 1)
+    ctx.parts.append(rec)
+    ctx.say(f"{name}: {rec.get('status', 'ok')} in {rec['seconds']} s" + (f" ({rec['error']})" if "error" in rec else ""))
+    write_report(ctx)
+
+
+def free_memory() -> None:
+    try:
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:   # noqa: BLE001
+        pass
+
+
+def write_report(ctx: Ctx) -> list[str]:
+    from specdepth.results import atomic_write
+    i = ctx.info
+    heads = [f"device: {i.get('device')} (simulator entry {i.get('hardware')}), torch {i.get('torch')}, transformers "
+             f"{i.get('transformers')}, {i.get('dtype')} random-weight {ctx.plan['name']}"
+             + (", SMOKE (CPU, tiny shapes: no figure here is a result)" if ctx.smoke else "")]
+    heads += [r["headline"] for r in ctx.parts if r.get("headline")]
+    heads.append("parts: " + ", ".join(f"{r['part']} {r.get('status', 'ok')} {r['seconds']} s" for r in ctx.parts)
+                 + f"; total {time.monotonic() - T0:.0f} s")
+    md = ["# GPU check: " + i.get("device", "?"), "", "```", *heads, "```", ""]
+    for r in ctx.parts:
+        md += [f"## {r['part']} ({r.get('status', 'ok')}, {r['seconds']} s of {r['budget_s']} s)", ""]
+        md += [r.get("markdown") or r.get("error") or "", ""]
+    atomic_write(ctx.out / "summary.md", "\n".join(md))
+    atomic_write(ctx.out / "results.json", json.dumps(dict(info=i, parts=ctx.parts, headlines=heads), indent=2,
+                                                      default=str) + "\n")
+    return heads
+
+
+def setup(ctx: Ctx, budget: Budget) -> dict:
+    detect(ctx)
+    model_dirs(ctx)
+    return dict(status="ok")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, the same code (< 1 minute)")
+    ap.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS))
+    ap.add_argument("--budget", type=float, default=None, help="seconds in all (default 450; smoke 55)")
+    a = ap.parse_args(argv)
+    plan = dict(SMOKE if a.smoke else FULL)
+    if a.budget:
+        scale = a.budget / plan["total_s"]
+        plan.update(total_s=a.budget, budgets={k: v * scale for k, v in plan["budgets"].items()})
+    import torch
+    if not a.smoke and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here; run it on a GPU machine, or --smoke on CPU", file=sys.stderr)
+        return 2
+    unknown = sorted(set(a.parts.split(",")) - set(PARTS))
+    if unknown:
+        print(f"gpu_check: --parts: unknown {unknown}; known: {list(PARTS)}", file=sys.stderr)
+        return 2
+    a.out.mkdir(parents=True, exist_ok=True)
+    ctx = Ctx(a.out, plan, a.smoke, "cpu" if a.smoke else "cuda")
+    from specdepth.hf_runner import MODELS
+    with MODELS.keep():
+        guarded(ctx, "setup", setup, 30)
+        for part in PARTS:
+            if part in a.parts.split(","):
+                guarded(ctx, part, globals()[f"part_{part}"], plan["budgets"][part])
+    heads = write_report(ctx)
+    print("\n".join(["", "=" * 100, *heads]), flush=True)
+    return 1 if any(r.get("status") == "error" for r in ctx.parts) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""backend=hf timing mode (backend.acceptance=simulated): real models and forwards, accept/reject from the run's
+acceptance model. Its accepted counts follow the acceptance model exactly (the simulator's, for the same seed),
+its results say they are not lossless, and it writes no generations."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from conftest import compose  # noqa: E402
+from specdepth.app import format_summary, run  # noqa: E402
+from specdepth.errors import ConfigError  # noqa: E402
+from specdepth.report import render  # noqa: E402
+
+SMALL = ("model=tiny_pair", "workload.batch_size=3", "workload.prompt_len=16", "workload.output_len=20",
+         "engine.progress=false")
+SAME = ("steps", "tokens_per_step", "acceptance_rate", "draft_tokens", "accepted_tokens", "verify_tokens",
+        "per_position_acceptance", "output_tokens")
+
+
+def _steps(run_dir) -> list[tuple]:
+    """(batch, drafted, accepted, emitted) per step of steps.csv."""
+    lines = (Path(run_dir) / "steps.csv").read_text().splitlines()
+    cols = lines[0].split(",")
+    idx = [cols.index(c) for c in ("batch_size", "drafted", "accepted", "emitted")]
+    return [tuple(int(float(row.split(",")[i])) for i in idx) for row in lines[1:]]
+
+
+@pytest.mark.parametrize("policy,acceptance", [
+    (("policy=fixed", "policy.depth=3"), ("acceptance=iid", "acceptance.alpha=0.7")),
+    (("policy=confidence",), ("acceptance=confidence",)),     # decisions from the confidences it is shown
+    (("policy=oracle",), ("acceptance=beta",)),               # timing mode can reveal its outcomes
+])
+def test_accepted_counts_follow_the_acceptance_model(tmp_path, policy, acceptance):
+    common = (*SMALL, *policy, *acceptance, "seed=5", "engine.record_trace=true")
+    real = run(compose("backend=hf", "backend.acceptance=simulated", *common), tmp_path / "hf")
+    sim = run(compose("backend=sim", *common), tmp_path / "sim")
+    assert real["draft_tokens"] > 0 and real["accepted_tokens"] > 0
+    for k in SAME:
+        assert real[k] == sim[k], k
+    assert _steps(tmp_path / "hf") == _steps(tmp_path / "sim")   # step by step, not only in total
+    # the confidences the policies saw and the outcomes, token by token: the acceptance model's
+    trace = (tmp_path / "hf" / "acceptance_trace.jsonl").read_text()
+    assert trace and trace == (tmp_path / "sim" / "acceptance_trace.jsonl").read_text()
+
+
+def test_timing_mode_results_say_not_lossless(tmp_path):
+    ov = (*SMALL, "policy=fixed", "policy.depth=2", "acceptance=iid", "acceptance.alpha=0.9")
+    s = run(compose("backend=hf", "backend.acceptance=simulated", *ov), tmp_path / "t")
+    assert s["lossless"] is False and s["backend"] == "hf"
+    assert not (tmp_path / "t" / "generations.jsonl").exists()
+    assert json.loads((tmp_path / "t" / "summary.json").read_text())["lossless"] is False
+    assert "TIMING MODE" in format_summary(s)
+    assert s["time_s"] > 0 and s["verify_time_s"] > 0 and s["draft_time_s"] > 0   # real forwards, wall clock
+    lossless = run(compose("backend=hf", *ov), tmp_path / "l")
+    assert lossless["lossless"] is True and (tmp_path / "l" / "generations.jsonl").is_file()
+    assert "TIMING MODE" not in format_summary(lossless)
+    assert run(compose("backend=sim", *ov), tmp_path / "s")["lossless"] is False
+    assert "TIMING MODE: 1 of them" in render(tmp_path)   # specdepth-report marks the timing-mode run
+
+
+def test_sampled_timing_mode_and_random_weights(tmp_path):
+    """decode.temperature > 0 and model.init=random (the pair's config.json only) run in timing mode, with
+    the acceptance model's counts."""
+    common = (*SMALL, "policy=fixed", "policy.depth=4", "acceptance=iid", "acceptance.alpha=0.5", "seed=2")
+    real = run(compose("backend=hf", "backend.acceptance=simulated", "model.init=random", "decode.temperature=0.8",
+                       *common), tmp_path / "hf")
+    sim = run(compose("backend=sim", *common), tmp_path / "sim")
+    for k in SAME:
+        assert real[k] == sim[k], k
+
+
+def test_random_weights_are_lossless_too(tmp_path):
+    """model.init=random with lossless verification: the output is the random target's own greedy output."""
+    import torch
+
+    from specdepth.hf_runner import random_causal_lm
+    cfg = compose("backend=hf", "model.init=random", *SMALL, "policy=fixed", "policy.depth=3",
+                  "workload.batch_size=1")
+    run(cfg, tmp_path)
+    gen = json.loads((tmp_path / "generations.jsonl").read_text().splitlines()[0])
+    target = random_causal_lm(cfg.model.target, "model.target", torch.float32, "sdpa", torch.device("cpu"), 0)
+    with torch.inference_mode():
+        out = target.generate(torch.tensor([gen["prompt_ids"]]), max_new_tokens=20, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)
+    assert out[0, len(gen["prompt_ids"]):].tolist() == gen["output_ids"]
+
+
+def test_bad_acceptance_mode(tmp_path):
+    with pytest.raises(ConfigError, match="backend.acceptance"):
+        run(compose("backend=hf", "backend.acceptance=sometimes", *SMALL), tmp_path)
+    assert not (tmp_path / "summary.json").exists()
