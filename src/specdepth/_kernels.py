@@ -89,12 +89,12 @@ def position_counts(ctx, depths):
 
 
 @njit(cache=True, nogil=True)
-def leading_run_at_most(acc, drafted):
-    """Per row: the accepted drafts, the leading True entries of acc, at most drafted[i]."""
+def leading_run(acc, cap):
+    """Per row: the number of leading True entries of acc, at most cap[i] (the row's drafts)."""
     n, k = acc.shape
     out = np.empty(n, np.int64)
     for i in range(n):
-        lim = min(drafted[i], k)
+        lim = min(cap[i], k)
         r = 0
         while r < lim and acc[i, r]:
             r += 1
@@ -102,17 +102,9 @@ def leading_run_at_most(acc, drafted):
     return out
 
 
-@njit(cache=True, nogil=True)
-def leading_run(acc):
+def leading_runs(acc):
     """Per row: the number of leading True entries of acc (all k when the row is all True)."""
-    n, k = acc.shape
-    out = np.empty(n, np.int64)
-    for i in range(n):
-        r = 0
-        while r < k and acc[i, r]:
-            r += 1
-        out[i] = r
-    return out
+    return leading_run(acc, np.full(acc.shape[0], acc.shape[1], np.int64))
 
 
 @njit(cache=True, nogil=True)

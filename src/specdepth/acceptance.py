@@ -297,7 +297,7 @@ class Trace(AcceptanceModel):
         idx = self.offsets[self.stream][:, None] + (self.pos[:, None] + np.arange(k)) % lens
         conf, acc = self.conf[idx], self.acc[idx]
         if self.tail is not None and k > 1:
-            run = _k.leading_run(acc)
+            run = _k.leading_runs(acc)
             rows = np.flatnonzero(run < k - 1)   # rows with positions after their first rejection
             if rows.size:
                 j = run[rows]

@@ -50,7 +50,7 @@ class SimulatedOutcomes:
     def peek(self, k: int) -> np.ndarray:
         """How many of the next k positions each row will have accepted (oracle policies)."""
         self.sample(k)
-        return _k.leading_run(self.acc)
+        return _k.leading_runs(self.acc)
 
     def begin_step(self, kmax: int) -> None:
         """Outcomes are drawn when first needed: while drafting position by position, each drafted (row,
@@ -82,7 +82,7 @@ class SimulatedOutcomes:
         else:
             if self.acc is None:
                 self.sample(self.k)
-            accepted = _k.leading_run_at_most(self.acc, drafted)
+            accepted = _k.leading_run(self.acc, drafted)
         self.conf = self.acc = None
         if ctx is not None:
             _k.advance(ctx, accepted)   # ctx += accepted + 1
