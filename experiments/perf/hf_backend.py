@@ -93,10 +93,8 @@ class Ours:
         reqs = [type(r)(r.request_id, r.arrival_s, r.prompt_len, r.output_len, list(r.prompt_ids))
                 for r in p["engine"].requests]
         ex.outputs.clear()
-        ex.n = 0
-        for name in ("rid", "plen", "olen", "length", "tlen", "dlen"):
-            setattr(ex, name, getattr(ex, name)[:0])
-        eng = Engine(p["policy"], ex, p["cost"], p["engine"].cfg, reqs)   # check() builds fresh caches
+        # prepare() builds fresh caches; the run's new RowTable holds the executor's per-row columns
+        eng = Engine(p["policy"], ex, p["cost"], p["engine"].cfg, reqs)
         f0 = ex.forward_s
         t0 = time.perf_counter()
         res = eng.run()

@@ -17,7 +17,7 @@ from hydra.core.global_hydra import GlobalHydra
 from specdepth.app import CONF_DIR, build
 
 STEADY = ["workload=poisson", "workload.rate=1e9", "workload.num_requests=1024", "engine.max_batch_size=64",
-          "workload.prompt_len=256"]
+          "workload.max_concurrency=64", "workload.prompt_len=256"]
 CASES = [
     ("fixed k=4, batch 64 (steady: 1024 requests, 64 running)", ["policy=fixed", "policy.depth=4"] + STEADY),
     ("confidence, batch 64 (steady)", ["policy=confidence"] + STEADY),
