@@ -76,3 +76,28 @@ class NotAPolicy:
 
     def plan(self, view):
         return np.zeros(view.batch_size, dtype=np.int64)
+
+
+class RaisesIn(Policy):
+    """Raises a user's exception in the hook named `hook` (plan, keep_drafting, observe or reset)."""
+
+    def __init__(self, hook: str = "plan"):
+        self.hook = hook
+
+    def _maybe(self, hook):
+        if hook == self.hook:
+            raise RuntimeError(f"my bug in {hook}")
+
+    def reset(self):
+        self._maybe("reset")
+
+    def plan(self, view):
+        self._maybe("plan")
+        return np.full(view.batch_size, 2, dtype=np.int64)
+
+    def keep_drafting(self, view, position, confidence):
+        self._maybe("keep_drafting")
+        return ~np.isnan(confidence)
+
+    def observe(self, view, accepted):
+        self._maybe("observe")

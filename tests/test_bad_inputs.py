@@ -178,6 +178,19 @@ ROWS = [
     ("5", "policy=none ~policy.depth policy._target_=no_such_module.Policy", "no_such_module"),
     ("5", "policy=none ~policy.depth policy._target_=custom_policies.Missing", "custom_policies.Missing"),
     ("5", "hydra.run.dir=/proc/no/such/dir", "/proc/no"),
+    # ---- 5: a user's policy that raises while the run goes: its name, the hook and the exception's message
+    ("5", POL % "RaisesIn" + " +policy.hook=plan", "policy RaisesIn: plan() raised RuntimeError: my bug in plan"),
+    ("5", POL % "RaisesIn" + " +policy.hook=keep_drafting",
+     "policy RaisesIn: keep_drafting() raised RuntimeError: my bug in keep_drafting"),
+    ("5", POL % "RaisesIn" + " +policy.hook=observe", "policy RaisesIn: observe() raised RuntimeError: my bug in observe"),
+    ("5", POL % "RaisesIn" + " +policy.hook=reset", "policy RaisesIn: reset() raised RuntimeError: my bug in reset"),
+    ("5", POL % "Broken" + " +policy.answer=short", "policy Broken broke a rule: plan() must return one depth"),
+    ("5", POL % "Broken" + " +policy.answer=bad_mask", "policy Broken broke a rule: keep_drafting() must return"),
+    # ---- 2: what cannot run (context window, GPU memory) is refused, naming the key and the model
+    ("2", "workload.prompt_len=131000", "exceed the context of model llama3_8b"),
+    ("2", "model=llama3_70b", "model llama3_70b does not fit"),
+    ("2", "workload.prompt_len=120000 hardware=a100_80g hardware.memory_gb=24", "can never fit: the KV cache of model"),
+    ("2", "parallel.tensor=3 model=llama3_70b", "parallel.tensor=3 must divide"),
     # ---- the command line itself
     ("hydra", "hardware=tpu_v9", "tpu_v9"),
     ("hydra", "policy.depth=[1,", "policy.depth"),
