@@ -230,10 +230,10 @@ def _row_base(key, rid, stream):
 
 
 @njit(cache=True, nogil=True)
-def keyed_block(key, ids, pos, k, level, logit_normal, spread, calibration):
+def keyed_block(key, ids, pos, k, level, logit_normal, spread, calibration, decay=1.0):
     """The acceptance block of the next k draft positions of every row: row i's draft j proposes output
-    position pos[i] + j of request ids[i]. logit_normal False: confidence = level[i], accepted iff
-    u < level[i] (iid, beta). True: confidence = sigmoid(level[i] + spread * z), accepted iff
+    position pos[i] + j of request ids[i]. logit_normal False: confidence = level[i] x decay ** j,
+    accepted iff u < that (iid, beta: decay 1; decay: < 1). True: confidence = sigmoid(level[i] + spread * z), accepted iff
     u < confidence ** calibration. u: one 64-bit hash per (request, position) on stream 0; z: Box-Muller
     over the two 32-bit halves of one hash on stream 1."""
     n = ids.shape[0]
@@ -243,6 +243,7 @@ def keyed_block(key, ids, pos, k, level, logit_normal, spread, calibration):
     for i in range(n):
         bu = _row_base(key, ids[i], 0)
         bz = _row_base(key, ids[i], 1)
+        f = 1.0
         for j in range(k):
             step = (np.uint64(pos[i] + j) + np.uint64(1)) * _GOLD
             u = float(_mix(bu + step) >> _S11) * (1.0 / 9007199254740992.0)
@@ -254,7 +255,8 @@ def keyed_block(key, ids, pos, k, level, logit_normal, spread, calibration):
                 c = 1.0 / (1.0 + np.exp(-(level[i] + spread * z)))
                 p = c if calibration == 1.0 else c ** calibration
             else:
-                c = level[i]
+                c = level[i] * f
+                f *= decay
                 p = c
             conf[i, j] = c
             acc[i, j] = u < p

@@ -68,6 +68,7 @@ class RunResult:
     emitted_unclipped: int = 0                          # accepted + 1 over those pairs
     token_budget: int = 0
     trace: dict | None = None                          # request_id -> ([confidence], [accepted], [unverified])
+    depth_changes: int = 0                              # over retired requests: steps whose depth differed
     extra: dict = field(default_factory=dict)           # executor outputs (generations.jsonl, ...)
     wall_s: float = 0.0
 
@@ -82,7 +83,7 @@ class BatchState:
     the end, retiring compacts the kept rows to the front in place (one compiled call), so neither
     allocates per step."""
 
-    INT = ("rid", "plen", "gen", "olen", "adm", "rdr", "racc")
+    INT = ("rid", "plen", "gen", "olen", "adm", "rdr", "racc", "pdep", "nchg")   # pdep, nchg: depth changes
     FLT = ("arr", "first", "A", "R")   # A, R: decayed accepted / rejected draft counts
 
     def __init__(self, history: int, prior: float, capacity: int = 0):
@@ -109,7 +110,7 @@ class BatchState:
                 new[:n] = old[:n]
                 setattr(self, name, new)
         # prefill emits each request's first token: gen = 1
-        self._I[n:n + m] = [(r.request_id, r.prompt_len, 1, r.output_len, step, 0, 0) for r in requests]
+        self._I[n:n + m] = [(r.request_id, r.prompt_len, 1, r.output_len, step, 0, 0, -1, 0) for r in requests]
         self._F[n:n + m] = [(r.arrival_s, clock, 0.0, 0.0) for r in requests]
         self._hacc[n:n + m] = -1
         self._hdr[n:n + m] = -1
@@ -119,6 +120,11 @@ class BatchState:
     def keep(self, keep: np.ndarray) -> None:
         self.n = int(_k.compact(keep, self.I, self.F, self.hacc, self.hdr))
         self._views()
+
+    def note_depths(self, drafted: np.ndarray) -> None:
+        """Count, per row, the steps whose drafted depth differs from the row's previous step's."""
+        self.I[:, 8] += (self.I[:, 7] >= 0) & (self.I[:, 7] != drafted)
+        self.I[:, 7] = drafted
 
     def acceptance(self) -> np.ndarray:
         return (self.A + self.prior) / (self.A + self.R + 1.0)
@@ -139,7 +145,8 @@ class Engine:
                  requests: list[Request]):
         if not isinstance(policy, Policy):
             raise ConfigError(f"policy must subclass specdepth.Policy, got {type(policy).__name__}")
-        if policy.requires_oracle and not executor.supports_oracle:
+        if (policy.requires_oracle or policy.requires_accept_prob or policy.requires_true_cost) and \
+                not executor.supports_oracle:
             raise ConfigError(f"policy {type(policy).__name__} needs acceptance outcomes in advance (an oracle); "
                               f"backend {executor.name!r} cannot provide them: use backend=sim")
         self.policy, self.executor, self.cost, self.cfg = policy, executor, cost, config
@@ -199,6 +206,7 @@ class Engine:
         cap = min(cfg.max_batch_size, cfg.max_num_batched_tokens)
         st = BatchState(H, cfg.acceptance_prior, cap)
         view = StepView(st, self.budget, K, cfg.max_num_batched_tokens, self.cost)
+        view.true_cost = ex.true_cost() if pol.requires_true_cost else None
 
         pol.reset()
         pbar = self._progress(sum(r.output_len for r in reqs))
@@ -237,9 +245,11 @@ class Engine:
             done = st.gen >= st.olen if admitted else None
             if done is None or not done.any():
                 view.step, view.now_s, view.batch_size = step, clock, n
-                view._depths = view._drafted = view._conf = None
+                view._depths = view._drafted = view._conf = view._measured = None
                 if pol.requires_oracle:
                     view._oracle = ex.peek_accepted(K)
+                if pol.requires_accept_prob:
+                    view._accept_prob = ex.peek_accept_prob(K)
                 if charge:
                     pol_s = -perf()
                 depths, kmax = self._check_depths(pol.plan(view), n)
@@ -284,7 +294,7 @@ class Engine:
                 accepted, verify_s, f = ex.verify(drafted)
                 tfl += f
                 if has_obs:
-                    view._drafted = drafted
+                    view._drafted, view._measured = drafted, (draft_s, verify_s)
                     if charge:
                         pol_s -= perf()
                     pol.observe(view, accepted)
@@ -298,6 +308,7 @@ class Engine:
                 st.hptr = (st.hptr + 1) % H
                 a_sum, d_sum, out_step, n_done = _k.commit(st.I, st.F, st.hacc, st.hdr, st.hptr, drafted,
                                                            accepted, decay, joint, K + 1, kmax > 0)
+                st.note_depths(drafted)
                 seq_steps += n
                 emitted_total += a_sum + n
                 if trace is not None and kmax:
@@ -326,10 +337,11 @@ class Engine:
             # -- retire finished sequences
             if n_done:
                 for i in np.flatnonzero(done):
-                    rid, plen, g, olen, adm, rdr, racc = st.I[i].tolist()
+                    rid, plen, g, olen, adm, rdr, racc = st.I[i, :7].tolist()
                     arr, first = float(st.F[i, 0]), float(st.F[i, 1])
                     reqs_out.append((rid, plen, olen, arr, first, clock, first - arr, clock - arr,
                                      (clock - first) / (g - 1) if g > 1 else 0.0, step - adm, rdr, racc))
+                res.depth_changes += int(st.I[done, 8].sum())
                 keep = ~done
                 st.keep(keep)
                 ex.retire(keep)

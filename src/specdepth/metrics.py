@@ -45,6 +45,7 @@ def summarize(res: RunResult, **meta) -> dict:
         draft_tokens=drafted,
         accepted_tokens=accepted,
         verify_tokens=int(S["verify_tokens"].sum()),
+        depth_changes_per_request=_ratio(res.depth_changes, reqs.shape[0]),
         per_position_acceptance=per_pos,
         mean_batch_size=_ratio(float(S["batch_size"].sum()), steps.shape[0]),
         token_budget=res.token_budget,

@@ -37,21 +37,33 @@ class StepView:
                                   proposed, NaN where nothing was drafted
       oracle_accept       int64   only for policies with requires_oracle = True (simulator): how many
                                   leading draft positions the target will accept this step
+    In plan, only for policies with requires_accept_prob = True (simulator):
+      accept_prob         float64 [batch_size, max_depth] the true acceptance probability of each of the
+                                  step's next draft tokens (from the acceptance model; outcomes unknown)
+    In observe (this step's costs; on backend=sim model seconds as the clock charged them, overheads,
+    padding and catch-up included; on backend=hf wall seconds):
+      measured_draft_s    float   seconds of this step's draft forwards
+      measured_verify_s   float   seconds of this step's verify forward
+      predicted_draft_s   float   what view.cost predicts for the same draft forwards, at context_lens
+      predicted_verify_s  float   what view.cost predicts for the same verify, at context_lens
+      draft_forwards      int     draft positions run (draft forwards) this step
     Scalars: step, now_s, batch_size, token_budget (the shared compute budget in verify tokens per step),
     max_depth (engine cap), max_num_batched_tokens (hard cap on verify tokens), cost (the cost model:
-    cost.verify_time(ctx, depths), cost.draft_time(ctx), cost.step_time(ctx, depths)).
+    cost.verify_time(ctx, depths), cost.draft_time(ctx), cost.step_time(ctx, depths)), true_cost (only
+    for policies with requires_true_cost = True, simulator: the same methods, priced as the clock charges).
     Arrays are computed on access and cannot be written.
     """
 
     __slots__ = ("step", "now_s", "batch_size", "token_budget", "max_depth", "max_num_batched_tokens", "cost",
-                 "_st", "_depths", "_drafted", "_conf", "_oracle")
+                 "_st", "_depths", "_drafted", "_conf", "_oracle", "_accept_prob", "_measured", "true_cost")
 
     def __init__(self, state, token_budget: int, max_depth: int, max_num_batched_tokens: int, cost):
         self._st = state
         self.token_budget, self.max_depth, self.max_num_batched_tokens, self.cost = (
             token_budget, max_depth, max_num_batched_tokens, cost)
         self.step, self.now_s, self.batch_size = 0, 0.0, 0
-        self._depths = self._drafted = self._conf = self._oracle = None
+        self._depths = self._drafted = self._conf = self._oracle = self._accept_prob = self._measured = None
+        self.true_cost = None
 
     @property
     def request_ids(self):
@@ -98,6 +110,35 @@ class StepView:
         return None if self._oracle is None else _ro(self._oracle)
 
     @property
+    def accept_prob(self):
+        return None if self._accept_prob is None else _ro(self._accept_prob)
+
+    # this step's measured and predicted costs (observe); predictions computed on access
+    @property
+    def measured_draft_s(self):
+        return None if self._measured is None else self._measured[0]
+
+    @property
+    def measured_verify_s(self):
+        return None if self._measured is None else self._measured[1]
+
+    @property
+    def predicted_draft_s(self):
+        if self._measured is None:
+            return None
+        return float(self.cost.draft_positions(self._st.plen + self._st.gen, self._drafted)[0])
+
+    @property
+    def predicted_verify_s(self):
+        if self._measured is None:
+            return None
+        return float(self.cost.verify_time(self._st.plen + self._st.gen, self._drafted))
+
+    @property
+    def draft_forwards(self):
+        return None if self._measured is None else int(self._drafted.max(initial=0))
+
+    @property
     def verify_tokens_free(self) -> int:
         """Draft tokens that fit in the token budget this step (0 when the batch alone fills it)."""
         return max(0, self.token_budget - self.batch_size)
@@ -119,12 +160,15 @@ class Policy:
                                       [batch_size], NaN for rows not drafting; rows whose mask is False stop
                                       (the token just drafted is still verified). Default: keep all.
       observe(view, accepted)         accepted drafts per row after verification. Default: nothing.
-    Set `requires_oracle = True` to receive `view.oracle_accept` (simulator only).
+    Set `requires_oracle = True` to receive `view.oracle_accept`, `requires_accept_prob = True` for
+    `view.accept_prob`, `requires_true_cost = True` for `view.true_cost` (each simulator only).
     Attributes whose names start with `_` are private state; the public ones form the label.
     """
 
     name: str | None = None
     requires_oracle: bool = False
+    requires_accept_prob: bool = False
+    requires_true_cost: bool = False
 
     def reset(self) -> None:
         """Called once before a run starts. Clear per-run state here."""

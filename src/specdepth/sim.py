@@ -82,6 +82,13 @@ class SimExecutor(Executor):
         self._sample(k)
         return _k.leading_run(self._acc)
 
+    def peek_accept_prob(self, k):
+        self._sample(k)
+        return self.acceptance.probability(self._conf)
+
+    def true_cost(self):
+        return ClockCost(self)
+
     def begin_step(self, depths):
         k = _k.depth_stats(depths)[1] if depths.dtype == np.int64 else int(depths.max(initial=0))
         if k and (self._acc is None or self._acc.shape[1] < k):
@@ -131,3 +138,30 @@ class SimExecutor(Executor):
         if self.catch_up:
             self.lag = self.lag[keep]
         self.acceptance.retire(keep)
+
+
+class ClockCost:
+    """What this simulator's clock charges, with view.cost's methods (the `true cost` of oracle_expected and
+    `goodput cost=true`): the clock's cost model (backend.clock_profile, else the run's), padded forwards
+    (backend.pad_ragged) and the fixed seconds per step (with the verify) and per draft position. Not
+    modelled: the draft's catch-up tokens (backend.draft_catch_up), which depend on each row's history."""
+
+    def __init__(self, ex: SimExecutor):
+        self._ex = ex
+        self.target, self.draft = ex.cost.target, ex.cost.draft
+
+    def verify_time(self, ctx, depths):
+        ex = self._ex
+        return ex._forward("target", np.asarray(ctx), np.asarray(depths) + 1)[0] + ex.step_overhead_s
+
+    def draft_time(self, ctx):
+        ex = self._ex
+        return ex._forward("draft", np.asarray(ctx))[0] + ex.position_overhead_s if len(ctx) else 0.0
+
+    def draft_positions(self, ctx, depths):
+        ctx, depths = np.asarray(ctx), np.asarray(depths)
+        t = sum(self.draft_time(ctx[depths > p] + p) for p in range(int(depths.max(initial=0))))
+        return t, self._ex.cost.draft_positions(ctx, depths)[1]
+
+    def step_time(self, ctx, depths):
+        return self.verify_time(ctx, depths) + self.draft_positions(ctx, depths)[0]
