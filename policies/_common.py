@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+from specdepth.policy import Policy
+
 
 class PerRequest:
     """Per-request float columns that follow `view.request_ids` (rows come and go between steps).
@@ -164,7 +166,7 @@ class Tables:
 
 
 def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | None = None,
-                     nested: bool = False):
+                     nested: bool = False, base: float | None = None):
     """The goodput search shared by `goodput` and `oracle_expected`: the depths maximising expected emitted
     tokens / step time. S[i, p] = probability that row i's draft at position p (0-based) is emitted (0 where
     worthless); costs: StepCost-like tables. Position by position, the best-ranked m_p rows (m_p <= m_(p-1),
@@ -172,7 +174,8 @@ def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | No
     draft there, for the goodput G found by Dinkelbach iteration from G0 (G <- E/T of the plan made with G).
     Rows are ranked by S, ties toward larger `tie` (e.g. remaining tokens: no row falls behind the batch).
     Exact when every column ranks the rows alike and values fall with depth (goodput's a_i^p); `nested=True`
-    handles rankings that differ by position (a greedy, not exact there). Returns (depths, G)."""
+    handles rankings that differ by position (a greedy, not exact there). `base`: the value of the step
+    without drafts (default: one token per row). Returns (depths, G)."""
     n, K = S.shape
     key = np.zeros(n) if tie is None else -np.asarray(tie, float)
     order = np.lexsort((np.broadcast_to(key[:, None], S.shape), -S), axis=0)   # rows ranked per position
@@ -182,11 +185,12 @@ def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | No
         C = np.zeros((n + 1, K))
         np.cumsum(np.take_along_axis(S, order, 0), axis=0, out=C[1:])
         column = lambda p, prev: C[:prev + 1, p]   # noqa: E731
-    g_none = n / costs.verify[0]
+    base = float(n) if base is None else base
+    g_none = base / costs.verify[0]
     G = max(g_none, G0)
     best_g, ms = g_none, []
     for _ in range(5):
-        cand, e, t = _by_position(column, K, G, costs, n)
+        cand, e, t = _by_position(column, K, G, costs, n, base)
         if not cand:
             if G <= g_none:
                 break
@@ -238,10 +242,10 @@ class _NestedColumns:
         return self._last[:m]
 
 
-def _by_position(column, K, G, costs, n):
+def _by_position(column, K, G, costs, n, base):
     """Position by position, the number of rows m_p that maximises value - G x (draft forward + verify
-    growth); stops at the first position where none pays. Returns ([m_p], expected tokens, seconds)."""
-    ms, x, e, tdraft, prev = [], 0, float(n), 0.0, n
+    growth); stops at the first position where none pays. Returns ([m_p], expected value, seconds)."""
+    ms, x, e, tdraft, prev = [], 0, base, 0.0, n
     ver, dr = costs.verify, costs.draft
     nested = isinstance(column, _NestedColumns)
     for p in range(K):
@@ -274,6 +278,37 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int) -> tuple[int, float]
     g = E / T
     k = int(np.argmax(g))
     return k, float(g[k])
+
+
+class CostAwareDepth:
+    """`uniform_depth` with the view's cost model corrected online: `depth(view, kmax)` in plan,
+    `observe(view)` in observe (batch_scaled and confidence use it)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self._costs = StepCost()
+        self._calib = CostCalibration()
+
+    def depth(self, view, kmax: int) -> int:
+        if kmax <= 0:
+            return 0
+        return uniform_depth(view.acceptance, self._calib.correct(self._costs.update(view, kmax)), kmax)[0]
+
+    def observe(self, view) -> None:
+        self._calib.observe(view)
+
+
+class CostAwarePolicy(Policy):
+    """Base of policies that price their depth with `CostAwareDepth` (`self._depth`): it is rebuilt on
+    reset and fed the measured step costs in observe."""
+
+    def reset(self):
+        self._depth = CostAwareDepth()
+
+    def observe(self, view, accepted):
+        self._depth.observe(view)
 
 
 def best_prefix(n_rows: int, rows: np.ndarray, pos: np.ndarray, value: np.ndarray, costs: StepCost,

@@ -1,12 +1,11 @@
 import numpy as np
 
 from specdepth.errors import as_int
-from specdepth.policy import Policy
 
-from ._common import CostCalibration, StepCost, fit_token_cap, uniform_depth
+from ._common import CostAwarePolicy, fit_token_cap
 
 
-class BatchScaled(Policy):
+class BatchScaled(CostAwarePolicy):
     """One depth for the whole batch from the token budget and the batch: at most
     max(1, floor((budget - batch) / batch)) (deep when compute is idle, shallow when busy) and at most
     `max_depth`; within that, the depth that maximises the batch's expected
@@ -23,20 +22,10 @@ class BatchScaled(Policy):
         self.use_budget = bool(use_budget)
         self.reset()
 
-    def reset(self):
-        self._costs = StepCost()
-        self._calib = CostCalibration()
-
     def plan(self, view):
         n = view.batch_size
         k = min(self.max_depth, view.max_depth)
         if self.use_budget:   # the budget caps the depth, but never below 1: the cost rule decides on 1
             k = min(k, max(1, view.verify_tokens_free // n))
-        if k > 0:
-            costs = self._costs.update(view, k)
-            k = uniform_depth(view.acceptance, self._calib.correct(costs), k)[0]
+        k = self._depth.depth(view, k)
         return fit_token_cap(np.full(n, max(self.min_depth, k), dtype=np.int64), view)
-
-    def observe(self, view, accepted):
-        self._calib.observe(view)
-

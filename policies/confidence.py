@@ -1,12 +1,11 @@
 import numpy as np
 
 from specdepth.errors import as_float, as_int
-from specdepth.policy import Policy
 
-from ._common import CostCalibration, StepCost, fit_token_cap, uniform_depth
+from ._common import CostAwarePolicy, fit_token_cap
 
 
-class ConfidenceThreshold(Policy):
+class ConfidenceThreshold(CostAwarePolicy):
     """Per sequence: keep drafting while the draft's confidence >= `threshold`, up to a depth cap.
 
     The cap is the one depth that maximises the batch's expected tokens per second at the engine's running
@@ -28,15 +27,9 @@ and the budget's hard limit lost up to 15 % to fixed depth 1 at large batch): wh
         self.use_budget = bool(use_budget)
         self.reset()
 
-    def reset(self):
-        self._costs = StepCost()
-        self._calib = CostCalibration()
-
     def plan(self, view):
         n = view.batch_size
-        k = min(self.max_depth, view.max_depth)
-        if k > 0:
-            k = uniform_depth(view.acceptance, self._calib.correct(self._costs.update(view, k)), k)[0]
+        k = self._depth.depth(view, min(self.max_depth, view.max_depth))
         depths = np.full(n, k, dtype=np.int64)
         if self.use_budget:
             free = view.verify_tokens_free
@@ -58,6 +51,3 @@ and the budget's hard limit lost up to 15 % to fixed depth 1 at large batch): wh
                 keep = np.zeros_like(keep)
                 keep[order[:max(room, 0)]] = True
         return keep
-
-    def observe(self, view, accepted):
-        self._calib.observe(view)

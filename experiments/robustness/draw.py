@@ -3,9 +3,9 @@
     .venv/bin/python experiments/robustness/draw.py --seed 1 [--cells 240]      # print the draw's summary
 
 `draw(seed, cells)` returns a list of cells; each one is the `cell` node of `conf/experiment/robustness.yaml`
-(hardware, model, batch, seed, acceptance, workload, backend), so any run of the draw can be repeated alone:
+(hardware, model, batch, seed, acceptance, workload, backend), so any run of the draw can be repeated alone (`command(cell, pol)`; cells.json holds each cell's):
 
-    specdepth experiment=robustness pol=goodput 'cell=<the cell, as written in cells.json>'
+    specdepth experiment=robustness pol=goodput '~cell' "+cell={hardware: 'h200', model: ..., backend: {...}}"
 
 Axes (each cell drawn independently):
   hardware    a100_80g, h100_sxm, h200, b200 (uniform)
@@ -137,6 +137,23 @@ def _costs():
                                       hardware=h)
     GlobalHydra.instance().clear()
     return out
+
+
+def flow(v) -> str:
+    """A value in Hydra's override grammar (what follows `+cell=` on the command line)."""
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {flow(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, str):
+        return f"'{v}'"
+    return repr(v)
+
+
+def command(cell: dict, pol: str = "goodput") -> str:
+    """The command line that runs one policy on one cell alone (the `cell` node is replaced whole)."""
+    node = {k: cell[k] for k in ("hardware", "model", "batch", "seed", "acceptance", "workload", "backend")}
+    return f"specdepth experiment=robustness pol={pol} '~cell' \"+cell={flow(node)}\""
 
 
 def draw(seed: int, cells: int = 240) -> list[dict]:

@@ -11,9 +11,10 @@ writes exactly what that command writes (summary.json, config.yaml, steps.csv, r
 Why not `--multirun`: Hydra's basic sweeper composes every job's config twice (to validate the batch, then
 to launch it) and a single `specdepth` call pays its start-up (imports, composition, loading the compiled
 kernels) each time; against ~0.06 s of simulation per run that dominated. Here the experiment is composed
-once, before the worker processes fork (they inherit the composed config and the loaded kernels), and a job
-is that config with two nodes set (`cell`, `pol`). The biggest cells go first so the two workers finish
-together.
+once, before the worker processes fork (they inherit the composed config and the loaded kernels); its
+constant nodes (the policy, hardware and model presets) are resolved once, and a job's config is built
+from them and the cell (`job_config`), resolving to exactly what the CLI resolves. The biggest cells go
+first so the two workers finish together.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from draw import draw  # noqa: E402
+from draw import command, draw  # noqa: E402
 
 from specdepth.app import CONF_DIR, run  # noqa: E402
 from specdepth.errors import SpecdepthError  # noqa: E402
@@ -57,11 +58,31 @@ def cell_node(cell: dict) -> dict:
     return {k: cell[k] for k in ("hardware", "model", "batch", "seed", "acceptance", "workload", "backend")}
 
 
+_PLAIN = {}
+
+
+def job_config(cell: dict, pol: str, extra: tuple = ()):
+    """The job's config: exactly what `specdepth experiment=robustness pol=<pol> cell=<cell>` resolves to
+    (tests/test_robustness.py checks it), built without re-resolving the experiment's big constant nodes
+    (policies, hardwares, models) for every job: they are resolved once per process, and the few keys that
+    depend on the cell (conf/experiment/robustness.yaml's interpolations) are set directly."""
+    if extra not in _PLAIN:
+        _PLAIN[extra] = OmegaConf.to_container(base_config(extra), resolve=False)
+        for key in ("policies", "hardwares", "models"):
+            _PLAIN[extra][key] = OmegaConf.to_container(base_config(extra)[key], resolve=True)
+    base = _PLAIN[extra]
+    node = cell_node(cell)
+    d = dict(base)
+    d.update(pol=pol, cell=node, seed=node["seed"], policy=base["policies"][pol],
+             hardware=base["hardwares"][node["hardware"]], model=base["models"][node["model"]],
+             acceptance=node["acceptance"], workload=node["workload"],
+             engine=dict(base["engine"], max_batch_size=node["batch"]), backend=dict(base["backend"], **node["backend"]))
+    return OmegaConf.create(d)
+
+
 def run_job(args):
     cell, pol, run_dir, extra = args
-    cfg = base_config(extra).copy()
-    cfg.cell = OmegaConf.create(cell_node(cell))
-    cfg.pol = pol
+    cfg = job_config(cell, pol, extra)
     t = time.perf_counter()
     try:
         s = run(cfg, run_dir)
@@ -115,7 +136,7 @@ def main(argv=None):
     cells = draw(a.seed, a.cells)
     out = Path(a.out) / f"seed{a.seed}"
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "cells.json", json.dumps(cells, indent=1))
+    atomic_write(out / "cells.json", json.dumps([dict(c, command=command(c)) for c in cells], indent=1))
     todo = select(cells, only)
     extra = tuple(a.overrides)
     base_config(extra)

@@ -109,39 +109,31 @@ class StepView:
     def oracle_accept(self):
         return None if self._oracle is None else _ro(self._oracle)
 
-    @property
-    def accept_prob(self):
-        return None if self._accept_prob is None else _ro(self._accept_prob)
-
-    # this step's measured and predicted costs (observe); predictions computed on access
-    @property
-    def measured_draft_s(self):
-        return None if self._measured is None else self._measured[0]
-
-    @property
-    def measured_verify_s(self):
-        return None if self._measured is None else self._measured[1]
-
-    @property
-    def predicted_draft_s(self):
-        if self._measured is None:
+    def _step_cost(self, name: str):
+        """This step's measured and predicted costs (set after verification; None before). Predictions are
+        computed on access, so a policy that does not read them costs the engine nothing."""
+        m = self._measured
+        if m is None:
             return None
-        return float(self.cost.draft_positions(self._st.plen + self._st.gen, self._drafted)[0])
-
-    @property
-    def predicted_verify_s(self):
-        if self._measured is None:
-            return None
-        return float(self.cost.verify_time(self._st.plen + self._st.gen, self._drafted))
-
-    @property
-    def draft_forwards(self):
-        return None if self._measured is None else int(self._drafted.max(initial=0))
+        if name.startswith("measured"):
+            return m[0] if name == "measured_draft_s" else m[1]
+        if name == "draft_forwards":
+            return int(self._drafted.max(initial=0))
+        ctx = self._st.plen + self._st.gen
+        if name == "predicted_draft_s":
+            return float(self.cost.draft_positions(ctx, self._drafted)[0])
+        return float(self.cost.verify_time(ctx, self._drafted))
 
     @property
     def verify_tokens_free(self) -> int:
         """Draft tokens that fit in the token budget this step (0 when the batch alone fills it)."""
         return max(0, self.token_budget - self.batch_size)
+
+
+StepView.accept_prob = property(lambda v: None if v._accept_prob is None else _ro(v._accept_prob),
+                                doc="true acceptance probabilities of the step's draft tokens (requires_accept_prob)")
+for _name in ("measured_draft_s", "measured_verify_s", "predicted_draft_s", "predicted_verify_s", "draft_forwards"):
+    setattr(StepView, _name, property(lambda v, n=_name: v._step_cost(n), doc=f"this step's {_name} (observe)"))
 
 
 def _plain(v):

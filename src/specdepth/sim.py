@@ -142,7 +142,7 @@ class SimExecutor(Executor):
 
 class ClockCost:
     """What this simulator's clock charges, with view.cost's methods (the `true cost` of oracle_expected and
-    `goodput cost=true`): the clock's cost model (backend.clock_profile, else the run's), padded forwards
+    `goodput cost=clock`): the clock's cost model (backend.clock_profile, else the run's), padded forwards
     (backend.pad_ragged) and the fixed seconds per step (with the verify) and per draft position. Not
     modelled: the draft's catch-up tokens (backend.draft_catch_up), which depend on each row's history."""
 
