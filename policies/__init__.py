@@ -9,6 +9,7 @@ from .fixed import FixedDepth
 from .goodput import Goodput
 from .heuristic import Heuristic
 from .oracle import Oracle
+from .oracle_expected import OracleExpected
 
 __all__ = ["FixedDepth", "BatchScaled", "ConfidenceThreshold", "DisableByBatch", "BatchTable", "Heuristic",
-           "EMA", "Goodput", "Oracle", "Bandit"]
+           "EMA", "Goodput", "Oracle", "OracleExpected", "Bandit"]

@@ -1,10 +1,13 @@
 """Helpers shared by the zoo's policies: per-request state that follows rows through admission and
-retirement, and step-time tables built from the view's cost model. Policy API and numpy only."""
+retirement, step-time tables built from the view's cost model, their online calibration against the
+measured step costs, and the position-by-position goodput search. Policy API and numpy only."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
+
+from specdepth.policy import Policy
 
 
 class PerRequest:
@@ -60,11 +63,13 @@ class StepCost:
         self.cache = cache
         self._tables = {}
 
-    def update(self, view, kmax: int) -> "StepCost":
+    def update(self, view, kmax: int, cost=None) -> "StepCost":
+        """Tables for this step's batch from `cost` (default view.cost)."""
+        cost = view.cost if cost is None else cost
         ctx = view.context_lens
         n = ctx.size
         cbar = float(ctx.sum()) / n if n else 0.0
-        key = (n, kmax, int(math.log1p(cbar) * 50.0), id(view.cost))
+        key = (n, kmax, int(math.log1p(cbar) * 50.0), id(cost))
         if key == self.key:
             return self
         self.key = key
@@ -74,7 +79,6 @@ class StepCost:
             return self
         if len(self._tables) >= self.cache:
             self._tables.clear()
-        cost = view.cost
         X = n * kmax
         xs = _grid(X)
         vt = np.array([cost.verify_time(ctx, np.full(n, x / n)) for x in xs])
@@ -84,6 +88,227 @@ class StepCost:
         self.draft = np.interp(np.arange(n + 1), ms, dt) if ms.size != n + 1 else dt
         self._tables[key] = (self.verify, self.draft)
         return self
+
+
+class CostCalibration:
+    """Online correction of the cost model from what the steps really cost (the view's measured_* and
+    predicted_* fields, read in observe). Per phase, measured = scale x predicted + fixed x count, with
+    count = draft forwards (draft phase: a fixed cost per draft position) or 1 (verify phase: a fixed cost
+    per step), fitted by least squares with exponential forgetting (`memory` steps) and shrunk toward
+    (scale 1, fixed 0) with `prior` pseudo-steps, so a run starts from the cost model and short runs do not
+    pay a learning transient. Any policy can use it:
+
+        cal = CostCalibration(); cal.observe(view)   # in observe()
+        tables = cal.correct(costs)                   # corrected StepCost tables (.verify, .draft)
+    """
+
+    PHASES = ("draft", "verify")
+
+    def __init__(self, memory: float = 200.0, prior: float = 2.0):
+        self.memory, self.prior = float(memory), float(prior)
+        self.reset()
+
+    def reset(self):
+        # per phase: decayed sums of [x1 x1, x1 x2, x2 x2, x1 y, x2 y, weight], x = (predicted, count)
+        self._sums = {ph: np.zeros(6) for ph in self.PHASES}
+        self._fit = {ph: (1.0, 0.0) for ph in self.PHASES}
+
+    def update(self, phase: str, predicted: float, count: float, measured: float) -> None:
+        s = self._sums[phase]
+        s *= math.exp(-1.0 / self.memory)
+        s += (predicted * predicted, predicted * count, count * count, predicted * measured, count * measured, 1.0)
+        self._fit[phase] = self._solve(s)
+
+    def _solve(self, s):
+        w = s[5]
+        if w <= 0.0 or s[0] <= 0.0:
+            return (1.0, 0.0)
+        # ridge toward (1, 0): `prior` pseudo-steps at the data's mean squares of each feature
+        k = self.prior / w
+        a11, a12, a22 = s[0] * (1 + k), s[1], s[2] * (1 + k) if s[2] > 0 else 1.0
+        b1, b2 = s[3] + k * s[0], s[4]
+        det = a11 * a22 - a12 * a12
+        if det <= 0.0:
+            return (1.0, 0.0)
+        scale, fixed = (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det
+        if scale < 0.0 or fixed < 0.0:   # keep the physical sign: refit with the other part at zero
+            return (max(b1 / a11, 0.0), 0.0) if fixed < 0.0 else (0.0, max(b2 / a22, 0.0))
+        return (scale, fixed)
+
+    def observe(self, view) -> None:
+        """Add this step's measured vs predicted costs (call from observe; a no-op where none)."""
+        mv = view.measured_verify_s
+        if mv is None:
+            return
+        self.update("verify", view.predicted_verify_s, 1.0, mv)
+        forwards = view.draft_forwards
+        if forwards:
+            self.update("draft", view.predicted_draft_s, float(forwards), view.measured_draft_s)
+
+    def params(self, phase: str) -> tuple[float, float]:
+        """(scale, fixed seconds per step or per draft position) of a phase."""
+        return self._fit[phase]
+
+    def correct(self, costs) -> "Tables":
+        """Corrected StepCost tables: verify[x] (x drafts, one forward) and draft[m] (one forward of m rows)."""
+        sv, cv = self._fit["verify"]
+        sd, cd = self._fit["draft"]
+        d = sd * costs.draft + cd
+        d[0] = 0.0
+        return Tables(sv * costs.verify + cv, d)
+
+
+class Tables:
+    """A pair of step-time tables (`verify`, `draft`) in StepCost's layout."""
+
+    def __init__(self, verify: np.ndarray, draft: np.ndarray):
+        self.verify, self.draft = verify, draft
+
+
+def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | None = None,
+                     nested: bool = False, base: float | None = None):
+    """The goodput search shared by `goodput` and `oracle_expected`: the depths maximising expected emitted
+    tokens / step time. S[i, p] = probability that row i's draft at position p (0-based) is emitted (0 where
+    worthless); costs: StepCost-like tables. Position by position, the best-ranked m_p rows (m_p <= m_(p-1),
+    among the rows drafting at p - 1) that maximise value - G x (draft forward over m_p rows + verify growth)
+    draft there, for the goodput G found by Dinkelbach iteration from G0 (G <- E/T of the plan made with G).
+    Rows are ranked by S, ties toward larger `tie` (e.g. remaining tokens: no row falls behind the batch).
+    Exact when every column ranks the rows alike and values fall with depth (goodput's a_i^p); `nested=True`
+    handles rankings that differ by position (a greedy, not exact there). `base`: the value of the step
+    without drafts (default: one token per row). Returns (depths, G)."""
+    n, K = S.shape
+    key = np.zeros(n) if tie is None else -np.asarray(tie, float)
+    order = np.lexsort((np.broadcast_to(key[:, None], S.shape), -S), axis=0)   # rows ranked per position
+    if nested:
+        column = _NestedColumns(S, order)
+    else:
+        C = np.zeros((n + 1, K))
+        np.cumsum(np.take_along_axis(S, order, 0), axis=0, out=C[1:])
+        column = lambda p, prev: C[:prev + 1, p]   # noqa: E731
+    base = float(n) if base is None else base
+    g_none = base / costs.verify[0]
+    G = max(g_none, G0)
+    best_g, ms = g_none, []
+    for _ in range(5):
+        cand, e, t = _by_position(column, K, G, costs, n, base)
+        if not cand:
+            if G <= g_none:
+                break
+            G = g_none
+            continue
+        g = e / t
+        if g > best_g:
+            best_g, ms = g, cand
+        if abs(g - G) <= 1e-3 * G:
+            break
+        G = g
+    depths = np.zeros(n, np.int64)
+    rows = np.arange(n)
+    for p, m in enumerate(ms):
+        rows = column.rows(p, len(rows), m) if nested else order[:m, p]
+        depths[rows] += 1
+    return depths, best_g
+
+
+class _NestedColumns:
+    """Column p of the search when rankings differ by position: cumulative values of the rows that drafted
+    at p - 1 (the best m of the previous call), in column p's ranking."""
+
+    def __init__(self, S, order):
+        self.S, self.order = S, order
+        self._chosen = None
+
+    def _cand(self, p, prev):
+        o = self.order[:, p]
+        if p == 0:
+            self._chosen = np.ones(o.size, bool)
+        return o[self._chosen[o]][:prev]
+
+    def __call__(self, p, prev):
+        cand = self._cand(p, prev)
+        c = np.zeros(cand.size + 1)
+        np.cumsum(self.S[cand, p], out=c[1:])
+        self._last = cand
+        return c
+
+    def choose(self, m):
+        chosen = np.zeros_like(self._chosen)
+        chosen[self._last[:m]] = True
+        self._chosen = chosen
+
+    def rows(self, p, prev, m):
+        self(p, prev)
+        self.choose(m)
+        return self._last[:m]
+
+
+def _by_position(column, K, G, costs, n, base):
+    """Position by position, the number of rows m_p that maximises value - G x (draft forward + verify
+    growth); stops at the first position where none pays. Returns ([m_p], expected value, seconds)."""
+    ms, x, e, tdraft, prev = [], 0, base, 0.0, n
+    ver, dr = costs.verify, costs.draft
+    nested = isinstance(column, _NestedColumns)
+    for p in range(K):
+        c = column(p, prev)
+        gain = c - G * (dr[:prev + 1] + ver[x:x + prev + 1] - ver[x])
+        m = int(np.argmax(gain))
+        if m == 0 or gain[m] <= 0:
+            break
+        if nested:
+            column.choose(m)
+        ms.append(m)
+        e += c[m]
+        tdraft += dr[m]
+        x += m
+        prev = m
+    return ms, e, ver[x] + tdraft
+
+
+def uniform_depth(acceptance: np.ndarray, costs, kmax: int) -> tuple[int, float]:
+    """The one depth k in 0..kmax for every row that maximises expected emitted tokens / step time:
+    E_k = sum_i (1 - a_i^(k+1)) / (1 - a_i) (Leviathan et al.), T_k = verify[n k] + k x draft[n] (StepCost-like
+    tables). Adding position k is worth it exactly when its expected tokens beat the goodput times its cost,
+    so no position is drafted whose expected gain at the acceptance estimate is below its cost.
+    Returns (k, predicted goodput)."""
+    a = np.clip(np.asarray(acceptance, float), 0.0, 0.999)
+    n = a.size
+    ks = np.arange(kmax + 1)
+    E = ((1.0 - a[None, :] ** (ks[:, None] + 1)) / (1.0 - a[None, :])).sum(axis=1)
+    T = costs.verify[np.minimum(n * ks, costs.verify.size - 1)] + ks * costs.draft[n]
+    g = E / T
+    k = int(np.argmax(g))
+    return k, float(g[k])
+
+
+class CostAwareDepth:
+    """`uniform_depth` with the view's cost model corrected online: `depth(view, kmax)` in plan,
+    `observe(view)` in observe (batch_scaled and confidence use it)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self._costs = StepCost()
+        self._calib = CostCalibration()
+
+    def depth(self, view, kmax: int) -> int:
+        if kmax <= 0:
+            return 0
+        return uniform_depth(view.acceptance, self._calib.correct(self._costs.update(view, kmax)), kmax)[0]
+
+    def observe(self, view) -> None:
+        self._calib.observe(view)
+
+
+class CostAwarePolicy(Policy):
+    """Base of policies that price their depth with `CostAwareDepth` (`self._depth`): it is rebuilt on
+    reset and fed the measured step costs in observe."""
+
+    def reset(self):
+        self._depth = CostAwareDepth()
+
+    def observe(self, view, accepted):
+        self._depth.observe(view)
 
 
 def best_prefix(n_rows: int, rows: np.ndarray, pos: np.ndarray, value: np.ndarray, costs: StepCost,

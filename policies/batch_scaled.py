@@ -1,21 +1,32 @@
 import numpy as np
 
 from specdepth.errors import as_int
-from specdepth.policy import Policy
+
+from ._common import CostAwarePolicy, fit_token_cap
 
 
-class BatchScaled(Policy):
-    """One depth for the whole batch from the token budget: floor((budget - batch) / batch), capped by
-    `max_depth`. Deep when compute is idle, shallow when busy, none once the batch fills the budget."""
+class BatchScaled(CostAwarePolicy):
+    """One depth for the whole batch from the token budget and the batch: at most
+    max(1, floor((budget - batch) / batch)) (deep when compute is idle, shallow when busy) and at most
+    `max_depth`; within that, the depth that maximises the batch's expected
+    tokens per second at the engine's running acceptance estimates (view.acceptance), priced with the
+    view's cost model corrected online by the measured step costs (`_common.CostCalibration`). So it never
+    drafts a position whose expected gain is below its cost, on any hardware (the budget alone drafted 16
+    deep at batch 1). `use_budget=false` drops the budget cap (the cost rule alone)."""
 
     name = "batch_scaled"
     depth_param = "max_depth"
 
-    def __init__(self, max_depth: int = 8, min_depth: int = 0):
+    def __init__(self, max_depth: int = 8, min_depth: int = 0, use_budget: bool = True):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.min_depth = as_int(min_depth, "policy.min_depth", min=0, max=self.max_depth)
+        self.use_budget = bool(use_budget)
+        self.reset()
 
     def plan(self, view):
         n = view.batch_size
-        k = max(self.min_depth, min(self.max_depth, view.max_depth, view.verify_tokens_free // n))
-        return np.full(n, k, dtype=np.int64)
+        k = min(self.max_depth, view.max_depth)
+        if self.use_budget:   # the budget caps the depth, but never below 1: the cost rule decides on 1
+            k = min(k, max(1, view.verify_tokens_free // n))
+        k = self._depth.depth(view, k)
+        return fit_token_cap(np.full(n, max(self.min_depth, k), dtype=np.int64), view)

@@ -1,38 +1,45 @@
 import numpy as np
 
 from specdepth.errors import as_float, as_int
-from specdepth.policy import Policy
+
+from ._common import CostAwarePolicy, fit_token_cap
 
 
-class ConfidenceThreshold(Policy):
-    """Per sequence: keep drafting while the draft's confidence >= `threshold`, up to `max_depth`.
+class ConfidenceThreshold(CostAwarePolicy):
+    """Per sequence: keep drafting while the draft's confidence >= `threshold`, up to a depth cap.
 
-    Under the shared budget: when the batch cannot give every sequence a draft, the first draft goes to
-    the sequences with the highest acceptance estimates; while drafting, if the continuing sequences would
-    push the step past the budget, only those with the highest cumulative confidence (the probability the
-    whole draft so far survives) continue.
+    The cap is the one depth that maximises the batch's expected tokens per second at the engine's running
+    acceptance estimates (view.acceptance), priced with the view's cost model corrected online by the
+    measured step costs (`_common.CostCalibration`), and at most `max_depth`: no position is drafted whose
+    expected gain is below its cost, and the confidence stops a sequence earlier on a token the draft
+    doubts. Under the shared budget (`use_budget`, off by default: the cost rule already prices a busy verify,
+and the budget's hard limit lost up to 15 % to fixed depth 1 at large batch): when the batch cannot give every sequence a draft, the
+    first draft goes to the sequences with the highest acceptance estimates; while drafting, if the
+    continuing sequences would push the step past the budget, only those with the highest cumulative
+    confidence (the probability the whole draft so far survives) continue.
     """
 
     name = "confidence"
     depth_param = "max_depth"
 
-    def __init__(self, threshold: float = 0.5, max_depth: int = 8, use_budget: bool = True):
+    def __init__(self, threshold: float = 0.3, max_depth: int = 8, use_budget: bool = False):
         self.threshold = as_float(threshold, "policy.threshold", min=0, max=1)
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.use_budget = bool(use_budget)
+        self.reset()
 
     def plan(self, view):
         n = view.batch_size
-        k = min(self.max_depth, view.max_depth)
+        k = self._depth.depth(view, min(self.max_depth, view.max_depth))
         depths = np.full(n, k, dtype=np.int64)
         if self.use_budget:
             free = view.verify_tokens_free
             if free < n:  # not everyone gets a draft: the likeliest to be accepted do
                 depths[:] = 0
-                if free > 0:
+                if free > 0 and k > 0:
                     depths[np.argsort(-view.acceptance, kind="stable")[:free]] = 1
         self._cum = np.ones(n)
-        return depths
+        return fit_token_cap(depths, view)
 
     def keep_drafting(self, view, position, confidence):
         drafting = ~np.isnan(confidence)

@@ -3,7 +3,7 @@ import numpy as np
 from specdepth.errors import as_choice, as_float, as_int
 from specdepth.policy import Policy
 
-from ._common import PerRequest, StepCost, best_prefix
+from ._common import CostCalibration, PerRequest, StepCost, best_prefix, plan_by_position
 
 
 class Goodput(Policy):
@@ -32,6 +32,14 @@ class Goodput(Policy):
     times its marginal cost: the best group of m rows maximises sum(value) - G * (draft[m] + verify
     growth). Rows may go `extend` positions past their planned depth when their confidences are high.
     Works on any backend: with uninformative confidences (constant) the drafting rule reproduces the plan.
+    Issue 12 additions: a row's estimate is multiplied per draft position by a batch-wide factor (accepted
+    / expected tokens verified at that position), so a draft whose later guesses fail more often than its
+    first is priced right; estimates are rounded (1e-4) and ties between rows go to the rows with more
+    tokens left, in the plan and while drafting (no row falls behind and finishes alone); the step times
+    come from the cost model corrected online by the measured step costs (`cost`: calibrated, model, or
+    the simulator's true clock cost); `drain_after` > 0 weights a row's tokens by its remaining steps
+    relative to the slowest row's once the batch drains (off by default: on the development draw it raised
+    the worst closed-batch cell but hurt TPOT on poisson cells).
     """
 
     name = "goodput"
@@ -39,7 +47,8 @@ class Goodput(Policy):
 
     def __init__(self, max_depth: int = 16, estimator: str = "confidence", prior_strength: float = 8.0,
                  pool_memory: float = 20000.0, use_confidence: bool = True, extend: int = 16,
-                 ranking: str = "position"):
+                 ranking: str = "position", cost: str = "calibrated", cost_memory: float = 200.0,
+                 drain_after: int = 0):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
         self.prior_strength = as_float(prior_strength, "policy.prior_strength", min=0)
@@ -47,32 +56,47 @@ class Goodput(Policy):
         self.use_confidence = bool(use_confidence)
         self.extend = as_int(extend, "policy.extend", min=0)
         self.ranking = as_choice(ranking, "policy.ranking", {"position", "global"})
+        self.cost = as_choice(cost, "policy.cost", {"model", "calibrated", "clock"})
+        self.cost_memory = as_float(cost_memory, "policy.cost_memory", min=1)
+        self.drain_after = as_int(drain_after, "policy.drain_after", min=0)
         self._seq = PerRequest(4)   # accepted, rejections, sum of confidences, drafted
-        self._costs = StepCost()
         self.reset()
+
+    @property
+    def requires_true_cost(self):
+        return self.cost == "clock"
 
     def reset(self):
         self._seq.reset()
         self._costs = StepCost()
-        # batch-wide decayed sums: accepted, rejections, confidence sum, drafted, accepted / conf (verified)
-        self._pool = np.array([7.0, 3.0, 7.0, 10.0, 1.0, 1.0])
+        self._calib = CostCalibration(memory=self.cost_memory)
+        self._pool = _Pool()
         self._G = 0.0
+        self._max_id, self._quiet, self._max_n = -1, 0, 0   # newest request, steps since one joined, largest batch
+        self._w = None
 
     # ---- estimates --------------------------------------------------------------------------------
     def _alpha(self, view) -> np.ndarray:
         st = self._seq.align(view.request_ids)
-        pa, pr, pc, pd, cal_a, cal_c = self._pool
+        pool = self._pool
         k = self.prior_strength
         if self.estimator == "counts":
-            base = pa / (pa + pr)
+            base = pool.accepted / (pool.accepted + pool.rejected)
             a = (st[:, 0] + k * base) / (st[:, 0] + st[:, 1] + k)
         else:
-            base = pc / pd
-            a = (st[:, 2] + k * base) / (st[:, 3] + k) * min(cal_a / cal_c, 1 / max(base, 1e-6))
-        return np.clip(a, 1e-3, 0.999)
+            base = pool.conf_sum / pool.drafted
+            a = (st[:, 2] + k * base) / (st[:, 3] + k) * min(pool.calibration, 1 / max(base, 1e-6))
+        # rounded: rows with the same evidence tie exactly (float noise in the sums would otherwise rank
+        # them, the same rows losing every step), and ties go to the rows with more tokens left
+        return np.round(np.clip(a, 1e-3, 0.999), 4)
 
-    def _calibration(self) -> float:
-        return self._pool[4] / self._pool[5]
+    def _tables(self, view, K):
+        """This step's step-time tables: the view's cost model, corrected by the online calibration
+        (cost=calibrated), as is (cost=model), or the clock's own (cost=clock, simulator)."""
+        costs = self._costs.update(view, K, view.true_cost if self.cost == "clock" else None)
+        if self.cost == "calibrated":
+            return self._calib.correct(costs)
+        return costs
 
     # ---- hooks ------------------------------------------------------------------------------------
     def plan(self, view):
@@ -82,92 +106,70 @@ class Goodput(Policy):
             self._G = 0.0
             return np.zeros(n, np.int64)
         a = self._alpha(view)
-        rowcap = np.clip(view.remaining - 1, 0, K)
-        costs = self._costs.update(view, K)
-        S = a[:, None] ** np.arange(1, K + 1)                 # survival of slot (i, position p)
+        remaining = view.remaining
+        rowcap = np.clip(remaining - 1, 0, K)
+        self._tab = costs = self._tables(view, K)
+        S = np.cumprod(np.minimum(a[:, None] * self._pool.position_factor(K), 0.999), axis=1)   # slot survival
         S[np.arange(K)[None, :] >= rowcap[:, None]] = 0.0      # past the request's end: worth nothing
+        self._w = w = self._drain_weights(view, S)
         if self.ranking == "global":
-            return self._plan_global(S, costs, n, rowcap, a)
-        order = np.argsort(-S, axis=0, kind="stable")          # rows ranked per position
-        C = np.zeros((n + 1, K))
-        np.cumsum(np.take_along_axis(S, order, 0), axis=0, out=C[1:])
-        # Dinkelbach (Newton on max E - G T): start from last step's goodput, fall back to no speculation
-        g_none = n / costs.verify[0]
-        G = max(g_none, self._G)
-        best_g, ms = g_none, []
-        for _ in range(5):
-            cand, e, t = self._by_position(C, G, costs, n)
-            if not cand:
-                if G <= g_none:
-                    break
-                G = g_none
-                continue
-            g = e / t
-            if g > best_g:
-                best_g, ms = g, cand
-            if abs(g - G) <= 1e-3 * G:
-                break
-            G = g
-        G = best_g
-        mark = np.zeros((n, K), bool)
-        for p, m in enumerate(ms):
-            mark[order[:m, p], p] = True
-        depths = mark.sum(axis=1).astype(np.int64)
+            depths, G = self._plan_global(S, costs, n)
+        elif w is None:   # ties toward the rows with more tokens left: no row falls behind the batch
+            depths, G = plan_by_position(S, costs, self._G, tie=remaining)
+        else:
+            depths, G = plan_by_position(S * w[:, None], costs, self._G, tie=remaining, nested=True,
+                                         base=float(w.sum()))
         self._G, self._a = G, a
         if self.use_confidence:
             self._s = np.ones(n)
             depths = np.where(depths > 0, np.minimum(depths + self.extend, rowcap), 0)
         return depths
 
-    def _plan_global(self, S, costs, n, rowcap, a):
+    def _drain_weights(self, view, S):
+        """Draining (the batch has shrunk below its largest size and no new request joined for `drain_after`
+        steps: a closed batch whose first rows finished, or the end of a queue), the batch ends when its
+        slowest row does, and a token of a row that will finish long before it
+        shortens nothing: a row's tokens are worth its expected remaining steps / the slowest row's
+        (remaining / expected tokens per step). None while requests still join (plain goodput)."""
+        top = int(view.request_ids.max(initial=-1))
+        if top > self._max_id:
+            self._max_id, self._quiet = top, 0
+        else:
+            self._quiet += 1
+        self._max_n = max(self._max_n, view.batch_size)
+        if not self.drain_after or self._quiet < self.drain_after or view.batch_size >= self._max_n:
+            return None
+        steps = view.remaining / (1.0 + S.sum(axis=1))
+        return steps / max(float(steps.max()), 1e-12)
+
+    @staticmethod
+    def _plan_global(S, costs, n):
         """vLLM DSpark / SmartSpec as described: every slot ranked by survival, best prefix by goodput."""
         rows, cols = np.nonzero(S > 0)
         surv = S[rows, cols]
         order = np.lexsort((cols, -surv))
         m, g = best_prefix(n, rows[order], cols[order], surv[order], costs, float(n))
-        depths = np.bincount(rows[order[:m]], minlength=n).astype(np.int64)
-        self._G, self._a = g, a
-        if self.use_confidence:
-            self._s = np.ones(n)
-            depths = np.where(depths > 0, np.minimum(depths + self.extend, rowcap), 0)
-        return depths
-
-    @staticmethod
-    def _by_position(C, G, costs, n):
-        """Position by position, the number of rows m_p (the best-ranked ones, m_p <= m_(p-1)) that
-        maximises value - G x (draft forward + verify growth); stops at the first position where none
-        pays. Returns ([m_p], expected emitted tokens, predicted step seconds)."""
-        ms, x, e, tdraft, prev = [], 0, float(n), 0.0, n
-        ver, dr = costs.verify, costs.draft
-        for p in range(C.shape[1]):
-            gain = C[:prev + 1, p] - G * (dr[:prev + 1] + ver[x:x + prev + 1] - ver[x])
-            m = int(np.argmax(gain))
-            if m == 0 or gain[m] <= 0:
-                break
-            ms.append(m)
-            e += C[m, p]
-            tdraft += dr[m]
-            x += m
-            prev = m
-        return ms, e, ver[x] + tdraft
+        return np.bincount(rows[order[:m]], minlength=n).astype(np.int64), g
 
     def keep_drafting(self, view, position, confidence):
         drafting = ~np.isnan(confidence)
         if not self.use_confidence:
             return drafting
-        c = np.minimum(np.where(drafting, confidence, 0.0) * self._calibration(), 1.0)
+        c = np.minimum(np.where(drafting, confidence, 0.0) * self._pool.calibration, 1.0)
         self._s = self._s * c
         cand = drafting & (view.depths > position + 1)
         idx = np.flatnonzero(cand)
         keep = np.zeros(view.batch_size, bool)
         if idx.size == 0:
             return keep
-        v = self._s[idx] * self._a[idx]
-        order = np.argsort(-v, kind="stable")
+        v = self._s[idx] * np.minimum(self._a[idx] * self._pool.position_factor(position + 2)[-1], 0.999)
+        if self._w is not None:
+            v = v * self._w[idx]
+        order = np.lexsort((-view.remaining[idx], -np.round(v, 6)))   # ties: more tokens left first
         gain_v = np.cumsum(v[order])
         mm = np.arange(1, idx.size + 1)
         x = int(view.drafted.sum())
-        costs = self._costs
+        costs = self._tab
         xv = np.minimum(x + mm, costs.verify.size - 1)
         dt = costs.draft[mm] + costs.verify[xv] - costs.verify[min(x, costs.verify.size - 1)]
         gain = gain_v - self._G * dt
@@ -195,5 +197,58 @@ class Goodput(Policy):
         st[:, 2] += csum
         st[:, 3] += drafted
         if drafted.any():
-            self._pool *= np.exp(-float(drafted.sum()) / self.pool_memory)
-            self._pool += (accepted.sum(), rej.sum(), csum.sum(), drafted.sum(), accepted.sum(), vconf)
+            self._pool.add(np.exp(-float(drafted.sum()) / self.pool_memory), accepted.sum(), rej.sum(), csum.sum(),
+                           drafted.sum(), vconf)
+            if conf is not None and conf.shape[1]:
+                self._pool.add_positions(verified, cols < accepted[:, None], self._a)
+        if self.cost == "calibrated":
+            self._calib.observe(view)
+
+
+class _Pool:
+    """Batch-wide decayed sums: accepted drafts, rejections, the drafts' confidence sum and count, and the
+    accepted drafts / confidence sum over verified tokens (the draft's calibration). Starts at a 0.7 rate
+    worth 10 drafted tokens. Per draft position p: accepted tokens and the sum of the rows' estimates over
+    the tokens verified there; their ratio, the position factor, corrects a row's estimate a_i at position
+    p (a draft whose later guesses are accepted less often than its first: a_i x f_p), shrunk toward 1 with
+    `POSITION_PRIOR` pseudo-tokens."""
+
+    POSITION_PRIOR = 20.0
+
+    def __init__(self, accepted=7.0, rejected=3.0, conf_sum=7.0, drafted=10.0, cal_accepted=1.0, cal_conf=1.0):
+        self.accepted, self.rejected, self.conf_sum, self.drafted = accepted, rejected, conf_sum, drafted
+        self.cal_accepted, self.cal_conf = cal_accepted, cal_conf
+        self.pos_accepted = np.zeros(0)
+        self.pos_expected = np.zeros(0)
+
+    def position_factor(self, k: int) -> np.ndarray:
+        """f_p for positions 0..k-1 (1 where nothing was verified yet)."""
+        f = np.ones(k)
+        m = min(k, self.pos_accepted.size)
+        f[:m] = (self.pos_accepted[:m] + self.POSITION_PRIOR) / (self.pos_expected[:m] + self.POSITION_PRIOR)
+        return f
+
+    def add_positions(self, verified: np.ndarray, accepted: np.ndarray, estimate: np.ndarray) -> None:
+        """Tokens verified at each position (bool [rows, k]), which were accepted, the rows' estimates."""
+        k = verified.shape[1]
+        if self.pos_accepted.size < k:
+            grow = k - self.pos_accepted.size
+            self.pos_accepted = np.concatenate([self.pos_accepted, np.zeros(grow)])
+            self.pos_expected = np.concatenate([self.pos_expected, np.zeros(grow)])
+        self.pos_accepted[:k] += (verified & accepted).sum(axis=0)
+        self.pos_expected[:k] += (verified * estimate[:, None]).sum(axis=0)
+
+    @property
+    def calibration(self) -> float:
+        return self.cal_accepted / self.cal_conf
+
+    def add(self, keep: float, accepted, rejected, conf_sum, drafted, verified_conf) -> None:
+        """Forget (multiply every sum by `keep`), then add one step's counts."""
+        self.accepted = self.accepted * keep + accepted
+        self.rejected = self.rejected * keep + rejected
+        self.conf_sum = self.conf_sum * keep + conf_sum
+        self.drafted = self.drafted * keep + drafted
+        self.cal_accepted = self.cal_accepted * keep + accepted
+        self.cal_conf = self.cal_conf * keep + verified_conf
+        self.pos_accepted *= keep
+        self.pos_expected *= keep

@@ -15,6 +15,7 @@ from specdepth.errors import ConfigError
 from specdepth.executor import Executor
 from specdepth.policies import (EMA, Bandit, BatchTable, DisableByBatch, FixedDepth, Goodput, Heuristic,
                                 Oracle)
+from specdepth.policies.goodput import _Pool
 from specdepth.policy import StepView
 from specdepth.workload import Request
 
@@ -179,6 +180,11 @@ def test_ema_hysteresis_holds_depth_near_the_boundary():
 
 # ---- goodput ------------------------------------------------------------------------------------
 
+def _pool(alpha):
+    """A batch-wide pool at acceptance rate alpha, every confidence = alpha, a calibrated draft."""
+    return _Pool(accepted=alpha, rejected=1 - alpha, conf_sum=alpha, drafted=1.0)
+
+
 def _leviathan_best(alpha, cost, K=16):
     """Brute force at batch 1: argmax_d E[tokens](d) / step_time(d)."""
     g = [(1 - alpha ** (d + 1)) / (1 - alpha) / cost.step_time(np.array([500]), np.array([d])) for d in range(K + 1)]
@@ -189,14 +195,14 @@ def _leviathan_best(alpha, cost, K=16):
 def test_goodput_batch_one_matches_brute_force(alpha, d0):
     cost = LinearCost(v0=10e-3, d0=d0)
     p = Goodput(use_confidence=False, prior_strength=1e6)   # prior dominates: the estimate is the pool
-    p._pool[:] = [alpha, 1 - alpha, alpha, 1.0, 1.0, 1.0]
+    p._pool = _pool(alpha)
     v = make_view(1, cost=cost)
     assert p.plan(v).tolist() == [_leviathan_best(alpha, cost)]
 
 
 def test_goodput_respects_remaining_tokens_and_token_cap():
     p = Goodput(use_confidence=False)
-    p._pool[:] = [0.95, 0.05, 0.95, 1.0, 1.0, 1.0]
+    p._pool = _pool(0.95)
     v = make_view(3, remaining=[1, 2, 100], cost=LinearCost(d0=1e-4))
     d = p.plan(v)
     assert d[0] == 0 and d[1] <= 1 and d[2] > 3          # a draft past the last token is worthless
@@ -206,16 +212,16 @@ def test_goodput_respects_remaining_tokens_and_token_cap():
 
 def test_goodput_no_drafting_when_drafts_are_expensive():
     p = Goodput()
-    p._pool[:] = [0.3, 0.7, 0.3, 1.0, 1.0, 1.0]
+    p._pool = _pool(0.3)
     assert p.plan(make_view(4, cost=LinearCost(v0=5e-3, d0=5e-3))).tolist() == [0, 0, 0, 0]
 
 
 def test_goodput_compute_bound_verify_makes_it_shallower():
     p = Goodput(use_confidence=False)
-    p._pool[:] = [0.8, 0.2, 0.8, 1.0, 1.0, 1.0]
+    p._pool = _pool(0.8)
     flat = p.plan(make_view(64, cost=LinearCost(v0=10e-3, d0=1e-3))).max()
     p2 = Goodput(use_confidence=False)
-    p2._pool[:] = p._pool
+    p2._pool = p._pool
     busy = p2.plan(make_view(64, cost=LinearCost(v0=10e-3, v1=1e-4, d0=1e-3))).max()
     assert flat > busy >= 0
 
@@ -240,7 +246,7 @@ def test_goodput_position_grouping_beats_global_ranking_at_large_batch():
 
 def test_goodput_keep_drafting_stops_low_confidence_rows_and_ignores_idle_rows():
     p = Goodput()
-    p._pool[:] = [0.8, 0.2, 0.8, 1.0, 1.0, 1.0]
+    p._pool = _pool(0.8)
     v = make_view(3, cost=LinearCost(d0=1e-3, d1=5e-4))   # each extra row costs something
     d = p.plan(v)
     assert (d > 1).all()

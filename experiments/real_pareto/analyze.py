@@ -34,6 +34,7 @@ NONE = "none"
 ADAPTIVE = ("batch_scaled", "confidence", "goodput", "ema", "heuristic", "disable_by_batch", "batch_table",
             "bandit")
 GOAL = -0.03
+GOAL12 = 0.98   # issue 12: goodput (calibrated) >= 0.98 x max(none, best fixed) at every batch size
 
 
 def load(sweep: Path) -> dict:
@@ -77,6 +78,11 @@ def gaps(cells: dict, metric: str) -> dict:
     """gaps[pol][batch] = throughput / baseline - 1, computed within each repetition (the policies of one
     batch size run back to back, so a machine slowed down by other processes for minutes slows them alike)
     and then averaged over the repetitions."""
+    return {p: {b: statistics.fmean(g) for b, g in per.items()} for p, per in rep_gaps(cells, metric).items()}
+
+
+def rep_gaps(cells: dict, metric: str) -> dict:
+    """rep_gaps[pol][batch] = [throughput / baseline - 1 in each repetition]."""
     out = defaultdict(dict)
     for b, cell in cells.items():
         reps = sorted({r for v in cell.values() for r in v.get("by_rep", {})}) or [None]
@@ -91,8 +97,25 @@ def gaps(cells: dict, metric: str) -> dict:
                 if v.get(metric):
                     acc[p].append(v[metric] / base - 1)
         for p, g in acc.items():
-            out[p][b] = statistics.fmean(g)
+            out[p][b] = g
     return out
+
+
+def goal12(cells: dict, metric: str, pol: str = "goodput", goal: float = GOAL12) -> str:
+    """Issue 12, part 4: `pol` >= 0.98 x max(none, best fixed) at every batch size, in the mean of the
+    repetitions (each ratio taken within its repetition), with the repetitions' spread (min-max)."""
+    g = rep_gaps(cells, metric).get(pol, {})
+    batches = sorted(cells)
+    if not all(b in g for b in batches):
+        return f"{metric}: `{pol}` did not run at every batch size"
+    cols = [f"{1 + statistics.fmean(g[b]):.3f} [{1 + min(g[b]):.3f}-{1 + max(g[b]):.3f}]" for b in batches]
+    worst = min(1 + statistics.fmean(g[b]) for b in batches)
+    return "\n".join([
+        f"{metric}: `{pol}` / max(none, best fixed), mean of {max(len(g[b]) for b in batches)} repetitions "
+        f"[min-max over them]; goal (issue 12) >= {goal:.2f} at every batch: worst {worst:.3f} -> "
+        f"{'**met**' if worst >= goal else '**missed**'}", "",
+        "| " + " | ".join(f"b={b}" for b in batches) + " |", "|" + "---|" * len(batches),
+        "| " + " | ".join(cols) + " |"])
 
 
 def table(cells: dict, metric: str) -> str:
@@ -202,7 +225,7 @@ def report(sweep: Path, out: Path) -> str:
         md += ["", n]
     figs = []
     for metric in ("e2e", "decode"):
-        md += ["", verdict(cells, metric)[0], "", table(cells, metric)]
+        md += ["", verdict(cells, metric)[0], "", goal12(cells, metric), "", table(cells, metric)]
         figs.append(figure(cells, metric, out))
     md += ["", "Figures: " + ", ".join(f"[{f}]({f})" for f in figs)]
     text = "\n".join(md) + "\n"

@@ -257,9 +257,9 @@ _TWO53 = 1.0 / 9007199254740992.0
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _keyed_draw(bu, bz, position, level, logit_normal, spread, calibration):
+def _keyed_draw(bu, bz, position, level, logit_normal, spread, calibration, decay, j):
     """(confidence, accepted) of the draft token for output `position` of the request whose stream bases
-    are bu (stream 0: u) and bz (stream 1: z). See keyed_block."""
+    are bu (stream 0: u) and bz (stream 1: z), proposed at draft position j of its step. See keyed_block."""
     step = (np.uint64(position) + np.uint64(1)) * _GOLD
     u = float(_mix(bu + step) >> _S11) * _TWO53
     if logit_normal:
@@ -271,15 +271,17 @@ def _keyed_draw(bu, bz, position, level, logit_normal, spread, calibration):
         p = c if calibration == 1.0 else c ** calibration
     else:
         c = level
+        for _ in range(j):   # level x decay ** j, as repeated products
+            c *= decay
         p = c
     return c, u < p
 
 
 @njit(cache=True, nogil=True)
-def keyed_block(key, ids, pos, k, level, logit_normal, spread, calibration):
+def keyed_block(key, ids, pos, k, level, logit_normal, spread, calibration, decay=1.0):
     """The acceptance block of the next k draft positions of every row: row i's draft j proposes output
-    position pos[i] + j of request ids[i]. logit_normal False: confidence = level[i], accepted iff
-    u < level[i] (iid, beta). True: confidence = sigmoid(level[i] + spread * z), accepted iff
+    position pos[i] + j of request ids[i]. logit_normal False: confidence = level[i] x decay ** j, accepted
+    iff u < that (iid, beta: decay 1; acceptance=decay: < 1). True: confidence = sigmoid(level[i] + spread * z), accepted iff
     u < confidence ** calibration. u: one 64-bit hash per (request, position) on stream 0; z: Box-Muller
     over the two 32-bit halves of one hash on stream 1."""
     n = ids.shape[0]
@@ -289,22 +291,24 @@ def keyed_block(key, ids, pos, k, level, logit_normal, spread, calibration):
         bu = _row_base(key, ids[i], 0)
         bz = _row_base(key, ids[i], 1)
         for j in range(k):
-            conf[i, j], acc[i, j] = _keyed_draw(bu, bz, pos[i] + j, level[i], logit_normal, spread, calibration)
+            conf[i, j], acc[i, j] = _keyed_draw(bu, bz, pos[i] + j, level[i], logit_normal, spread, calibration,
+                                                decay, j)
     return conf, acc
 
 
 @njit(cache=True, nogil=True)
-def keyed_at(key, ids, pos, rows, offset, level, logit_normal, spread, calibration, conf, acc):
+def keyed_at(key, ids, pos, rows, offset, level, logit_normal, spread, calibration, decay, conf, acc):
     """Draft position `offset` of the rows `rows` only: fills conf[r, offset] and acc[r, offset] with the
     outcomes keyed_block draws there (output position pos[r] + offset of request ids[r])."""
     for t in range(rows.shape[0]):
         r = rows[t]
         conf[r, offset], acc[r, offset] = _keyed_draw(_row_base(key, ids[r], 0), _row_base(key, ids[r], 1),
-                                                      pos[r] + offset, level[r], logit_normal, spread, calibration)
+                                                      pos[r] + offset, level[r], logit_normal, spread, calibration,
+                                                      decay, offset)
 
 
 @njit(cache=True, nogil=True)
-def keyed_leading(key, ids, pos, drafted, level, logit_normal, spread, calibration):
+def keyed_leading(key, ids, pos, drafted, level, logit_normal, spread, calibration, decay):
     """Per row: how many of its drafted[i] drafts the target accepts (the leading accepted run of the same
     outcomes keyed_block draws), drawing only up to the first rejection."""
     n = ids.shape[0]
@@ -315,7 +319,8 @@ def keyed_leading(key, ids, pos, drafted, level, logit_normal, spread, calibrati
         bu = _row_base(key, ids[i], 0)
         bz = _row_base(key, ids[i], 1)
         r = 0
-        while r < drafted[i] and _keyed_draw(bu, bz, pos[i] + r, level[i], logit_normal, spread, calibration)[1]:
+        while r < drafted[i] and _keyed_draw(bu, bz, pos[i] + r, level[i], logit_normal, spread, calibration,
+                                             decay, r)[1]:
             r += 1
         out[i] = r
     return out

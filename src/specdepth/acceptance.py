@@ -89,6 +89,12 @@ class AcceptanceModel:
         """After every verify (also one without drafts): row i had drafted[i] drafts verified, accepted[i]
         of them, and emitted accepted[i] + 1 tokens."""
 
+    def probability(self, conf: np.ndarray) -> np.ndarray:
+        """The true acceptance probability of each token of the block `sample` returned with confidences
+        `conf` (what the `oracle_expected` policy knows; its outcome stays unknown)."""
+        raise ConfigError(f"acceptance model {type(self).__name__} has no per-token acceptance probability "
+                          "(oracle_expected needs acceptance=iid, beta, confidence or decay)")
+
 
 class Keyed(AcceptanceModel):
     """Base of the parametric models: outcomes keyed by (request id, output position); per row a level,
@@ -97,6 +103,7 @@ class Keyed(AcceptanceModel):
     logit_normal = False
     spread = 0.0
     calibration = 1.0
+    decay = 1.0
     COLUMNS = (("acc_request", np.int64), ("acc_pos", np.int64), ("acc_level", np.float64))
 
     def reset(self, rng):
@@ -122,21 +129,24 @@ class Keyed(AcceptanceModel):
     def sample(self, n, k):
         r = self.rows
         return _k.keyed_block(self.key, r.acc_request, r.acc_pos, k, r.acc_level, self.logit_normal, self.spread,
-                              self.calibration)
+                              self.calibration, self.decay)
 
     def draw(self, rows, offset, conf, acc):
         r = self.rows
         _k.keyed_at(self.key, r.acc_request, r.acc_pos, rows, offset, r.acc_level, self.logit_normal, self.spread,
-                    self.calibration, conf, acc)
+                    self.calibration, self.decay, conf, acc)
         return True
 
     def leading(self, drafted):
         r = self.rows
         return _k.keyed_leading(self.key, r.acc_request, r.acc_pos, drafted, r.acc_level, self.logit_normal,
-                                self.spread, self.calibration)
+                                self.spread, self.calibration, self.decay)
 
     def commit(self, drafted, accepted):
         _k.advance(self.rows.acc_pos, accepted)   # pos += accepted + 1
+
+    def probability(self, conf):
+        return conf if self.calibration == 1.0 else conf ** self.calibration
 
 
 class IID(Keyed):
@@ -168,6 +178,24 @@ class Beta(Keyed):
     def levels(self, ids):
         c = self.concentration
         return _k.keyed_beta(self.key, ids, self.mean * c, (1 - self.mean) * c)
+
+
+class Decay(Keyed):
+    """Acceptance that falls with the draft position within a step: the step's first draft is accepted
+    with probability `first`, the j-th (0-based) with `first` x `decay` ** j (a draft that conditions on
+    its own earlier guesses drifts away from the target, as EAGLE-style and small drafts do).
+
+    The uniforms are keyed by (request, output position) as in the other models (paired across policies),
+    but whether a token is accepted also depends on the draft position it was proposed at, i.e. on the
+    policy's depths. The confidence equals the token's acceptance probability (a calibrated draft).
+    """
+
+    def __init__(self, first: float = 0.9, decay: float = 0.8):
+        self.first = as_prob(first, "acceptance.first")
+        self.decay = as_float(decay, "acceptance.decay", min=0, max=1)
+
+    def levels(self, ids):
+        return np.full(ids.size, self.first)
 
 
 class Confidence(Keyed):

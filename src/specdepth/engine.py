@@ -81,6 +81,7 @@ class Step:
     # plan
     batch_size: int = 0
     oracle_accept: np.ndarray | None = None
+    accept_prob: np.ndarray | None = None    # true per-token acceptance probabilities (requires_accept_prob)
     depths: np.ndarray | None = None    # per row: the plan
     max_depth: int = 0                  # the deepest depth planned
     # draft
@@ -161,7 +162,8 @@ class Engine:
                  requests: list[Request], capacity=None):
         if not isinstance(policy, Policy):
             raise ConfigError(f"policy must subclass specdepth.Policy, got {type(policy).__name__}")
-        if policy.requires_oracle and not executor.supports_oracle:
+        if (policy.requires_oracle or policy.requires_accept_prob or policy.requires_true_cost) and \
+                not executor.supports_oracle:
             raise ConfigError(f"policy {type(policy).__name__} needs acceptance outcomes in advance (an oracle); "
                               f"backend {executor.name!r} cannot provide them: use backend=sim")
         self.policy, self.executor, self.cost, self.cfg = policy, executor, cost, config
@@ -245,9 +247,9 @@ class Engine:
         self.clock = Clock(ex.clock, cfg.charge_policy_time)
         self._call = self.clock.call
         self._hooks = {h: getattr(self.policy, h) for h in ("reset", "plan", "keep_drafting", "observe")}
-        self._oracle = self.policy.requires_oracle
+        self._oracle, self._accept_prob = self.policy.requires_oracle, self.policy.requires_accept_prob
         self.view = StepView(self.rows, self.budget, cfg.max_depth, cfg.max_num_batched_tokens, self.cost,
-                             cfg.acceptance_prior)
+                             cfg.acceptance_prior, ex.true_cost() if self.policy.requires_true_cost else None)
         self._has_keep, self._has_obs = _overrides(self.policy, "keep_drafting"), _overrides(self.policy, "observe")
         recorder = cfg.record_trace or ex.record_trace
         self._trace = TraceRecorder() if recorder else None
@@ -314,6 +316,8 @@ class Engine:
         s.batch_size = self.rows.n
         if self._oracle:
             s.oracle_accept = self.executor.peek_accepted(self.cfg.max_depth)
+        if self._accept_prob:
+            s.accept_prob = self.executor.peek_accept_prob(self.cfg.max_depth)
         self.view.bind(s, self._hptr)
         s.depths, s.max_depth = self._check_depths(self._hook("plan", self.view), s.batch_size)
         self.executor.begin_step(s.depths, s.max_depth)

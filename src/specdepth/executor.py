@@ -81,6 +81,18 @@ class Executor(ABC):
         raise BackendError(f"backend {self.name!r} cannot reveal acceptance outcomes in advance; "
                            "oracle policies run on the simulator only (backend=sim)")
 
+    def peek_accept_prob(self, k: int) -> np.ndarray:
+        """The true acceptance probability of each of the next k draft tokens, float [rows, k]
+        (policies with requires_accept_prob; the outcomes stay hidden)."""
+        raise BackendError(f"backend {self.name!r} cannot reveal acceptance probabilities; "
+                           "oracle_expected runs on the simulator only (backend=sim)")
+
+    def true_cost(self):
+        """A cost model (view.cost's methods) of what this backend's clock really charges
+        (policies with requires_true_cost)."""
+        raise BackendError(f"backend {self.name!r} has no exact cost model of its clock; "
+                           "policies that need the true cost run on the simulator only (backend=sim)")
+
     def finish(self) -> dict:
         """After the run: extra outputs, {file name: list of JSON-able records}."""
         return {}

@@ -228,6 +228,9 @@ class HFExecutor(Executor):
     def peek_accepted(self, k):
         return super().peek_accepted(k) if self.timing is None else self.timing.peek(k)
 
+    def peek_accept_prob(self, k):
+        return super().peek_accept_prob(k) if self.timing is None else self.timing.peek_prob(k)
+
     def _draft_tokens(self, rows, position):
         """The draft's input at `position`: at 0 every known token not yet in its cache (usually 1 or 2,
         right-padded), later the token it drafted last. Returns (tokens [m, Q], valid tokens per row)."""

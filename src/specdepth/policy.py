@@ -37,6 +37,9 @@ class StepView:
                                   proposed, NaN where nothing was drafted (None when no hook needs them)
       oracle_accept       int64   only for policies with requires_oracle = True (simulator): how many
                                   leading draft positions the target will accept this step
+    In plan, only for policies with requires_accept_prob = True (simulator):
+      accept_prob         float64 [batch_size, max_depth] the true acceptance probability of each of the
+                                  step's next draft tokens (from the acceptance model; outcomes unknown)
     In observe (after verification; None before), what this step cost, measured and predicted:
       measured_draft_s    float   seconds of this step's draft forwards as the clock charged them (model
                                   time on backend=sim, including its overhead switches; wall time on hf)
@@ -46,16 +49,19 @@ class StepView:
       draft_forwards      int     draft forwards (positions) run this step
     Scalars: step, now_s, batch_size, token_budget (the shared compute budget in verify tokens per step),
     max_depth (engine cap), max_num_batched_tokens (hard cap on verify tokens), cost (the cost model:
-    cost.verify_time(ctx, depths), cost.draft_time(ctx), cost.step_time(ctx, depths)).
+    cost.verify_time(ctx, depths), cost.draft_time(ctx), cost.step_time(ctx, depths)), true_cost (only for
+    policies with requires_true_cost = True, simulator: the same methods, priced as the clock charges).
     Arrays are computed on access and cannot be written; no attribute can be set.
     """
 
-    __slots__ = ("_rows", "_s", "_budget", "_max_depth", "_max_tokens", "_cost", "_prior", "_hptr", "_pred")
+    __slots__ = ("_rows", "_s", "_budget", "_max_depth", "_max_tokens", "_cost", "_prior", "_hptr", "_pred",
+                 "_true_cost")
 
     def __init__(self, rows, token_budget: int, max_depth: int, max_num_batched_tokens: int, cost,
-                 prior: float = 0.7):
+                 prior: float = 0.7, true_cost=None):
         self._rows, self._budget, self._max_depth, self._max_tokens, self._cost, self._prior = (
             rows, token_budget, max_depth, max_num_batched_tokens, cost, prior)
+        self._true_cost = true_cost
         self._s = None
         self._hptr = 0
         self._pred = None
@@ -72,6 +78,7 @@ class StepView:
     max_depth = property(lambda self: self._max_depth)
     max_num_batched_tokens = property(lambda self: self._max_tokens)
     cost = property(lambda self: self._cost)
+    true_cost = property(lambda self: self._true_cost)
 
     @property
     def verify_tokens_free(self) -> int:
@@ -117,6 +124,7 @@ class StepView:
     drafted = property(lambda self: _ro_or_none(self._s.row_drafted))
     confidences = property(lambda self: _ro_or_none(self._s.confidences))
     oracle_accept = property(lambda self: _ro_or_none(self._s.oracle_accept))
+    accept_prob = property(lambda self: _ro_or_none(self._s.accept_prob))
     measured_draft_s = property(lambda self: self._s.draft_s if self._s.verified else None)
     measured_verify_s = property(lambda self: self._s.verify_s if self._s.verified else None)
     draft_forwards = property(lambda self: self._s.draft_forwards if self._s.verified else None)
@@ -153,13 +161,17 @@ class Policy:
                                       [batch_size], NaN for rows not drafting; rows whose mask is False stop
                                       (the token just drafted is still verified). Default: keep all.
       observe(view, accepted)         accepted drafts per row after verification. Default: nothing.
-    Set `requires_oracle = True` to receive `view.oracle_accept` (simulator only). Set `depth_param` (or
-    override depth_bound) to have a configuration deeper than engine.max_depth refused before the run.
+    Set `requires_oracle = True` to receive `view.oracle_accept`, `requires_accept_prob = True` for
+    `view.accept_prob`, `requires_true_cost = True` for `view.true_cost` (each simulator only). Set
+    `depth_param` (or override depth_bound) to have a configuration deeper than engine.max_depth refused
+    before the run.
     Attributes whose names start with `_` are private state; the public ones form the label.
     """
 
     name: str | None = None
     requires_oracle: bool = False
+    requires_accept_prob: bool = False
+    requires_true_cost: bool = False
     #: the parameter bounding the deepest plan (see depth_bound), e.g. "depth" or "max_depth"
     depth_param: str | None = None
 

@@ -82,6 +82,12 @@ class SimExecutor(Executor):
     def peek_accepted(self, k):
         return self.outcomes.peek(k)
 
+    def peek_accept_prob(self, k):
+        return self.outcomes.peek_prob(k)
+
+    def true_cost(self):
+        return ClockCost(self)
+
     def begin_step(self, depths, kmax):
         self.outcomes.begin_step(kmax)
 
@@ -120,3 +126,30 @@ class SimExecutor(Executor):
             lag = self.rows.sim_lag
             lag[:] = np.where(drafted > 0, 1 + (accepted >= drafted), lag + 1)
         return accepted, t, f
+
+
+class ClockCost:
+    """What this simulator's clock charges, with view.cost's methods (the `true cost` of oracle_expected and
+    `goodput cost=clock`): the clock's cost model (backend.clock_profile, else the run's), padded forwards
+    (backend.pad_ragged) and the fixed seconds per step (with the verify) and per draft position. Not
+    modelled: the draft's catch-up tokens (backend.draft_catch_up), which depend on each row's history."""
+
+    def __init__(self, ex: SimExecutor):
+        self._ex = ex
+        self.target, self.draft = ex.cost.target, ex.cost.draft
+
+    def verify_time(self, ctx, depths):
+        ex = self._ex
+        return ex._forward("target", np.asarray(ctx), np.asarray(depths) + 1)[0] + ex.step_overhead_s
+
+    def draft_time(self, ctx):
+        ex = self._ex
+        return ex._forward("draft", np.asarray(ctx))[0] + ex.position_overhead_s if len(ctx) else 0.0
+
+    def draft_positions(self, ctx, depths):
+        ctx, depths = np.asarray(ctx), np.asarray(depths)
+        t = sum(self.draft_time(ctx[depths > p] + p) for p in range(int(depths.max(initial=0))))
+        return t, self._ex.cost.draft_positions(ctx, depths)[1]
+
+    def step_time(self, ctx, depths):
+        return self.verify_time(ctx, depths) + self.draft_positions(ctx, depths)[0]

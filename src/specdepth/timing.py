@@ -52,6 +52,11 @@ class SimulatedOutcomes:
         self.sample(k)
         return _k.leading_runs(self.acc)
 
+    def peek_prob(self, k: int) -> np.ndarray:
+        """The true acceptance probability of each of the next k draft tokens (oracle_expected)."""
+        self.sample(k)
+        return self.model.probability(self.conf)
+
     def begin_step(self, kmax: int) -> None:
         """Outcomes are drawn when first needed: while drafting position by position, each drafted (row,
         position) alone (models that offer `draw`); drafting in one block, at `decide`, each row only up to

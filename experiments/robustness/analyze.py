@@ -1,0 +1,214 @@
+"""Analyse a robustness draw (issue 12): every policy against max(none, best fixed depth 1-8), per cell.
+
+    .venv/bin/python experiments/robustness/analyze.py outputs/robustness/seed1 [--out DIR] [--readme FILE]
+                                                       [--label "seed 1 (development)"]
+
+Reads <draw>/cells.json and every <draw>/c<id>/<pol>/summary.json that run.py wrote. Per cell:
+  base       max over none, fixed1..fixed8 of throughput_tok_s (end-to-end: prefill and tail included)
+  ratio      a policy's throughput / base
+  tpot       on poisson cells, a policy's TPOT p50 / the best (lowest) TPOT p50 of none, fixed1..fixed8
+Per policy: worst and geometric-mean ratio, cells below 0.99 and 0.95, cells more than 1 % below `none`,
+worst TPOT ratio on poisson cells, mean depth changes per request.
+Goals (issue 12): goodput >= 0.99 x base in every cell, TPOT p50 <= 1.02 x best on poisson cells, geometric
+mean >= 1.02, >= 0.98 x oracle_expected; batch_scaled and confidence >= 0.95 x base and >= 0.99 x none.
+goodput's regret split per cell (ratios, 1 = no loss): luck = oracle / oracle_expected, estimation =
+oracle_expected / goodput_true (goodput planning with the clock's true cost), cost-model error =
+goodput_true / goodput. Writes results.md and figures to --out (default: the draw dir), and the README's
+results section when --readme is given.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from specdepth.report import replace_results  # noqa: E402
+from specdepth.results import atomic_write  # noqa: E402
+
+BASELINES = ("none",) + tuple(f"fixed{k}" for k in range(1, 9))
+ADAPTIVE = ("goodput", "batch_scaled", "confidence", "ema", "heuristic", "bandit", "disable_by_batch",
+            "batch_table")
+BOUNDS = ("oracle", "oracle_expected", "goodput_true", "goodput_model")
+
+
+def load(draw: Path) -> tuple[list[dict], dict]:
+    cells = json.loads((draw / "cells.json").read_text())
+    runs = {}
+    for c in cells:
+        d = draw / f"c{c['id']}"
+        if not d.is_dir():
+            continue
+        for p in d.iterdir():
+            s = p / "summary.json"
+            if s.is_file():
+                runs[c["id"], p.name] = json.loads(s.read_text())
+    return cells, runs
+
+
+def table(cells, runs) -> list[dict]:
+    """One row per complete cell: base throughput, best TPOT, and per policy its ratios."""
+    rows = []
+    for c in cells:
+        got = {p: runs[c["id"], p] for p in BASELINES + ADAPTIVE + BOUNDS if (c["id"], p) in runs}
+        if not all(b in got for b in BASELINES):
+            continue
+        thr = {p: s["throughput_tok_s"] for p, s in got.items()}
+        base = max(thr[b] for b in BASELINES)
+        row = dict(cell=c, base=base, best=max(BASELINES, key=thr.get), thr=thr,
+                   ratio={p: v / base for p, v in thr.items()},
+                   vs_none={p: v / thr["none"] for p, v in thr.items()},
+                   changes={p: s.get("depth_changes_per_request") for p, s in got.items()})
+        if c["kind"] == "poisson":
+            tp = {p: s["tpot_p50_s"] for p, s in got.items()}
+            best_t = min(tp[b] for b in BASELINES)
+            row["tpot"] = {p: v / best_t for p, v in tp.items()}
+        rows.append(row)
+    return rows
+
+
+def _gm(xs):
+    xs = [x for x in xs if x]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def _where(r) -> str:
+    c = r["cell"]
+    b = c["backend"]
+    extra = "+oh" if b["step_overhead_s"] or b["position_overhead_s"] else ""
+    return f"c{c['id']} {c['hardware']}/{c['model']}/{c['acc']}/{c['kind']}/b{c['batch']}/L{c['out_mean']}{extra}"
+
+
+def policy_rows(rows, pols) -> list[str]:
+    out = ["| policy | cells | worst / base | geo-mean / base | < 0.99 | < 0.95 | > 1 % below none | worst TPOT / best "
+           "(poisson) | TPOT > 1.02 | depth changes / request |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for p in pols:
+        rs = [r for r in rows if p in r["ratio"]]
+        if not rs:
+            continue
+        ratios = [r["ratio"][p] for r in rs]
+        worst = min(rs, key=lambda r: r["ratio"][p])
+        tp = [r["tpot"][p] for r in rs if "tpot" in r]
+        ch = [r["changes"][p] for r in rs if r["changes"].get(p) is not None]
+        out.append(f"| {p} | {len(rs)} | {worst['ratio'][p]:.3f} ({_where(worst)}) | {_gm(ratios):.3f} | "
+                   f"{sum(x < 0.99 for x in ratios)} | {sum(x < 0.95 for x in ratios)} | "
+                   f"{sum(r['vs_none'][p] < 0.99 for r in rs)} | {max(tp):.3f} | {sum(x > 1.02 for x in tp)} | "
+                   f"{sum(ch) / len(ch):.2f} |" if tp and ch else
+                   f"| {p} | {len(rs)} | {worst['ratio'][p]:.3f} | {_gm(ratios):.3f} | {sum(x < 0.99 for x in ratios)} | "
+                   f"{sum(x < 0.95 for x in ratios)} | {sum(r['vs_none'][p] < 0.99 for r in rs)} | - | - | - |")
+    return out
+
+
+def goals(rows) -> list[str]:
+    g = [r for r in rows if "goodput" in r["ratio"]]
+    if not g:
+        return ["(no goodput runs)"]
+    lines = []
+    worst = min(r["ratio"]["goodput"] for r in g)
+    gm = _gm([r["ratio"]["goodput"] for r in g])
+    tp = [r["tpot"]["goodput"] for r in g if "tpot" in r]
+    lines.append(f"- `goodput` >= 0.99 x max(none, best fixed) in every cell: worst {worst:.3f}, "
+                 f"{sum(r['ratio']['goodput'] < 0.99 for r in g)} of {len(g)} cells below -> "
+                 f"{'MET' if worst >= 0.99 else 'NOT met'}")
+    if tp:
+        lines.append(f"- `goodput` TPOT p50 <= 1.02 x best on poisson cells: worst {max(tp):.3f}, "
+                     f"{sum(x > 1.02 for x in tp)} of {len(tp)} above -> {'MET' if max(tp) <= 1.02 else 'NOT met'}")
+    lines.append(f"- `goodput` geometric mean >= 1.02: {gm:.3f} -> {'MET' if gm >= 1.02 else 'NOT met'}")
+    oe = [r for r in g if "oracle_expected" in r["thr"]]
+    if oe:
+        rel = [r["thr"]["goodput"] / r["thr"]["oracle_expected"] for r in oe]
+        lines.append(f"- `goodput` >= 0.98 x `oracle_expected` in every cell: worst {min(rel):.3f}, "
+                     f"{sum(x < 0.98 for x in rel)} of {len(rel)} below -> {'MET' if min(rel) >= 0.98 else 'NOT met'}")
+    for p in ("batch_scaled", "confidence"):
+        rs = [r for r in rows if p in r["ratio"]]
+        if rs:
+            w, wn = min(r["ratio"][p] for r in rs), min(r["vs_none"][p] for r in rs)
+            lines.append(f"- `{p}` >= 0.95 x base everywhere and >= 0.99 x none: worst {w:.3f} / base, "
+                         f"{wn:.3f} / none -> {'MET' if w >= 0.95 and wn >= 0.99 else 'NOT met'}")
+    return lines
+
+
+def regret(rows) -> list[str]:
+    need = ("goodput", "goodput_true", "oracle", "oracle_expected")
+    rs = [r for r in rows if all(p in r["thr"] for p in need)]
+    if not rs:
+        return ["(the regret split needs goodput, goodput_true, oracle and oracle_expected runs)"]
+    out = ["| | geo-mean | worst | cells < 0.98 |", "|---|---:|---:|---:|"]
+    parts = {"luck: oracle_expected / oracle": lambda t: t["oracle_expected"] / t["oracle"],
+             "estimation: goodput_true / oracle_expected": lambda t: t["goodput_true"] / t["oracle_expected"],
+             "cost model: goodput / goodput_true": lambda t: t["goodput"] / t["goodput_true"],
+             "total: goodput / oracle": lambda t: t["goodput"] / t["oracle"],
+             "goodput / oracle_expected": lambda t: t["goodput"] / t["oracle_expected"]}
+    for name, f in parts.items():
+        xs = [f(r["thr"]) for r in rs]
+        out.append(f"| {name} | {_gm(xs):.3f} | {min(xs):.3f} | {sum(x < 0.98 for x in xs)} |")
+    return out
+
+
+def below(rows, p, limit) -> list[str]:
+    rs = sorted((r for r in rows if p in r["ratio"] and r["ratio"][p] < limit), key=lambda r: r["ratio"][p])
+    return [f"  - {_where(r)}: {r['ratio'][p]:.3f} (best {r['best']}" +
+            (f", vs oracle_expected {r['thr'][p] / r['thr']['oracle_expected']:.3f}" if "oracle_expected" in r["thr"]
+             else "") + ")" for r in rs]
+
+
+def figure(rows, out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for p, m in (("goodput", "o"), ("batch_scaled", "s"), ("confidence", "^"), ("oracle_expected", "x")):
+        pts = [(r["cell"]["batch"], r["ratio"][p]) for r in rows if p in r["ratio"]]
+        if pts:
+            ax.scatter(*zip(*pts), marker=m, s=14, alpha=0.7, label=p)
+    ax.axhline(0.99, color="k", lw=0.8, ls="--")
+    ax.axhline(0.95, color="grey", lw=0.8, ls=":")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("throughput / max(none, best fixed)")
+    ax.legend(fontsize=8)
+    ax.set_title("robustness draw: every cell")
+    fig.tight_layout()
+    path = out / "ratio_by_batch.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def report(draw: Path, label: str) -> str:
+    cells, runs = load(draw)
+    rows = table(cells, runs)
+    lines = [f"Draw: `{draw}` ({label}), {len(rows)} complete cells of {len(cells)}.", "", "### Goals", ""]
+    lines += goals(rows)
+    lines += ["", "### Every policy (end-to-end throughput / max(none, best fixed 1-8))", ""]
+    lines += policy_rows(rows, ADAPTIVE + BOUNDS + BASELINES)
+    lines += ["", "### goodput's regret split (ratios; 1 = no loss)", ""] + regret(rows)
+    for p, lim in (("goodput", 0.99), ("batch_scaled", 0.95), ("confidence", 0.95)):
+        b = below(rows, p, lim)
+        lines += ["", f"Cells where `{p}` is below {lim}: {len(b)}"] + b
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("draw", type=Path)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--readme", type=Path, default=None)
+    ap.add_argument("--label", default="")
+    a = ap.parse_args(argv)
+    out = a.out or a.draw
+    out.mkdir(parents=True, exist_ok=True)
+    text = report(a.draw, a.label or a.draw.name)
+    atomic_write(out / "results.md", text)
+    cells, runs = load(a.draw)
+    figure(table(cells, runs), out)
+    if a.readme is not None:
+        replace_results(a.readme, text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+import numpy as np
+
+from specdepth.errors import as_int
+from specdepth.policy import Policy
+
+from ._common import StepCost, plan_by_position
+
+
+class OracleExpected(Policy):
+    """Simulator only: the bound for a causal policy that estimates perfectly. It knows each draft token's
+    true acceptance probability (`view.accept_prob`, from the acceptance model) but not its outcome, and
+    the true cost of a step (`view.true_cost`: what the simulated clock charges, overheads and padding
+    included), and plans each step to maximise expected emitted tokens per second with the search
+    `goodput` uses (`_common.plan_by_position`): slot (i, p) is worth the product of row i's acceptance
+    probabilities up to p, slots past the request's end nothing.
+
+    Exact per step when every position ranks the rows alike (iid, beta, decay: a row's probabilities are
+    one level, or one level times a common decay); with the `confidence` acceptance model the per-token
+    probabilities rank rows differently at different positions, and the search is a greedy over nested
+    row sets (not exact). It is myopic (one step at a time), so it is not a bound on end-to-end throughput
+    either: `goodput` can beat it in a cell, e.g. through the tail of a closed batch.
+    """
+
+    name = "oracle_expected"
+    requires_accept_prob = True
+    requires_true_cost = True
+
+    def __init__(self, max_depth: int = 16):
+        self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
+        self.reset()
+
+    def reset(self):
+        self._costs = StepCost()
+        self._G = 0.0
+
+    def plan(self, view):
+        n = view.batch_size
+        K = min(self.max_depth, view.max_depth, (view.max_num_batched_tokens - n) // n)
+        if K <= 0:
+            return np.zeros(n, np.int64)
+        remaining = view.remaining
+        S = np.cumprod(view.accept_prob[:, :K], axis=1)
+        S[np.arange(K)[None, :] >= np.clip(remaining - 1, 0, K)[:, None]] = 0.0
+        costs = self._costs.update(view, K, view.true_cost)
+        depths, self._G = plan_by_position(S, costs, self._G, tie=remaining, nested=True)
+        return depths
