@@ -39,7 +39,8 @@ def test_gpu_check_smoke(tmp_path):
     cross = [r for r in csv.DictReader((tmp_path / "crossover.csv").open()) if r["real_tokens_per_step"]]
     assert cross and all(r["real_tokens_per_step"] == r["roofline_tokens_per_step"]
                          for r in cross if not r["policy"] == "goodput")
-    assert all(r["real_tokens_per_step"] == r["table_tokens_per_step"] for r in cross)
+    # (goodput calibrates its cost model to the measured step times: its decisions follow the clock)
+    assert all(r["real_tokens_per_step"] == r["table_tokens_per_step"] for r in cross if r["policy"] != "goodput")
     from specdepth.cost import TableCost
     from specdepth.models import ModelArch
     arch = ModelArch.from_hf_config(tmp_path / "_models" / "target", "t")

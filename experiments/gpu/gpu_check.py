@@ -423,13 +423,15 @@ def plot_crossover(ctx: Ctx, rows: list[dict], path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------------ lossless
 def lossless_policies() -> list[str]:
-    """Every policy config of conf/policy but the oracles (simulator and timing mode only)."""
+    """Every policy config of conf/policy but those that need the simulator's knowledge (oracle: outcomes;
+    oracle_expected: acceptance probabilities and the clock's cost)."""
     from hydra.utils import get_class
     from omegaconf import OmegaConf
 
     from specdepth.app import CONF_DIR
     return [f.stem for f in sorted(Path(CONF_DIR, "policy").glob("*.yaml"))
-            if not getattr(get_class(OmegaConf.load(f)["_target_"]), "requires_oracle", False)]
+            if not any(getattr(get_class(OmegaConf.load(f)["_target_"]), a, False)
+                       for a in ("requires_oracle", "requires_accept_prob", "requires_true_cost"))]
 
 
 def first_divergence(got: list, want: list):
