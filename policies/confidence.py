@@ -10,7 +10,8 @@ class ConfidenceThreshold(CostAwarePolicy):
 
     The cap is the one depth that maximises the batch's expected tokens per second at the engine's running
     acceptance estimates (view.acceptance), priced with the view's cost model corrected online by the
-    measured step costs (`_common.CostCalibration`), and at most `max_depth`: no position is drafted whose
+    measured step costs (`_common.CostCalibration`), and at most `max_depth` (`cost_aware=false`: `max_depth`,
+    the confidence alone stops): no position is drafted whose
     expected gain is below its cost, and the confidence stops a sequence earlier on a token the draft
     doubts. Under the shared budget (`use_budget`, off by default: the cost rule already prices a busy verify,
 and the budget's hard limit lost up to 15 % to fixed depth 1 at large batch): when the batch cannot give every sequence a draft, the
@@ -22,15 +23,18 @@ and the budget's hard limit lost up to 15 % to fixed depth 1 at large batch): wh
     name = "confidence"
     depth_param = "max_depth"
 
-    def __init__(self, threshold: float = 0.3, max_depth: int = 8, use_budget: bool = False):
+    def __init__(self, threshold: float = 0.3, max_depth: int = 8, use_budget: bool = False, cost_aware: bool = True):
         self.threshold = as_float(threshold, "policy.threshold", min=0, max=1)
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.use_budget = bool(use_budget)
+        self.cost_aware = bool(cost_aware)
         self.reset()
 
     def plan(self, view):
         n = view.batch_size
-        k = self._depth.depth(view, min(self.max_depth, view.max_depth))
+        k = min(self.max_depth, view.max_depth)
+        if self.cost_aware:
+            k = self._depth.depth(view, k)
         depths = np.full(n, k, dtype=np.int64)
         if self.use_budget:
             free = view.verify_tokens_free

@@ -24,14 +24,14 @@ from specdepth.workload import Request  # noqa: E402
 
 
 def _policies():
-    """Every policy config in conf/policy, except those that need an oracle (simulator only)."""
+    """Every policy config in conf/policy, except the simulator-only ones (oracles)."""
     from hydra.utils import get_class
     from omegaconf import OmegaConf
 
     out = []
     for f in sorted(Path(CONF_DIR, "policy").glob("*.yaml")):
         cls = get_class(OmegaConf.load(f)["_target_"])
-        if not getattr(cls, "requires_oracle", False):
+        if not any(getattr(cls, k, False) for k in ("requires_oracle", "requires_accept_prob", "requires_true_cost")):
             out.append(f.stem)
     return out
 

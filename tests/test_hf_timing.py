@@ -32,7 +32,9 @@ def _steps(run_dir) -> list[tuple]:
 
 @pytest.mark.parametrize("policy,acceptance", [
     (("policy=fixed", "policy.depth=3"), ("acceptance=iid", "acceptance.alpha=0.7")),
-    (("policy=confidence",), ("acceptance=confidence",)),     # decisions from the confidences it is shown
+    # decisions from the confidences it is shown (cost_aware=false: its cost-aware cap would follow the clock,
+    # measured wall time on hf against model time in the simulator)
+    (("policy=confidence", "policy.cost_aware=false"), ("acceptance=confidence",)),
     (("policy=oracle",), ("acceptance=beta",)),               # timing mode can reveal its outcomes
 ])
 def test_accepted_counts_follow_the_acceptance_model(tmp_path, policy, acceptance):
