@@ -85,6 +85,13 @@ def _backend(rng) -> dict:
             "pad_ragged": bool(rng.random() < 0.5), "draft_catch_up": bool(rng.random() < 0.5)}
 
 
+# Tensor-parallel degree of a deployment (issue 16: the weights must fit each GPU): the smallest power of two
+# leaving at least ~40 % of hardware.memory_gb x 0.9 for the KV cache. llama3_70b + 1B draft holds 133.7 GB of
+# weights: TP 4 on the 80 GB parts, TP 2 on h200 (141 GB) and b200 (180 GB); the 7-8B pairs fit one GPU.
+TENSOR_PARALLEL = {("a100_80g", "llama3_70b"): 4, ("h100_sxm", "llama3_70b"): 4, ("h200", "llama3_70b"): 2,
+                   ("b200", "llama3_70b"): 2}
+
+
 def _cell(rng, i: int) -> dict:
     hw = HARDWARE[rng.integers(len(HARDWARE))]
     model = MODELS[rng.integers(len(MODELS))]
@@ -106,7 +113,8 @@ def _cell(rng, i: int) -> dict:
     else:
         wl = {"_target_": "specdepth.workload.Poisson", "rate": 1.0e9, "num_requests": n, "prompt_len": prompt,
               "output_len": out, "max_concurrency": batch}
-    return {"id": i, "hardware": hw, "model": model, "batch": batch, "seed": seed, "kind": kind, "acc": acc_kind,
+    return {"id": i, "hardware": hw, "model": model, "tp": TENSOR_PARALLEL.get((hw, model), 1), "batch": batch,
+            "seed": seed, "kind": kind, "acc": acc_kind,
             "util": util if kind == "poisson" else None, "out_mean": out_mean, "prompt_mean": p_mean,
             "acceptance": acc, "workload": wl, "backend": backend}
 
@@ -131,10 +139,12 @@ def _costs():
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         for hw in HARDWARE:
             for model in MODELS:
-                cfg = compose("config", overrides=[f"hardware={hw}", f"model={model}", "cost=roofline"])
-                m, h = make(cfg, "model"), make(cfg, "hardware")
+                tp = TENSOR_PARALLEL.get((hw, model), 1)
+                cfg = compose("config", overrides=[f"hardware={hw}", f"model={model}", "cost=roofline",
+                                                   f"parallel.tensor={tp}"])
+                m, h, par = make(cfg, "model"), make(cfg, "hardware"), make(cfg, "parallel")
                 out[hw, model] = make(cfg, "cost", target=m.target_arch, draft=m.draft_arch or m.target_arch,
-                                      hardware=h)
+                                      hardware=h, parallel=par)
     GlobalHydra.instance().clear()
     return out
 
@@ -152,7 +162,7 @@ def flow(v) -> str:
 
 def command(cell: dict, pol: str = "goodput") -> str:
     """The command line that runs one policy on one cell alone (the `cell` node is replaced whole)."""
-    node = {k: cell[k] for k in ("hardware", "model", "batch", "seed", "acceptance", "workload", "backend")}
+    node = {k: cell[k] for k in ("hardware", "model", "tp", "batch", "seed", "acceptance", "workload", "backend")}
     return f"specdepth experiment=robustness pol={pol} '~cell' \"+cell={flow(node)}\""
 
 

@@ -55,7 +55,7 @@ def base_config(extra: tuple = ()):
 
 def cell_node(cell: dict) -> dict:
     """The `cell` node of conf/experiment/robustness.yaml from a draw's cell."""
-    return {k: cell[k] for k in ("hardware", "model", "batch", "seed", "acceptance", "workload", "backend")}
+    return {k: cell[k] for k in ("hardware", "model", "tp", "batch", "seed", "acceptance", "workload", "backend")}
 
 
 _PLAIN = {}
@@ -76,7 +76,8 @@ def job_config(cell: dict, pol: str, extra: tuple = ()):
     d.update(pol=pol, cell=node, seed=node["seed"], policy=base["policies"][pol],
              hardware=base["hardwares"][node["hardware"]], model=base["models"][node["model"]],
              acceptance=node["acceptance"], workload=node["workload"],
-             engine=dict(base["engine"], max_batch_size=node["batch"]), backend=dict(base["backend"], **node["backend"]))
+             engine=dict(base["engine"], max_batch_size=node["batch"]), backend=dict(base["backend"], **node["backend"]),
+             parallel=dict(base["parallel"], tensor=node["tp"]))
     return OmegaConf.create(d)
 
 
