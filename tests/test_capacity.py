@@ -239,3 +239,24 @@ def test_dense_roofline_times_are_unchanged(model, hw):
            c.draft_positions(ctx, np.array([0, 4, 2, 7, 1], np.int64))[0],
            c.ridge_tokens())
     assert got == GOLDEN_ROOFLINE[(model, hw)]
+
+
+def test_admission_reads_the_running_rows_as_they_are_now():
+    """Continuous batching under a memory limit: at every admission the capacity check sees exactly the rows
+    running then (not views left stale by the retirement just before), and the batch never exceeds what fits."""
+    parts = build(cfg("workload=poisson", "workload.rate=1e9", "workload.num_requests=60", "workload.prompt_len=30000",
+                      "workload.output_len={dist: uniform, low: 8, high: 40}", "engine.progress=false", "policy=fixed"))
+    eng, cap = parts["engine"], parts["capacity"]
+    seen = []
+    room = cap.room
+
+    def checked(plen, olen, nxt, limit):
+        seen.append((plen.shape[0], eng.rows.n, int(plen.min(initial=1)), int(olen.min(initial=1))))
+        return room(plen, olen, nxt, limit)
+
+    cap.room = checked
+    res = eng.run()
+    assert len(res.requests) == 60 and len(seen) > 5
+    assert all(shape == n for shape, n, _, _ in seen)            # the views hold the running rows, no more
+    assert all(p >= 1 and o >= 1 for _, _, p, o in seen)          # no retired (zeroed) row among them
+    assert max(r[2] for r in res.steps) <= cap.kv_tokens // (30000 + 40 + eng.cfg.max_depth) + 1

@@ -164,8 +164,9 @@ class Engine:
             raise ConfigError(f"policy must subclass specdepth.Policy, got {type(policy).__name__}")
         if (policy.requires_oracle or policy.requires_accept_prob or policy.requires_true_cost) and \
                 not executor.supports_oracle:
-            raise ConfigError(f"policy {type(policy).__name__} needs acceptance outcomes in advance (an oracle); "
-                              f"backend {executor.name!r} cannot provide them: use backend=sim")
+            raise ConfigError(f"policy {type(policy).__name__} needs what only a simulated run knows (acceptance "
+                              f"outcomes, their probabilities or the clock's true cost); backend {executor.name!r} "
+                              "cannot provide them: use backend=sim")
         self.policy, self.executor, self.cost, self.cfg = policy, executor, cost, config
         self.requests = executor.prepare(sorted(requests, key=lambda r: r.arrival_s))
         self.budget = config.resolve_budget(cost)
@@ -280,6 +281,7 @@ class Engine:
             return
         room = self._cap - rows.n
         if self.capacity is not None and room:
+            rows.sync()   # the views, after a retirement that left them stale
             room = self.capacity.room(rows.prompt_len, rows.output_len, start, room)   # what the KV memory fits
         while end < len(arrivals) and end - start < room and arrivals[end] <= now:
             end += 1
