@@ -303,7 +303,7 @@ class NoOracleExecutor(Executor):
 
 
 def test_engine_refuses_oracle_on_a_backend_without_outcomes():
-    with pytest.raises(ConfigError, match=r"policy Oracle needs what only a simulated run knows.*backend .fake."):
+    with pytest.raises(ConfigError, match=r"policy Oracle is an oracle: it needs what only a simulated run knows.*backend .fake."):
         Engine(Oracle(), NoOracleExecutor(), LinearCost(), EngineConfig(token_budget=64), [Request(0, 0.0, 8, 8)])
     with pytest.raises(Exception, match="cannot reveal acceptance outcomes"):
         NoOracleExecutor().peek_accepted(4)

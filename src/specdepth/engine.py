@@ -164,9 +164,9 @@ class Engine:
             raise ConfigError(f"policy must subclass specdepth.Policy, got {type(policy).__name__}")
         if (policy.requires_oracle or policy.requires_accept_prob or policy.requires_true_cost) and \
                 not executor.supports_oracle:
-            raise ConfigError(f"policy {type(policy).__name__} needs what only a simulated run knows (acceptance "
-                              f"outcomes, their probabilities or the clock's true cost); backend {executor.name!r} "
-                              "cannot provide them: use backend=sim")
+            raise ConfigError(f"policy {type(policy).__name__} is an oracle: it needs what only a simulated run "
+                              f"knows (acceptance outcomes, their probabilities or the clock's true cost); backend "
+                              f"{executor.name!r} cannot provide them: use backend=sim")
         self.policy, self.executor, self.cost, self.cfg = policy, executor, cost, config
         self.requests = executor.prepare(sorted(requests, key=lambda r: r.arrival_s))
         self.budget = config.resolve_budget(cost)
