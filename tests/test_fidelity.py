@@ -54,6 +54,12 @@ def test_configs_compose(exp, backend):
             assert c.backend.acceptance == "simulated"
         else:
             assert c.backend.pad_ragged and c.backend.draft_catch_up and c.engine.charge_policy_time
+    if exp == "fidelity_timing_sim":   # the simulator presets build (no key of the real backend leaks in)
+        from specdepth.app import build
+        parts = build(compose([f"experiment={exp}", "pol=fixed2", "workload.batch_size=2"]))
+        assert type(parts["executor"]).__name__ == "SimExecutor"
+    if exp == "real_pareto":
+        assert cfg.backend.num_threads == 1   # the real runs' one torch thread (top-level `threads`)
 
 
 def _fake_run(d: Path, policy: str, batch: int, tput: float, tps: float, drafted: int, trace=None):
