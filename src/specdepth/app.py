@@ -300,6 +300,7 @@ def _debug() -> bool:
     return any(v not in ("", "0") for v in (full, os.environ.get("SPECDEPTH_DEBUG", "")))
 
 
+_INTERRUPTED = "specdepth: interrupted (Ctrl-C); finished runs are kept, rerun the command to resume"
 # errors in the user's input that Hydra or OmegaConf raise before the run starts (exit code 2)
 _INPUT_ERRORS = (HydraException, OmegaConfBaseException, OSError)
 
@@ -315,8 +316,7 @@ def main():
     try:
         _task()
     except KeyboardInterrupt:
-        print("specdepth: interrupted (Ctrl-C); finished runs are kept, rerun the command to resume",
-              file=sys.stderr, flush=True)
+        print(_INTERRUPTED, file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     except _INPUT_ERRORS as e:
         if debug:
@@ -325,8 +325,7 @@ def main():
         raise SystemExit(2) from None
     except Exception as e:
         if _interrupted(e):
-            print("specdepth: interrupted (Ctrl-C); finished runs are kept, rerun the command to resume",
-                  file=sys.stderr, flush=True)
+            print(_INTERRUPTED, file=sys.stderr, flush=True)
             raise SystemExit(130) from None
         if debug:
             raise

@@ -94,7 +94,6 @@ class Step:
     row_accepted: np.ndarray | None = None
     verify_s: float = 0.0
     target_flops: float = 0.0
-    verified: bool = False              # measured times are final (observe and later)
     # commit and record: totals over the batch
     drafted: int = 0
     accepted: int = 0
@@ -356,7 +355,6 @@ class Engine:
     def _verify(self, s: Step) -> None:
         s.row_accepted, s.verify_s, f = self.executor.verify(s.row_drafted)
         s.target_flops += f
-        s.verified = True
         if self._has_obs:
             self._hook("observe", self.view, s.row_accepted)
         self.clock.after_decode(s.draft_s, s.verify_s)

@@ -23,6 +23,7 @@ def summarize(res: RunResult, **meta) -> dict:
     S = {c: steps[:, i] for i, c in enumerate(STEP_COLUMNS)}
     Q = {c: reqs[:, i] for i, c in enumerate(REQUEST_COLUMNS)}
     decode_steps = int(np.count_nonzero(S["batch_size"]))   # rows with batch 0 only prefilled (output_len 1)
+    mean_running = _ratio(float(S["batch_size"].sum()), decode_steps)
     output_tokens = int(Q["output_len"].sum())
     time_s = float(Q["finish_s"].max()) if reqs.size else 0.0
     drafted = int(S["drafted"].sum())
@@ -47,11 +48,11 @@ def summarize(res: RunResult, **meta) -> dict:
         accepted_tokens=accepted,
         verify_tokens=int(S["verify_tokens"].sum()),
         per_position_acceptance=per_pos,
-        mean_batch_size=_ratio(float(S["batch_size"].sum()), decode_steps),
+        mean_batch_size=mean_running,
         # the batch that actually ran (engine.max_batch_size / max_num_batched_tokens may cap the requested one):
         # the most and the mean number of sequences running per decode step
         max_running=int(S["batch_size"].max()) if steps.shape[0] else 0,
-        mean_running=_ratio(float(S["batch_size"].sum()), decode_steps),
+        mean_running=mean_running,
         depth_changes_per_request=_ratio(float(sum(res.depth_changes)), len(res.depth_changes)),
         token_budget=res.token_budget,
         tpot_p50_s=_pct(Q["tpot_s"], 50),

@@ -125,12 +125,16 @@ class StepView:
     confidences = property(lambda self: _ro_or_none(self._s.confidences))
     oracle_accept = property(lambda self: _ro_or_none(self._s.oracle_accept))
     accept_prob = property(lambda self: _ro_or_none(self._s.accept_prob))
-    measured_draft_s = property(lambda self: self._s.draft_s if self._s.verified else None)
-    measured_verify_s = property(lambda self: self._s.verify_s if self._s.verified else None)
-    draft_forwards = property(lambda self: self._s.draft_forwards if self._s.verified else None)
+    # after verification (row_accepted set: observe and later) the step's times are final
+    measured_draft_s = property(lambda self: self._s.draft_s if self._verified() else None)
+    measured_verify_s = property(lambda self: self._s.verify_s if self._verified() else None)
+    draft_forwards = property(lambda self: self._s.draft_forwards if self._verified() else None)
+
+    def _verified(self) -> bool:
+        return self._s.row_accepted is not None
 
     def _predicted(self):
-        if not self._s.verified:
+        if not self._verified():
             return None, None
         if self._pred is None:
             ctx, d = self.context_lens, self._s.row_drafted

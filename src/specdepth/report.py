@@ -23,7 +23,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 
 from ._resolvers import config_hash, run_identity
-from .results import timing_mode
+from .results import _cell, timing_mode
 
 KEYS = ("policy", "batch_size", "throughput_tok_s", "tokens_per_step", "acceptance_rate", "tpot_p50_s",
         "flops_per_token")
@@ -250,7 +250,6 @@ def _csv_value(v):
         return ""
     if isinstance(v, (list, dict)):
         return json.dumps(v)
-    from .results import _cell
     return _cell(v)
 
 

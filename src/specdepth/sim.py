@@ -42,7 +42,6 @@ class SimExecutor(Executor):
         # rejection, one more for every step the row did not draft. False = one token (the default).
         self.catch_up = bool(draft_catch_up)
         self._exact = self.clock_cost is cost and not self.pad_ragged   # time and FLOPs from one call
-        self.acceptance = acceptance_model
         self.outcomes = SimulatedOutcomes(acceptance_model, seed)   # the model's (confidence, accepted) blocks
         self.rows = None
 
