@@ -81,10 +81,13 @@ class StepCost:
             self._tables.clear()
         X = n * kmax
         xs = _grid(X)
-        vt = np.array([cost.verify_time(ctx, np.full(n, x / n)) for x in xs])
-        self.verify = np.interp(np.arange(X + 1), xs, vt) if xs.size != X + 1 else vt
         ms = _grid(n)
-        dt = np.array([cost.draft_time(np.full(int(m), cbar)) if m else 0.0 for m in ms])
+        if hasattr(cost, "verify_times"):   # a CostModel: the whole table in one call
+            vt, dt = cost.verify_times(ctx, xs), cost.draft_times(cbar, ms)
+        else:
+            vt = np.array([cost.verify_time(ctx, np.full(n, x / n)) for x in xs])
+            dt = np.array([cost.draft_time(np.full(int(m), cbar)) if m else 0.0 for m in ms])
+        self.verify = np.interp(np.arange(X + 1), xs, vt) if xs.size != X + 1 else vt
         self.draft = np.interp(np.arange(n + 1), ms, dt) if ms.size != n + 1 else dt
         self._tables[key] = (self.verify, self.draft)
         return self

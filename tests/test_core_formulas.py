@@ -72,3 +72,21 @@ def test_speculation_costs_flops(tmp_path):
     assert spec["flops_per_token"] > base["flops_per_token"]
     assert spec["steps"] < base["steps"]
     assert spec["draft_flops"] > 0 and base["draft_flops"] > 0  # the draft's prefill is paid in both
+
+
+@pytest.mark.parametrize("hw,model,extra", [("h100_sxm", "llama3_8b", []), ("a100_80g", "qwen3_30b_a3b", []),
+                                            ("h100_sxm", "llama3_70b", ["parallel.tensor=4"])])
+def test_step_time_tables_equal_the_per_shape_calls(compose, hw, model, extra):
+    """CostModel.verify_times / draft_times (the policies' step-time tables in one call) give what
+    verify_time / draft_time give shape by shape: dense, MoE and tensor-parallel models."""
+    from specdepth.app import build
+    cost = build(compose(f"hardware={hw}", f"model={model}", *extra))["engine"].cost
+    rng = np.random.default_rng(0)
+    for n in (1, 3, 64, 300):
+        ctx = rng.integers(0, 5000, n).astype(np.int64)
+        xs = np.arange(0, 4 * n + 1, max(1, n // 3)).astype(float)
+        want = [cost.verify_time(ctx, np.full(n, x / n)) for x in xs]
+        np.testing.assert_allclose(cost.verify_times(ctx, xs), want, rtol=1e-12)
+        ms = np.arange(0, n + 1, max(1, n // 5)).astype(float)
+        want = [cost.draft_time(np.full(int(m), ctx.mean())) if m else 0.0 for m in ms]
+        np.testing.assert_allclose(cost.draft_times(float(ctx.mean()), ms), want, rtol=1e-12)

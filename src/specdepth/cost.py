@@ -173,6 +173,24 @@ class CostModel:
         """Seconds of one target forward verifying `depths[i]` drafts (+1 token) for each sequence."""
         return self.target_forward(np.asarray(ctx), np.asarray(depths) + 1)[0]
 
+    def verify_times(self, ctx: np.ndarray, totals: np.ndarray) -> np.ndarray:
+        """verify_time(ctx, depths) for each total number of drafts in `totals`, spread evenly over the
+        rows (totals[j] / n drafts each, fractional): a step-time table in one call (policies' StepCost)."""
+        n, c = ctx.shape[0], float(np.sum(ctx))
+        q = np.asarray(totals, float) / n + 1.0
+        t = n * q
+        flops = self._tf[0] * t + self._tf[1] * (q * c + n * q * (q + 1.0) * 0.5)   # _sums' pairs, closed form
+        return np.array([self._time("target", a, f, c, n) for a, f in zip(t.tolist(), flops.tolist())])
+
+    def draft_times(self, context: float, rows: np.ndarray) -> np.ndarray:
+        """draft_time of rows[j] rows each at context `context`, for every j (0 rows: 0 seconds)."""
+        out = np.zeros(len(rows))
+        for j, m in enumerate(np.asarray(rows, float).tolist()):
+            if m:
+                c = m * context
+                out[j] = self._time("draft", m, self._df[0] * m + self._df[1] * (c + m), c, m)
+        return out
+
     def draft_time(self, ctx: np.ndarray) -> float:
         """Seconds of one draft forward (one token for each sequence in `ctx`)."""
         return self.draft_forward(np.asarray(ctx))[0] if len(ctx) else 0.0

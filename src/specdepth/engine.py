@@ -118,7 +118,10 @@ class Step:
 
 _STEP_ROW = operator.attrgetter(*STEP_COLUMNS)
 _INT64 = np.dtype(np.int64)
-_REQUEST_ROW = operator.itemgetter(*REQUEST_COLUMNS)   # a request's row of requests.csv, by column name
+# the row columns a leaving request's row of requests.csv is made of (_leave), and its depth changes
+_LEAVING = ("request_id", "prompt_len", "output_len", "arrival_s", "first_token_s", "generated", "admitted_step",
+            "drafted_total", "accepted_total", "depth_changes")
+assert REQUEST_COLUMNS == _LEAVING[:5] + ("finish_s", "ttft_s", "e2e_s", "tpot_s", "steps", "drafted", "accepted")
 
 
 @dataclass
@@ -289,11 +292,11 @@ class Engine:
             return
         self._next, s.admitted = end, end - start
         new = rows.grow(s.admitted)
-        s.prefill_s, s.target_flops, s.draft_flops = self.executor.prefill(self.requests[start:end], new)
-        self.clock.after_prefill(s.prefill_s)
         for col, values in self._admit_cols.items():
             getattr(rows, col)[new] = values[start:end]
         rows.admitted_step[new] = self._step
+        s.prefill_s, s.target_flops, s.draft_flops = self.executor.prefill(self.requests[start:end], new)
+        self.clock.after_prefill(s.prefill_s)
         rows.first_token_s[new] = s.now_s = self.clock.now
         if self._pbar is not None:
             self._pbar.update(s.admitted)
@@ -393,12 +396,11 @@ class Engine:
         r, now, out = self.rows, self.clock.now, self.res.requests
         if self.capacity is not None:   # the KV the batch holds peaks just before requests leave
             self.capacity.observe(r.prompt_len, r.generated)
-        for v in r.records(np.flatnonzero(~keep)):
-            first, arr, g = v["first_token_s"], v["arrival_s"], v["generated"]
-            v.update(finish_s=now, ttft_s=first - arr, e2e_s=now - arr, tpot_s=(now - first) / (g - 1) if g > 1 else 0.0,
-                     steps=self._step - v["admitted_step"], drafted=v["drafted_total"], accepted=v["accepted_total"])
-            out.append(_REQUEST_ROW(v))
-            self.res.depth_changes.append(v["depth_changes"])
+        step, changes = self._step, self.res.depth_changes
+        for rid, plen, olen, arr, first, g, adm, dr, acc, dc in r.gather(np.flatnonzero(~keep), _LEAVING):
+            out.append((rid, plen, olen, arr, first, now, first - arr, now - arr,   # REQUEST_COLUMNS' order
+                        (now - first) / (g - 1) if g > 1 else 0.0, step - adm, dr, acc))
+            changes.append(dc)
         r.keep(keep, refresh=False)   # the views refresh at the next admission (rows.grow or rows.sync)
 
     def _finish(self) -> RunResult:

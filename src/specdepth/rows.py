@@ -14,6 +14,8 @@ doubles when the batch outgrows it.
 """
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from . import _kernels as _k
@@ -29,6 +31,7 @@ class RowTable:
         self._wide: dict[str, tuple[np.ndarray, object]] = {}   # name -> (storage [cap, width], fill)
         self._names = {np.int64: [], np.float64: []}              # flat column names in matrix order
         self._hooks: list = []
+        self._getters: dict = {}   # gather's per-names itemgetters
         self._stale = False
         self.version = 0   # changes whenever the views do: a cache of views is valid while it holds
 
@@ -109,15 +112,16 @@ class RowTable:
         self._stale = False
         self.version += 1
 
-    def records(self, idx: np.ndarray) -> list[dict]:
-        """Rows idx's flat columns, one {name: Python int or float} per row (one conversion per storage
-        block, whatever the number of rows)."""
-        out = [{} for _ in range(len(idx))]
-        for dt, mat in self._mat.items():
-            names = self._names[dt]
-            for rec, vals in zip(out, mat[:, idx].T.tolist()):
-                rec.update(zip(names, vals))
-        return out
+    def gather(self, idx: np.ndarray, names: tuple[str, ...]) -> list[tuple]:
+        """Rows idx's values of the flat columns `names`, one tuple per row in that order (Python ints and
+        floats; one conversion per storage block, whatever the number of rows)."""
+        get = self._getters.get(names)
+        if get is None:   # a name's place in a row's int64 values followed by its float64 values
+            place = {c: i for i, c in enumerate(self._names[np.int64] + self._names[np.float64])}
+            get = self._getters[names] = operator.itemgetter(*(place[c] for c in names))
+        ints = self._mat[np.int64][:, idx].T.tolist()
+        floats = self._mat[np.float64][:, idx].T.tolist()
+        return [get(a + b) for a, b in zip(ints, floats)]
 
     @property
     def columns(self) -> list[str]:

@@ -68,14 +68,14 @@ class SimExecutor(Executor):
         return clk(ctx, q)[0], flops
 
     def prefill(self, requests, new):
-        plen = np.array([r.prompt_len for r in requests], np.int64)
+        plen = self.rows.prompt_len[new]
         zeros = np.zeros(plen.shape[0], np.int64)
         t1, f1 = self._forward("target", zeros, plen)
         t2, f2 = self._forward("draft", zeros, plen)
         self.rows.sim_ctx[new] = plen
         if self.catch_up:   # the draft prefilled the prompt; the target's first token is not in its cache
             self.rows.sim_lag[new] = 1
-        self.outcomes.admit(np.fromiter((r.request_id for r in requests), np.int64, len(requests)), new)
+        self.outcomes.admit(self.rows.request_id[new], new)
         return t1 + t2, f1, f2
 
     def peek_accepted(self, k):
