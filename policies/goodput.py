@@ -37,7 +37,8 @@ class Goodput(Policy):
     first is priced right; estimates are rounded (1e-4) and ties between rows go to the rows with more
     tokens left, in the plan and while drafting (no row falls behind and finishes alone); the step times
     come from the cost model corrected online by the measured step costs (`cost`: calibrated, model, or
-    the simulator's true clock cost); `drain_after` > 0 weights a row's tokens by its remaining steps
+    the simulator's true clock cost); the per-position factor is optimistic where it rests on few tokens
+    (`position_optimism`, see _Pool); `drain_after` > 0 weights a row's tokens by its remaining steps
     relative to the slowest row's once the batch drains (off by default: on the development draw it raised
     the worst closed-batch cell but hurt TPOT on poisson cells).
     """
@@ -48,7 +49,7 @@ class Goodput(Policy):
     def __init__(self, max_depth: int = 16, estimator: str = "confidence", prior_strength: float = 8.0,
                  pool_memory: float = 20000.0, use_confidence: bool = True, extend: int = 16,
                  ranking: str = "position", cost: str = "calibrated", cost_memory: float = 200.0,
-                 drain_after: int = 0):
+                 drain_after: int = 0, position_prior: float = 20.0, position_optimism: float = 2.0):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
         self.prior_strength = as_float(prior_strength, "policy.prior_strength", min=0)
@@ -59,6 +60,8 @@ class Goodput(Policy):
         self.cost = as_choice(cost, "policy.cost", {"model", "calibrated", "clock"})
         self.cost_memory = as_float(cost_memory, "policy.cost_memory", min=1)
         self.drain_after = as_int(drain_after, "policy.drain_after", min=0)
+        self.position_prior = as_float(position_prior, "policy.position_prior", min=0, min_open=True)
+        self.position_optimism = as_float(position_optimism, "policy.position_optimism", min=0)
         self._seq = PerRequest(4)   # accepted, rejections, sum of confidences, drafted
         self.reset()
 
@@ -70,7 +73,7 @@ class Goodput(Policy):
         self._seq.reset()
         self._costs = StepCost()
         self._calib = CostCalibration(memory=self.cost_memory)
-        self._pool = _Pool()
+        self._pool = _Pool(self.position_prior, self.position_optimism)
         self._G = 0.0
         self._max_id, self._quiet, self._max_n = -1, 0, 0   # newest request, steps since one joined, largest batch
         self._w = None
@@ -211,11 +214,14 @@ class _Pool:
     worth 10 drafted tokens. Per draft position p: accepted tokens and the sum of the rows' estimates over
     the tokens verified there; their ratio, the position factor, corrects a row's estimate a_i at position
     p (a draft whose later guesses are accepted less often than its first: a_i x f_p), shrunk toward 1 with
-    `POSITION_PRIOR` pseudo-tokens."""
+    `position_prior` pseudo-tokens. A factor below 1 is raised by `position_optimism` standard errors (at
+    most to 1; bound 0.5 sqrt(E_p) / (E_p + prior), E_p the expected tokens verified there): without it, a
+    position judged bad on a few dozen early tokens is never drafted again and the judgement never
+    corrected (measured: goodput at 0.98 of fixed depth 2 at iid a = 0.5, batch 4-32, experiments/pareto)."""
 
-    POSITION_PRIOR = 20.0
-
-    def __init__(self, accepted=7.0, rejected=3.0, conf_sum=7.0, drafted=10.0, cal_accepted=1.0, cal_conf=1.0):
+    def __init__(self, position_prior=20.0, position_optimism=2.0, accepted=7.0, rejected=3.0, conf_sum=7.0,
+                 drafted=10.0, cal_accepted=1.0, cal_conf=1.0):
+        self.position_prior, self.position_optimism = position_prior, position_optimism
         self.accepted, self.rejected, self.conf_sum, self.drafted = accepted, rejected, conf_sum, drafted
         self.cal_accepted, self.cal_conf = cal_accepted, cal_conf
         self.pos_accepted = np.zeros(0)
@@ -225,7 +231,11 @@ class _Pool:
         """f_p for positions 0..k-1 (1 where nothing was verified yet)."""
         f = np.ones(k)
         m = min(k, self.pos_accepted.size)
-        f[:m] = (self.pos_accepted[:m] + self.POSITION_PRIOR) / (self.pos_expected[:m] + self.POSITION_PRIOR)
+        e, P = self.pos_expected[:m], self.position_prior
+        mean = (self.pos_accepted[:m] + P) / (e + P)
+        if self.position_optimism:
+            mean = np.minimum(mean + self.position_optimism * 0.5 * np.sqrt(e) / (e + P), np.maximum(mean, 1.0))
+        f[:m] = mean
         return f
 
     def add_positions(self, verified: np.ndarray, accepted: np.ndarray, estimate: np.ndarray) -> None:
