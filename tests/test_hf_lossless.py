@@ -184,3 +184,19 @@ def test_long_generation_cache_stays_bounded(tiny_pair):
         st = e["state"]
         assert (st["target"] == st["length"] - 1).all()
         assert st["allocated_target"] <= 2 * (4 + 160 + 6 + 2)
+
+
+def test_cache_buffer_length_follows_the_longest_sequence():
+    """The buffer length is slots(longest sequence), whatever order the cache grew in, so specdepth-profile's
+    forward at a context runs over the buffer the executor's cache has at that context (issue 15: the buffer's
+    length, not only the slots read, changes a forward's time)."""
+    from specdepth.hf_runner import SlotCache, slots
+    assert [slots(n) for n in (1, 64, 65, 129, 257)] == [64, 64, 128, 256, 512]
+    walked, fresh = SlotCache(4, 1024), SlotCache(4, 1024)
+    for n in (1, 64, 65, 100, 129):   # a decode from a 64-token prompt
+        walked.reserve(4, n)
+    fresh.reserve(4, 129)              # a profile point: context 128, one new token
+    assert walked.cap_len == fresh.cap_len == 256
+    capped = SlotCache(4, 300)
+    capped.reserve(4, 257)
+    assert capped.cap_len == 300

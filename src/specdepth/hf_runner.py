@@ -7,7 +7,8 @@ KV caches. Each model keeps its keys/values in a `SlotCache`: per layer one prea
 row's own positions (`lens[i] + t`) and attends through an explicit 4D boolean mask, with explicit
 position_ids. A row's cache length is a number, not a tensor shape: rejecting drafts just lowers the
 number, and the next forward overwrites the stale slots. So the prefix is never recomputed, nothing is
-cropped or copied per step, and the buffers never grow past the longest sequence plus max_depth + 1.
+cropped or copied per step, and the buffers grow by doubling (`slots`), to at most twice
+(the longest sequence + max_depth + 2).
 Rows move only when the engine retires finished sequences (the rows after the first retired one are
 compacted, as the engine's row table does with its columns). Ragged batches (different prompt lengths,
 different draft depths, a draft lagging after depth-0 steps) are right-padded; padded queries attend to
@@ -32,6 +33,16 @@ def _torch():
 
 
 # ---------------------------------------------------------------------------------------------------------
+def slots(length: int) -> int:
+    """The buffer length a cache grows to when it must hold `length` slots: the smallest power-of-two multiple
+    of 64 (doubling). A function of the length alone, not of the order the cache grew in, so specdepth-profile's
+    forward at a context runs over the buffer the executor's cache has at that context: the buffer's length,
+    not only the slots a forward reads, changes its time (5-9 % on a CPU at batch 4-8 between a buffer of
+    the context's length and one twice as long; experiments/fidelity/README.md, issue 15)."""
+    n = -(-int(length) // 64)
+    return 64 << (n - 1).bit_length()
+
+
 class SlotCache:
     """A transformers-compatible KV cache (duck-typed: `update` and `get_seq_length`) over preallocated
     per-layer buffers. Before each forward, `bind(rows, pos, kv_len)` says which rows run, where each
@@ -49,11 +60,12 @@ class SlotCache:
         self._ar: dict = {}
 
     def reserve(self, rows: int, length: int) -> None:
-        """Make room for `rows` rows of `length` slots (grown by doubling, never beyond the maxima)."""
+        """Make room for `rows` rows of `length` slots (rows grown by doubling; lengths to `slots(length)`;
+        never beyond the maxima)."""
         if rows > self.cap_rows:
             self.cap_rows = min(self.max_rows, max(rows, 2 * self.cap_rows))
         if length > self.cap_len:
-            self.cap_len = min(self.max_len, max(length, 2 * self.cap_len, 64))
+            self.cap_len = min(self.max_len, slots(length))
         if rows > self.cap_rows or length > self.cap_len:
             raise BackendError(f"internal: cache too small ({rows} x {length} > {self.cap_rows} x {self.cap_len})")
 

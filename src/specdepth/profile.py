@@ -8,11 +8,12 @@
 
 Each point is one forward of the backend's own code path (`specdepth.hf_runner.Runner`: slot KV cache, explicit
 4D mask and position ids) with `batch` rows each feeding `query` new tokens on top of `context` cached ones;
-the cached keys are placeholders (their values do not change the cost). The median of `repeats` timed
-forwards after `warmup` untimed ones is one measurement (CUDA: synchronized); with `rounds` > 1 the whole
-grid (both models) is walked that many times and the median over rounds is recorded, which spreads a slow
-spell of a shared machine over every point instead of biasing the points measured during it. Points whose
-context + query exceed the model's max_position_embeddings are skipped.
+the cached keys are placeholders (their values do not change the cost), but the cache's buffers have the
+length the executor's have at that context (`hf_runner.slots`: the buffer's length does change the cost).
+The median of `repeats` timed forwards after `warmup` untimed ones is one measurement (CUDA: synchronized);
+with `rounds` > 1 the whole grid (both models) is walked that many times and the median over rounds is
+recorded, which spreads a slow spell of a shared machine over every point instead of biasing the points
+measured during it. Points whose context + query exceed the model's max_position_embeddings are skipped.
 """
 from __future__ import annotations
 
