@@ -88,3 +88,26 @@ def test_keyed_draws_are_uniform_and_normal():
     assert abs(np.corrcoef(acc[:, :-1].ravel(), acc[:, 1:].ravel())[0, 1]) < 0.02   # positions independent
     b = K.keyed_beta(7, ids, 2.0, 3.0)
     assert stats.kstest(b, stats.beta(2.0, 3.0).cdf).pvalue > 0.01
+
+
+def test_row_table_columns_are_built_once_and_read_by_name_before_and_after_rows_exist():
+    """Columns declared on an empty table read as empty views at first use; a column added after such a
+    read still gets its fill; rows appended read their fills; retirement keeps order; gather reads tuples."""
+    from specdepth.rows import RowTable
+    rows = RowTable(capacity=2)
+    rows.add("a", np.int64, fill=-1)
+    rows.add("x", np.float64, fill=0.5)
+    assert rows.a.shape == (0,) and rows.x.dtype == np.float64      # built on first read
+    rows.add("b", np.int64, fill=7)
+    rows.add("ring", np.int64, fill=-1, width=3)
+    new = rows.grow(3)                                                 # past the capacity of 2: resized
+    assert rows.a.tolist() == [-1, -1, -1] and rows.b.tolist() == [7, 7, 7] and rows.x.tolist() == [0.5] * 3
+    assert rows.ring.shape == (3, 3) and (rows.ring == -1).all()
+    rows.a[new] = [10, 11, 12]
+    rows.keep(np.array([True, False, True]))
+    assert rows.a.tolist() == [10, 12]
+    assert rows.gather(np.array([1, 0]), ("b", "x", "a")) == [(7, 0.5, 12), (7, 0.5, 10)]
+    with pytest.raises(AttributeError, match="nope"):
+        rows.nope
+    with pytest.raises(ValueError, match="before any row"):
+        rows.add("late")

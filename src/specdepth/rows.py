@@ -9,8 +9,8 @@ column: KV caches, finished outputs) and then moves the kept rows of every colum
 in one compiled pass per storage block. Nobody mirrors anybody else's retirement.
 
 Storage: the 1D int64 and float64 columns live as the rows of one preallocated matrix per dtype (each
-column contiguous), wide columns ([rows, width], e.g. the history rings) in their own arrays; capacity
-doubles when the batch outgrows it.
+column contiguous, built once at first use after the columns are declared), wide columns ([rows, width],
+e.g. the history rings) in their own arrays; capacity doubles when the batch outgrows it.
 """
 from __future__ import annotations
 
@@ -30,9 +30,11 @@ class RowTable:
         self._mat = {np.int64: np.zeros((0, self._cap), np.int64), np.float64: np.zeros((0, self._cap))}
         self._wide: dict[str, tuple[np.ndarray, object]] = {}   # name -> (storage [cap, width], fill)
         self._names = {np.int64: [], np.float64: []}              # flat column names in matrix order
+        self._fills = {np.int64: [], np.float64: []}              # ... and their fill values
         self._hooks: list = []
         self._getters: dict = {}   # gather's per-names itemgetters
         self._stale = False
+        self._declared = False   # columns added since the matrices were built (built at first use)
         self.version = 0   # changes whenever the views do: a cache of views is valid while it holds
 
     # ---- declaring columns ------------------------------------------------------------------------
@@ -48,12 +50,26 @@ class RowTable:
         if width is not None:
             self._wide[name] = (np.full((self._cap, int(width)), fill, dt), fill)
         else:
-            m = self._mat[dt]
-            self._flat[name] = (dt, m.shape[0])
+            self._flat[name] = (dt, len(self._names[dt]))
             self._names[dt].append(name)
-            self._fill[dt] = np.append(self._fill[dt], dt(fill))
-            self._mat[dt] = np.vstack([m, np.full((1, self._cap), fill, dt)])
+            self._fills[dt].append(fill)
+        self._declared = True   # the matrices and views are built once, at first use (_build)
+
+    def _build(self) -> None:
+        """The flat columns' matrices at their fill values (columns are only added while the table is
+        empty), then the views."""
+        for dt, fills in self._fills.items():
+            self._fill[dt] = fill = np.array(fills, dt)
+            self._mat[dt] = np.repeat(fill[:, None], self._cap, axis=1)
+        self._declared = False
         self._views()
+
+    def __getattr__(self, name: str):
+        """A column read before the table was first used: build it, then read it."""
+        if self.__dict__.get("_declared") and (name in self._flat or name in self._wide):
+            self._build()
+            return self.__dict__[name]
+        raise AttributeError(f"RowTable has no column or attribute {name!r}")
 
     def on_retire(self, hook) -> None:
         """hook(keep): called by `keep` before the rows move (row i is still row i); keep[i] False = leaving."""
@@ -63,6 +79,8 @@ class RowTable:
     def grow(self, m: int) -> slice:
         """Append m rows at their columns' fill values (rows past n always hold them); returns the slice of
         the new rows."""
+        if self._declared:
+            self._build()
         n = self.n
         if n + m > self._cap:
             self._resize(max(n + m, 2 * self._cap))
@@ -74,6 +92,8 @@ class RowTable:
         """Retire the rows where keep is False: hooks first, then every column compacts in place.
         refresh=False leaves the views stale until the next `grow` or `sync` (the engine's loop admits
         right after retiring: one refresh instead of two)."""
+        if self._declared:
+            self._build()
         for hook in self._hooks:
             hook(keep)
         m = _k.compact_flat(keep, self._mat[np.int64], self._fill[np.int64], self._mat[np.float64],
@@ -115,6 +135,8 @@ class RowTable:
     def gather(self, idx: np.ndarray, names: tuple[str, ...]) -> list[tuple]:
         """Rows idx's values of the flat columns `names`, one tuple per row in that order (Python ints and
         floats; one conversion per storage block, whatever the number of rows)."""
+        if self._declared:
+            self._build()
         get = self._getters.get(names)
         if get is None:   # a name's place in a row's int64 values followed by its float64 values
             place = {c: i for i, c in enumerate(self._names[np.int64] + self._names[np.float64])}
