@@ -52,8 +52,8 @@ class Executor(ABC):
     def prefill(self, requests: list[Request], new: slice) -> tuple[float, float, float]:
         """Requests admitted into the table's rows `new` (already appended, the engine's columns
         request_id, prompt_len, output_len, arrival_s and admitted_step already written): fill this
-        executor's columns for them, run their prefill, emit each one's first token. Returns (seconds, target_flops,
-        draft_flops)."""
+        executor's columns for them, run their prefill, emit each one's first token. Returns (seconds,
+        target_flops, draft_flops)."""
 
     def begin_step(self, depths: np.ndarray, kmax: int) -> None:
         """Called after the policy's plan (kmax = depths.max()), before the first draft position."""

@@ -53,6 +53,7 @@ class RowTable:
             self._flat[name] = (dt, len(self._names[dt]))
             self._names[dt].append(name)
             self._fills[dt].append(fill)
+            self._getters.clear()   # gather's places shift with a new flat column
         self._declared = True   # the matrices and views are built once, at first use (_build)
 
     def _build(self) -> None:
