@@ -111,3 +111,26 @@ def test_row_table_columns_are_built_once_and_read_by_name_before_and_after_rows
         rows.nope
     with pytest.raises(ValueError, match="before any row"):
         rows.add("late")
+
+
+def test_row_table_views_reused_per_row_count_follow_the_storage():
+    """The views of a row count are built once and reused: after the rows change (retire, grow back to the
+    same count) and after the storage moves (a resize), every column reads the table's current values."""
+    from specdepth.rows import RowTable
+    rows = RowTable(capacity=4)
+    rows.add("a", np.int64)
+    rows.add("x", np.float64, fill=1.5)
+    rows.add("ring", np.int64, fill=-1, width=2)
+    rows.grow(3)
+    rows.a[:] = [1, 2, 3]
+    rows.ring[:, 0] = [4, 5, 6]
+    rows.keep(np.array([False, True, True]))
+    rows.grow(1)                                      # back to 3 rows: the cached views of n = 3
+    assert rows.a.tolist() == [2, 3, 0] and rows.x.tolist() == [1.5] * 3
+    assert rows.ring[:, 0].tolist() == [5, 6, -1]
+    rows.a[2] = 9                                      # a write through a reused view reaches the storage
+    assert rows.gather(np.array([2]), ("a", "x")) == [(9, 1.5)]
+    rows.grow(3)                                      # past the capacity: the storage moves
+    rows.a[5] = 8
+    rows.keep(np.array([True, True, True, False, False, True]))
+    assert rows.a.tolist() == [2, 3, 9, 8] and rows.ring[:, 0].tolist() == [5, 6, -1, -1]

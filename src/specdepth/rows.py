@@ -34,6 +34,7 @@ class RowTable:
         self._hooks: list = []
         self._getters: dict = {}   # gather's per-names itemgetters
         self._stale = False
+        self._cached: dict[int, dict] = {}   # n -> the views of the first n rows (valid until the storage moves)
         self._declared = False   # columns added since the matrices were built (built at first use)
         self.version = 0   # changes whenever the views do: a cache of views is valid while it holds
 
@@ -62,6 +63,7 @@ class RowTable:
         for dt, fills in self._fills.items():
             self._fill[dt] = fill = np.array(fills, dt)
             self._mat[dt] = np.repeat(fill[:, None], self._cap, axis=1)
+        self._cached.clear()
         self._declared = False
         self._views()
 
@@ -122,14 +124,20 @@ class RowTable:
             new[:self.n] = arr[:self.n]
             self._wide[name] = (new, fill)
         self._cap = cap
+        self._cached.clear()
 
     def _views(self) -> None:
-        n = self.n
-        d = self.__dict__
-        for dt, mat in self._mat.items():
-            d.update(zip(self._names[dt], mat[:, :n]))   # row j of the matrix: column j's values
-        for name, (arr, _) in self._wide.items():
-            d[name] = arr[:n]
+        """Every column's view of the first n rows, as attributes. The views of a given n are built once
+        and reused (they look at the same storage until it moves: _build, _resize)."""
+        views = self._cached.get(self.n)
+        if views is None:
+            n = self.n
+            views = self._cached[n] = {}
+            for dt, mat in self._mat.items():
+                views.update(zip(self._names[dt], mat[:, :n]))   # row j of the matrix: column j's values
+            for name, (arr, _) in self._wide.items():
+                views[name] = arr[:n]
+        self.__dict__.update(views)
         self._stale = False
         self.version += 1
 
