@@ -1,6 +1,6 @@
 import numpy as np
 
-from specdepth.errors import as_choice, as_float, as_int
+from specdepth.errors import as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
 from ._common import CostCalibration, PerRequest, StepCost, best_prefix, plan_by_position
@@ -38,9 +38,14 @@ class Goodput(Policy):
     tokens left, in the plan and while drafting (no row falls behind and finishes alone); the step times
     come from the cost model corrected online by the measured step costs (`cost`: calibrated, model, or
     the simulator's true clock cost); the per-position factor is optimistic where it rests on few tokens
-    (`position_optimism`, see _Pool); `drain_after` > 0 weights a row's tokens by its remaining steps
-    relative to the slowest row's once the batch drains (off by default: on the development draw it raised
-    the worst closed-batch cell but hurt TPOT on poisson cells).
+    (`position_optimism`, see _Pool). Draining (`drain`, on by default: from the step no request is left to
+    join the batch, `view.requests_left == 0`: a closed batch from its start, any workload after its last
+    admission) the run ends when its slowest row does, and a token of a row that will finish long before it
+    shortens nothing: each row's tokens are weighted by its expected remaining steps relative to the slowest
+    row's, so rows far ahead stop lengthening every step with drafts the slowest row pays for.
+    `drain_after` > 0 also drains once the batch has shrunk below its largest size and no request joined
+    for that many steps (a guess at the end of an online stream; off by default: on the development draw it
+    raised the worst closed-batch cell but hurt TPOT on poisson cells).
     """
 
     name = "goodput"
@@ -49,7 +54,7 @@ class Goodput(Policy):
     def __init__(self, max_depth: int = 16, estimator: str = "confidence", prior_strength: float = 8.0,
                  pool_memory: float = 20000.0, use_confidence: bool = True, extend: int = 16,
                  ranking: str = "position", cost: str = "calibrated", cost_memory: float = 200.0,
-                 drain_after: int = 0, position_prior: float = 20.0, position_optimism: float = 2.0):
+                 drain: bool = True, drain_after: int = 0, position_prior: float = 20.0, position_optimism: float = 2.0):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
         self.prior_strength = as_float(prior_strength, "policy.prior_strength", min=0)
@@ -59,6 +64,7 @@ class Goodput(Policy):
         self.ranking = as_choice(ranking, "policy.ranking", {"position", "global"})
         self.cost = as_choice(cost, "policy.cost", {"model", "calibrated", "clock"})
         self.cost_memory = as_float(cost_memory, "policy.cost_memory", min=1)
+        self.drain = as_bool(drain, "policy.drain")
         self.drain_after = as_int(drain_after, "policy.drain_after", min=0)
         self.position_prior = as_float(position_prior, "policy.position_prior", min=0, min_open=True)
         self.position_optimism = as_float(position_optimism, "policy.position_optimism", min=0)
@@ -129,18 +135,19 @@ class Goodput(Policy):
         return depths
 
     def _drain_weights(self, view, S):
-        """Draining (the batch has shrunk below its largest size and no new request joined for `drain_after`
-        steps: a closed batch whose first rows finished, or the end of a queue), the batch ends when its
-        slowest row does, and a token of a row that will finish long before it
-        shortens nothing: a row's tokens are worth its expected remaining steps / the slowest row's
-        (remaining / expected tokens per step). None while requests still join (plain goodput)."""
+        """Draining (`drain`: no request is left to join; `drain_after`: the batch has shrunk below its largest
+        size and no new request joined for that many steps), the batch ends when its slowest row does, and a
+        token of a row that will finish long before it shortens nothing: a row's tokens are worth its
+        expected remaining steps / the slowest row's (remaining / expected tokens per step). None while
+        requests may still join (plain goodput)."""
         top = int(view.request_ids.max(initial=-1))
         if top > self._max_id:
             self._max_id, self._quiet = top, 0
         else:
             self._quiet += 1
         self._max_n = max(self._max_n, view.batch_size)
-        if not self.drain_after or self._quiet < self.drain_after or view.batch_size >= self._max_n:
+        if not (self.drain and view.requests_left == 0) and (
+                not self.drain_after or self._quiet < self.drain_after or view.batch_size >= self._max_n):
             return None
         steps = view.remaining / (1.0 + S.sum(axis=1))
         return steps / max(float(steps.max()), 1e-12)

@@ -78,6 +78,7 @@ class Step:
     admitted: int = 0
     prefill_s: float = 0.0
     now_s: float = 0.0                  # the clock when the policy plans (after admission)
+    requests_left: int = 0              # requests of the workload not admitted yet (arrived or not)
     # plan
     batch_size: int = 0
     oracle_accept: np.ndarray | None = None
@@ -277,7 +278,7 @@ class Engine:
         prefill emits its first token. Requests done after one token (output_len 1) leave at once."""
         rows, now, arrivals = self.rows, self.clock.now, self._arrivals
         start = end = self._next
-        s.now_s = now
+        s.now_s, s.requests_left = now, len(arrivals) - start
         if start == len(arrivals) or arrivals[start] > now:   # nobody waiting
             rows.sync()
             return
@@ -291,6 +292,7 @@ class Engine:
             rows.sync()
             return
         self._next, s.admitted = end, end - start
+        s.requests_left -= s.admitted
         new = rows.grow(s.admitted)
         for col, values in self._admit_cols.items():
             getattr(rows, col)[new] = values[start:end]

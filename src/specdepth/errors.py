@@ -60,6 +60,13 @@ def as_prob(value, key: str) -> float:
     return as_float(value, key, min=0.0, max=1.0)
 
 
+def as_bool(value, key: str) -> bool:
+    """`value` as a bool: true or false only (a YAML string "false" would otherwise read as true)."""
+    if type(value).__name__ not in ("bool", "bool_"):   # Python or numpy bool
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    return bool(value)
+
+
 def as_choice(value, key: str, choices) -> str:
     if value not in choices:
         raise ConfigError(f"{key} must be one of {sorted(choices)}, got {value!r}")

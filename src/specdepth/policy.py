@@ -47,7 +47,10 @@ class StepView:
       predicted_draft_s   float   what `cost` predicts for the same draft forwards (at context_lens)
       predicted_verify_s  float   what `cost` predicts for the same verify forward
       draft_forwards      int     draft forwards (positions) run this step
-    Scalars: step, now_s, batch_size, token_budget (the shared compute budget in verify tokens per step),
+    Scalars: step, now_s, batch_size, requests_left (requests of the run's workload not admitted yet, arrived
+    or still to arrive: 0 means no request will join the batch again, as in offline batch inference, where
+    an engine knows its whole input; a closed batch from its first step, any workload after its last
+    admission), token_budget (the shared compute budget in verify tokens per step),
     max_depth (engine cap), max_num_batched_tokens (hard cap on verify tokens), cost (the cost model:
     cost.verify_time(ctx, depths), cost.draft_time(ctx), cost.step_time(ctx, depths)), true_cost (only for
     policies with requires_true_cost = True, simulator: the same methods, priced as the clock charges).
@@ -74,6 +77,7 @@ class StepView:
     step = property(lambda self: self._s.step)
     now_s = property(lambda self: self._s.now_s)
     batch_size = property(lambda self: self._s.batch_size)
+    requests_left = property(lambda self: self._s.requests_left)
     token_budget = property(lambda self: self._budget)
     max_depth = property(lambda self: self._max_depth)
     max_num_batched_tokens = property(lambda self: self._max_tokens)
