@@ -128,6 +128,7 @@ ROWS = [
     ("4", "policy=goodput +policy.max_dept=3", "policy.max_dept: unknown key"),
     ("4", "policy=goodput policy.estimator=vibes", "policy.estimator"),
     ("4", "policy=goodput policy.ranking=alphabetical", "policy.ranking"),
+    ("4", "policy=goodput policy.drain=sometimes", "policy.drain must be true or false"),
     ("4", "policy=ema policy.scope=galaxy", "policy.scope"),
     ("4", "policy=ema policy.tiers=[]", "policy.tiers"),
     ("4", "policy=bandit policy.arms=[]", "policy.arms"),
