@@ -152,7 +152,7 @@ def _walk(loaded, grid, rnd: int, rounds: int, warmup: int, repeats: int, times:
                         trunner.forward(slice(0, b), t1, l1, None, "last")
                         runner.forward(slice(0, b), t1, l1, None, "last")
                     point("draft_next", 1, c, before_next)
-            del runner, trunner
+            runner = trunner = None   # free the caches before the next batch's
 
 
 def measure(loaded, grid, warmup: int = 2, repeats: int = 5, rounds: int = 1, dtype: str = "", name: str = "",
