@@ -290,3 +290,94 @@ def test_calibrate_recovers_fixed_costs_from_one_repetition(tmp_path):
     cal = _module(ROOT / "experiments" / "fidelity" / "calibrate.py")
     a, b, n = cal.fit(real, sim, "0")
     assert n == 6 and a == pytest.approx(0.0007, rel=1e-6) and b == pytest.approx(0.0004, rel=1e-6)
+
+
+def _with_draft_next(src, path, factor):
+    """src's profile plus draft_next rows (query 1 only, as specdepth-profile interleave=true writes them):
+    factor x the draft rows at query 1."""
+    lines = src.read_text().splitlines()
+    extra = [ln.replace("draft,", "draft_next,", 1) for ln in lines[1:] if ln.startswith("draft,")]
+    extra = [f"{','.join(p[:4])},{float(p[4]) * factor!r}" for p in (ln.split(",") for ln in extra) if p[2] == "1"]
+    path.write_text("\n".join(lines + extra) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("extra", [(), ("engine.record_trace=true",),
+                                   ("backend.draft_catch_up=true", "backend.pad_ragged=true")])
+def test_sim_clock_profile_draft_next_rows_charge_the_later_positions(tmp_path, extra):
+    """A clock profile with draft_next rows (specdepth-profile interleave=true): the step's first draft forward is
+    charged from the draft rows, positions >= 1 from the draft_next rows; draft_next = draft charges what a
+    profile without them does. Per position (record_trace: engine.draft) and in one block (draft_block), with
+    and without the catch-up and padding. Decisions unchanged."""
+    from specdepth.app import build
+    from specdepth.cost import TableCost
+    from specdepth.models import ModelArch
+
+    a = _table_csv(tmp_path / "a.csv")
+    same = _with_draft_next(a, tmp_path / "same.csv", 1.0)
+    half = _with_draft_next(a, tmp_path / "half.csv", 0.5)
+    arch = ModelArch(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=64)
+    assert TableCost(arch, path=str(half)).has_draft_next and not TableCost(arch, path=str(a)).has_draft_next
+    t = TableCost(arch, path=str(half))
+    assert t.next_draft_forward(np.full(4, 9))[0] == pytest.approx(0.5 * t.draft_forward(np.full(4, 9))[0])
+
+    def run(clock):
+        cfg = compose(["cost=table", f"cost.path={a}", "acceptance=iid", "acceptance.alpha=0.0", "policy=fixed",
+                       "policy.depth=3", "workload.batch_size=4", "workload.prompt_len=8", "workload.output_len=9",
+                       "engine.progress=false", f"backend.clock_profile={clock}", *extra])
+        res = build(cfg)["engine"].run()
+        return res, [r[10] for r in res.steps]   # draft_s per step
+
+    base, d_base = run(a)
+    _, d_same = run(same)
+    halved, d_half = run(half)
+    assert [r[2:10] for r in halved.steps] == [r[2:10] for r in base.steps]
+    assert d_same == pytest.approx(d_base, rel=1e-12)
+    # context-free table, every row drafts 3 positions (all rejected: no catch-up beyond 1 token):
+    # 3 x d per step without draft_next rows, d + 2 x d/2 with rows at half the draft's time
+    assert all(h == pytest.approx(b * 2 / 3, rel=1e-9) for h, b in zip(d_half, d_base))
+
+
+def test_calibrate_phases_include_the_verify_host_work(tmp_path):
+    """calibrate.py --phases draft,overhead,verify: the residual of every phase named is summed (timing mode:
+    the verify phase's host work per step); the default reads draft and overhead only, as before."""
+    real, sim = tmp_path / "real", tmp_path / "sim"
+    for b in (1, 4):
+        for k, pol in enumerate(("none", "fixed2", "fixed4")):
+            depths = [2 * k] * (10 + k)
+            for root, add_d, add_v in ((real, 0.0004 * sum(depths), 0.0003 * len(depths)), (sim, 0.0, 0.0)):
+                d = root / "r0" / f"b{b}" / pol
+                _fake_run(d, pol, b, 100.0, 1.0, sum(depths))
+                s = json.loads((d / "summary.json").read_text())
+                s["draft_time_s"] = 0.2 + 0.01 * k + add_d
+                s["verify_time_s"] = 0.5 + add_v
+                (d / "summary.json").write_text(json.dumps(s))
+                (d / "steps.csv").write_text("max_depth\n" + "".join(f"{x}\n" for x in depths))
+    cal = _module(ROOT / "experiments" / "fidelity" / "calibrate.py")
+    a, b, _ = cal.fit(real, sim, "0", ("draft", "overhead", "verify"))
+    assert a == pytest.approx(0.0003, rel=1e-6) and b == pytest.approx(0.0004, rel=1e-6)
+    a0, b0, _ = cal.fit(real, sim, "0")
+    assert a0 == pytest.approx(0.0, abs=1e-9) and b0 == pytest.approx(0.0004, rel=1e-6)
+
+
+def test_profile_interleave_adds_draft_next_rows(tiny_pair, tmp_path):
+    """specdepth-profile interleave=true: the same target and draft points (the draft timed after a target
+    forward) plus one draft_next row per batch x context at query 1, with the draft's arch; cost=table reads them
+    (has_draft_next). Without it, no draft_next rows."""
+    from transformers import AutoModelForCausalLM
+
+    from specdepth import profile as P
+    from specdepth.cost import TableCost
+    from specdepth.models import ModelArch
+
+    loaded = [(w, AutoModelForCausalLM.from_pretrained(str(tiny_pair[w])).eval()) for w in ("target", "draft")]
+    grid = ([1, 2], [1, 3], [0, 16])
+    rows = P.measure(loaded, grid, warmup=0, repeats=1, interleave=True, arch={"target": "T", "draft": "D"})
+    plain = P.measure(loaded, grid, warmup=0, repeats=1)
+    keys = {r[:4] for r in rows}
+    assert {r[:4] for r in plain} <= keys and not any(r[0] == "draft_next" for r in plain)
+    assert keys - {r[:4] for r in plain} == {("draft_next", b, 1, c) for b in (1, 2) for c in (0, 16)}
+    assert all(r[8] == "D" for r in rows if r[0] == "draft_next") and all(r[4] > 0 for r in rows)
+    P.write_profile([r[:8] + ("",) for r in rows], tmp_path / "p.csv")
+    arch = ModelArch.from_hf_config(tiny_pair["target"], "model.target_arch")
+    assert TableCost(arch, path=str(tmp_path / "p.csv")).has_draft_next

@@ -17,6 +17,11 @@ decisions as the real runs (it replays their acceptance traces), so for every ru
 least squares (non-negative) over the runs of repetition --fit-rep only, so the other repetition is an
 out-of-sample check, and prints the overrides for experiment=fidelity_sim. It reads the draft and overhead
 time columns, never the throughput the simulator is judged on, and never the verify or prefill times.
+
+--phases draft,overhead,verify (run.sh in timing mode, issue 15) also reads the verify time: the verify phase
+of backend=hf pays host work around its forward every step (the step's tokens, argmax and .cpu(), the
+acceptance decision, the commit: 0.2-0.3 ms on this CPU, experiments/fidelity/phase_ab.py), which the
+simulator charges only through step_overhead_s; the residual of every phase named is summed.
 """
 from __future__ import annotations
 
@@ -35,7 +40,10 @@ def _runs(root: Path, rep: str | None):
             yield s.parent.relative_to(root), json.loads(s.read_text())
 
 
-def fit(real: Path, sim: Path, rep: str | None = "0") -> tuple[float, float, int]:
+PHASES = ("draft", "overhead", "verify", "prefill")
+
+
+def fit(real: Path, sim: Path, rep: str | None = "0", phases=("draft", "overhead")) -> tuple[float, float, int]:
     A, y = [], []
     for rel, rs in _runs(real, rep):
         ss_path = sim / rel / "summary.json"
@@ -46,7 +54,7 @@ def fit(real: Path, sim: Path, rep: str | None = "0") -> tuple[float, float, int
             rows = list(csv.DictReader(fh))
         steps = sum(1 for r in rows)
         positions = sum(int(r["max_depth"]) for r in rows)
-        resid = (rs["draft_time_s"] + rs["overhead_time_s"]) - (ss["draft_time_s"] + ss["overhead_time_s"])
+        resid = sum(rs[f"{p}_time_s"] - ss[f"{p}_time_s"] for p in phases)
         A.append((steps, positions))
         y.append(resid)
     if not A:
@@ -66,10 +74,15 @@ def main(argv=None):
     ap.add_argument("real", nargs="?", default="outputs/multirun/real_pareto")
     ap.add_argument("sim", nargs="?", default="outputs/multirun/real_pareto_sim_table")
     ap.add_argument("--fit-rep", default="0", help="repetition to fit on ('all' = every one)")
+    ap.add_argument("--phases", default="draft,overhead",
+                    help=f"comma-separated time columns whose residual is fitted, of {','.join(PHASES)}")
     a = ap.parse_args(argv)
     rep = None if a.fit_rep == "all" else a.fit_rep
-    s, p, n = fit(Path(a.real), Path(a.sim), rep)
-    print(f"# {n} runs of rep {a.fit_rep}: real - simulated (draft + overhead) = {s * 1e3:.3f} ms x steps "
+    phases = tuple(p for p in a.phases.split(",") if p)
+    if not phases or set(phases) - set(PHASES):
+        ap.error(f"--phases: a comma-separated subset of {','.join(PHASES)}, got {a.phases!r}")
+    s, p, n = fit(Path(a.real), Path(a.sim), rep, phases)
+    print(f"# {n} runs of rep {a.fit_rep}: real - simulated ({' + '.join(phases)}) = {s * 1e3:.3f} ms x steps "
           f"+ {p * 1e3:.3f} ms x draft positions")
     print(f"backend.step_overhead_s={s:.6g} backend.position_overhead_s={p:.6g}")
 

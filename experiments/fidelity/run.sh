@@ -32,6 +32,12 @@ fi
 # the profile grid (PGRID: space-separated overrides, e.g. a smaller grid for a trial)
 PGRID=${PGRID:-"grid.batch=[1,2,4,8,16,32] grid.query=[1,2,3,4,5,7,9,17,64] grid.context=[0,128,256] repeats=5 warmup=2"}
 PROFILE_ARGS=(model=tiny_pair $MODEL num_threads=1 $PGRID)
+# the clock profile's passes (not the policies' table): in timing mode each draft point is timed as the executor
+# runs it, after a target forward, plus the draft_next rows (specdepth-profile interleave=true, issue 15), and
+# the fixed-cost fit also reads the verify phase's host work (calibrate.py --phases)
+if [ -n "$ALPHA" ]; then INTERLEAVE=${INTERLEAVE:-true}; PHASES=${PHASES:-draft,overhead,verify}
+else INTERLEAVE=${INTERLEAVE:-false}; PHASES=${PHASES:-draft,overhead}; fi
+CLOCK_ARGS=("${PROFILE_ARGS[@]}" interleave=$INTERLEAVE)
 # the table the policies see (cost.path), in the real runs and in the simulation alike
 if [ ! -f "$PROFILE" ]; then
   .venv/bin/specdepth-profile "${PROFILE_ARGS[@]}" rounds=3 output="$PWD/$PROFILE"
@@ -43,10 +49,10 @@ PDIR=outputs/fidelity_profiles/$NAME
 if [ ! -f "$CLOCK" ]; then
   mkdir -p "$PDIR"
   for r in ${REPS//,/ }; do
-    .venv/bin/specdepth-profile "${PROFILE_ARGS[@]}" output="$PWD/$PDIR/before_r$r.csv"
+    .venv/bin/specdepth-profile "${CLOCK_ARGS[@]}" output="$PWD/$PDIR/before_r$r.csv"
     .venv/bin/specdepth "${REAL[@]}" $MODEL cost.path="$PROFILE" name="$NAME" rep="$r" $EXTRA
   done
-  .venv/bin/specdepth-profile "${PROFILE_ARGS[@]}" output="$PWD/$PDIR/after.csv"
+  .venv/bin/specdepth-profile "${CLOCK_ARGS[@]}" output="$PWD/$PDIR/after.csv"
   $PY experiments/fidelity/merge_profiles.py "$CLOCK" "$PDIR"/before_r*.csv "$PDIR/after.csv"
 fi
 if [ -z "$ALPHA" ]; then
@@ -56,7 +62,7 @@ fi
   name="${NAME}_sim_table" $EXTRA
 # fixed costs around the forwards, fitted on repetition 0 only (the other repetitions are the out-of-sample check)
 OH=$($PY experiments/fidelity/calibrate.py "outputs/multirun/$NAME" "outputs/multirun/${NAME}_sim_table" \
-  --fit-rep "${FIT_REP:-0}" | tail -1)
+  --fit-rep "${FIT_REP:-0}" --phases "$PHASES" | tail -1)
 .venv/bin/specdepth "${SIM[@]}" $MODEL cost.path="$PROFILE" rep="$REPS" fid.clock_profile="$CLOCK" \
   name="${NAME}_sim_overhead" $OH $EXTRA
 if [ -n "$ALPHA" ]; then   # timing mode: tables and figures in their own folder; the study READMEs untouched

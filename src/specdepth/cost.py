@@ -148,6 +148,9 @@ class CostModel:
     def draft_positions(self, ctx: np.ndarray, depths: np.ndarray) -> tuple[float, float]:
         """Every draft forward of a step in one call: at position p, one token for each row with
         depths > p, at context ctx + p. Same result as calling draft_forward per position."""
+        return self._positions("draft", ctx, depths)
+
+    def _positions(self, which: str, ctx: np.ndarray, depths: np.ndarray) -> tuple[float, float]:
         if ctx.dtype == np.int64 and depths.dtype == np.int64:
             cnt, csum = _k.position_counts(ctx, depths)   # rows with depth > p, the sum of their contexts
         else:
@@ -161,7 +164,7 @@ class CostModel:
             n = float(cnt[p])
             c = float(csum[p]) + p * n
             f = a * n + b * (c + n)
-            seconds += self._time("draft", n, f, c, n)
+            seconds += self._time(which, n, f, c, n)
             flops += f
         return seconds, flops
 
@@ -321,6 +324,12 @@ class TableCost(CostModel):
         self._check_model(p, meta, model_name)
         if not rows["draft"]:
             rows["draft"] = rows["target"]
+        # draft_next rows (specdepth-profile interleave=true): a draft forward that follows another draft
+        # forward of the same step (positions >= 1), where the draft rows time the first one, after a target
+        # forward; absent = the draft rows serve both
+        self.has_draft_next = bool(rows["draft_next"])
+        if not self.has_draft_next:
+            del rows["draft_next"]
         self.path = str(p)
         self.device = meta.get("device")
         self.model_name = model_name
@@ -329,7 +338,7 @@ class TableCost(CostModel):
     def _read(self, p):
         """({target|draft: {(batch, query, context): seconds}}, the profile's model/device metadata)."""
         import csv
-        rows: dict[str, dict] = {"target": {}, "draft": {}}
+        rows: dict[str, dict] = {"target": {}, "draft": {}, "draft_next": {}}
         meta: dict = {"arch": {}}
         try:
             with p.open(newline="", encoding="utf-8") as f:
@@ -341,7 +350,8 @@ class TableCost(CostModel):
                 for lineno, r in enumerate(reader, 2):
                     which = r["model"]
                     if which not in rows:
-                        raise ConfigError(f"{p}:{lineno}: model must be target or draft, got {which!r}")
+                        raise ConfigError(f"{p}:{lineno}: model must be target, draft or draft_next, got "
+                                          f"{which!r}")
                     try:
                         key = (int(r["batch"]), int(r["query"]), int(r["context"]))
                         sec = float(r["seconds"])
@@ -362,7 +372,7 @@ class TableCost(CostModel):
     def _check_model(self, p, meta, model_name):
         """Refuse a profile measured for another model: by its `arch` column (specdepth-profile writes it), or
         for older profiles without one, by its `name` column."""
-        archs = {"target": self.target.signature, "draft": self.draft.signature}
+        archs = {"target": self.target.signature, "draft": self.draft.signature, "draft_next": self.draft.signature}
         for which, sig in meta["arch"].items():
             if sig.rsplit("-", 1)[0] != archs[which].rsplit("-", 1)[0]:   # the shape; the dtype may differ
                 raise ConfigError(f"cost.path: {p} was profiled for another model ({meta.get('name', '?')}, {which} "
@@ -424,3 +434,16 @@ class TableCost(CostModel):
     def _time(self, which, tokens, flops, ctx_tokens, seqs):
         n = max(float(seqs), 1.0)
         return self.lookup(which, n, tokens / n, ctx_tokens / n)
+
+    # --- the draft forwards after the first of a step (the draft_next rows; the draft rows without them) ---
+    def next_draft_forward(self, ctx: np.ndarray, q: np.ndarray | None = None) -> tuple[float, float]:
+        """draft_forward for a draft forward that follows another one of the same step (positions >= 1)."""
+        if not self.has_draft_next:
+            return self.draft_forward(ctx, q)
+        t, pairs, c = _sums(ctx, q)
+        flops = self._df[0] * t + self._df[1] * pairs
+        return self._time("draft_next", t, flops, c, ctx.shape[0]), flops
+
+    def next_draft_positions(self, ctx: np.ndarray, depths: np.ndarray) -> tuple[float, float]:
+        """draft_positions for draft forwards that each follow another one of the same step."""
+        return self._positions("draft_next" if self.has_draft_next else "draft", ctx, depths)

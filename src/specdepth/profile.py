@@ -84,13 +84,16 @@ def _load(cfg, pair, which, torch) -> list[tuple]:
     return loaded
 
 
-def _time_point(runner, toks, lens, q: int, warmup: int, repeats: int, device) -> float:
-    """Median seconds of one batched forward (after `warmup` untimed ones)."""
+def _time_point(runner, toks, lens, q: int, warmup: int, repeats: int, device, before=None) -> float:
+    """Median seconds of one batched forward (after `warmup` untimed ones); `before()`, untimed, precedes
+    every one of them (interleave: the forwards the executor runs before this one)."""
     import torch
     b = toks.shape[0]
     ts = []
     with torch.inference_mode():
         for r in range(warmup + repeats):
+            if before is not None:
+                before()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
@@ -102,39 +105,69 @@ def _time_point(runner, toks, lens, q: int, warmup: int, repeats: int, device) -
     return statistics.median(ts)
 
 
-def _walk(loaded, grid, rnd: int, rounds: int, warmup: int, repeats: int, times: dict) -> None:
-    """One round: every (model, batch, query, context) point of the grid once."""
+def _walk(loaded, grid, rnd: int, rounds: int, warmup: int, repeats: int, times: dict,
+          interleave: bool = False) -> None:
+    """One round: every (model, batch, query, context) point of the grid once. interleave (with both models):
+    each draft point is timed right after an untimed target forward (one token per row, same batch and
+    context), as the executor runs a
+    step's first draft forward (after the verify) and the draft's prefill (after the target's); and the
+    draft_next points (query 1) right after a target forward and an untimed draft forward, as the executor
+    runs the draft's later positions. On a CPU a small model's forward after a large one's is much slower
+    (its weights and the interpreter's working set left the caches) than the same forward back to back."""
     from .hf_runner import Runner
     batches, queries, contexts = grid
+    models = dict(loaded)
+    interleave = interleave and "target" in models and "draft" in models
     for w, model in loaded:
         limit = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         device = model.get_input_embeddings().weight.device
         vocab = int(model.get_input_embeddings().weight.shape[0])
         rng = np.random.default_rng(rnd)
+        pre = interleave and w == "draft"
         for b in batches:
-            runner = Runner(model, b, max(contexts) + max(queries) + 1)
+            width = max(contexts) + max(queries) + 1
+            runner = Runner(model, b, width)
+            trunner = Runner(models["target"], b, width) if pre else None
+
+            def point(name, q, c, before):
+                sec = _time_point(runner, rng.integers(0, vocab, (b, q)), np.full(b, c, np.int64), q, warmup,
+                                  repeats, device, before)
+                times.setdefault((name, b, q, c, str(device)), []).append(sec)
+                log.info("round %d/%d %s batch=%d query=%d context=%d: %.3f ms", rnd + 1, rounds, name, b, q, c,
+                         sec * 1e3)
+
             for c in contexts:
                 for q in queries:
                     if c + q > limit:
                         continue
-                    sec = _time_point(runner, rng.integers(0, vocab, (b, q)), np.full(b, c, np.int64), q, warmup,
-                                      repeats, device)
-                    times.setdefault((w, b, q, c, str(device)), []).append(sec)
-                    log.info("round %d/%d %s batch=%d query=%d context=%d: %.3f ms", rnd + 1, rounds, w, b, q, c,
-                             sec * 1e3)
-            del runner
+                    before = None
+                    if pre:   # one target token per row: the forward streams all the target's weights
+                        tt, tl = rng.integers(0, vocab, (b, 1)), np.full(b, c, np.int64)
+                        before = (lambda tt=tt, tl=tl: trunner.forward(slice(0, b), tt, tl, None, "last"))
+                    point(w, q, c, before)
+                if pre and c + 1 <= limit:
+                    t1, l1 = rng.integers(0, vocab, (b, 1)), np.full(b, c, np.int64)
+
+                    def before_next(t1=t1, l1=l1):
+                        trunner.forward(slice(0, b), t1, l1, None, "last")
+                        runner.forward(slice(0, b), t1, l1, None, "last")
+                    point("draft_next", 1, c, before_next)
+            runner = trunner = None   # free the caches before the next batch's
 
 
 def measure(loaded, grid, warmup: int = 2, repeats: int = 5, rounds: int = 1, dtype: str = "", name: str = "",
-            arch: dict | None = None) -> list[tuple]:
+            arch: dict | None = None, interleave: bool = False) -> list[tuple]:
     """Rows of profile.csv (COLUMNS) for [(target|draft, model)] over grid = (batches, queries, contexts);
     arch: {target|draft: ModelArch.signature} for the `arch` column. Every round walks the whole grid (both
     models); a point's figure is the median over rounds of each round's median, so a slow minute of the
-    machine moves one round of every point, not a block of points."""
+    machine moves one round of every point, not a block of points. interleave: draft points timed as the
+    executor runs them (after a target forward), plus draft_next rows (_walk)."""
     times: dict[tuple, list[float]] = {}
     for rnd in range(rounds):
-        _walk(loaded, grid, rnd, rounds, warmup, repeats, times)
-    arch = arch or {}
+        _walk(loaded, grid, rnd, rounds, warmup, repeats, times, interleave)
+    arch = dict(arch or {})
+    if "draft" in arch:
+        arch.setdefault("draft_next", arch["draft"])
     return [(w, b, q, c, statistics.median(v), device, dtype, name, arch.get(w, ""))
             for (w, b, q, c, device), v in times.items()]
 
@@ -166,7 +199,8 @@ def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
     loaded = _load(cfg, pair, list(cfg.get("models", ["target", "draft"])), torch)
     t_all = time.perf_counter()
     arch = {"target": pair.target_arch.signature, "draft": (pair.draft_arch or pair.target_arch).signature}
-    rows = measure(loaded, (batches, queries, contexts), warmup, repeats, rounds, pair.dtype, pair.name, arch)
+    rows = measure(loaded, (batches, queries, contexts), warmup, repeats, rounds, pair.dtype, pair.name, arch,
+                   bool(cfg.get("interleave", False)))
     write_profile(rows, out_path)
     log.info("profiled %d points in %.1f s -> %s", len(rows), time.perf_counter() - t_all, out_path)
     return rows

@@ -41,7 +41,11 @@ class SimExecutor(Executor):
         # backend=hf runs it: 2 after a fully accepted step (the last draft and the bonus token), 1 after a
         # rejection, one more for every step the row did not draft. False = one token (the default).
         self.catch_up = bool(draft_catch_up)
-        self._exact = self.clock_cost is cost and not self.pad_ragged   # time and FLOPs from one call
+        # a clock profile with draft_next rows (specdepth-profile interleave=true) charges a step's first draft
+        # forward from its draft rows (timed after a target forward, as backend=hf runs it) and the later
+        # ones (positions >= 1) from its draft_next rows (timed after a draft forward)
+        self._next = bool(getattr(self.clock_cost, "has_draft_next", False))
+        self._exact = self.clock_cost is cost and not self.pad_ragged and not self._next   # time and FLOPs at once
         self.outcomes = SimulatedOutcomes(acceptance_model, seed)   # the model's (confidence, accepted) blocks
         self.rows = None
 
@@ -57,14 +61,19 @@ class SimExecutor(Executor):
         return (np.full(n, ctx.max(initial=0), np.int64),
                 None if q is None else np.full(n, q.max(initial=1), np.int64))
 
-    def _forward(self, which: str, ctx, q=None):
+    def _forward(self, which: str, ctx, q=None, position: int = 0):
         fwd = self.cost.target_forward if which == "target" else self.cost.draft_forward
         if self._exact:
             return fwd(ctx, q)
         flops = fwd(ctx, q)[1]
         if self.pad_ragged:
             ctx, q = self._pad(ctx, q)
-        clk = self.clock_cost.target_forward if which == "target" else self.clock_cost.draft_forward
+        if which == "target":
+            clk = self.clock_cost.target_forward
+        elif position and self._next:
+            clk = self.clock_cost.next_draft_forward
+        else:
+            clk = self.clock_cost.draft_forward
         return clk(ctx, q)[0], flops
 
     def prefill(self, requests, new):
@@ -93,7 +102,7 @@ class SimExecutor(Executor):
     def draft(self, rows, position):
         r = self.rows
         q = r.sim_lag[rows] if self.catch_up and position == 0 else None
-        t, f = self._forward("draft", r.sim_ctx[rows] + position, q)
+        t, f = self._forward("draft", r.sim_ctx[rows] + position, q, position)
         return self.outcomes.confidence(rows, position), t + self.position_overhead_s, f
 
     def draft_block(self, depths):
@@ -104,9 +113,18 @@ class SimExecutor(Executor):
             f += self.cost.draft_positions(ctx, rest)[1]
             if self.pad_ragged:
                 ctx = self._pad(ctx)[0]
-            t += self.clock_cost.draft_positions(ctx, rest)[0]
+            t += (self.clock_cost.next_draft_positions if self._next else self.clock_cost.draft_positions)(
+                ctx, rest)[0]
         elif self._exact:
             t, f = self.cost.draft_positions(self.rows.sim_ctx, depths)
+        elif self._next:   # position 0 from the draft rows, the later positions from the draft_next rows
+            m = np.flatnonzero(depths > 0)
+            t, f = self._forward("draft", self.rows.sim_ctx[m])
+            ctx, rest = self.rows.sim_ctx[m] + 1, depths[m] - 1
+            f += self.cost.draft_positions(ctx, rest)[1]
+            if self.pad_ragged:
+                ctx = self._pad(ctx)[0]
+            t += self.clock_cost.next_draft_positions(ctx, rest)[0]
         else:
             ctx = self.rows.sim_ctx
             f = self.cost.draft_positions(ctx, depths)[1]
@@ -147,7 +165,9 @@ class ClockCost:
 
     def draft_positions(self, ctx, depths):
         ctx, depths = np.asarray(ctx), np.asarray(depths)
-        t = sum(self.draft_time(ctx[depths > p] + p) for p in range(int(depths.max(initial=0))))
+        ex = self._ex
+        t = sum(ex._forward("draft", ctx[depths > p] + p, None, p)[0] + ex.position_overhead_s
+                for p in range(int(depths.max(initial=0))))
         return t, self._ex.cost.draft_positions(ctx, depths)[1]
 
     def step_time(self, ctx, depths):
