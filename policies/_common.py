@@ -267,51 +267,91 @@ def _by_position(column, K, G, costs, n, base):
     return ms, e, ver[x] + tdraft
 
 
-def uniform_depth(acceptance: np.ndarray, costs, kmax: int) -> tuple[int, float]:
+def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarray | None = None) -> tuple[int, float]:
     """The one depth k in 0..kmax for every row that maximises expected emitted tokens / step time:
     E_k = sum_i (1 - a_i^(k+1)) / (1 - a_i) (Leviathan et al.), T_k = verify[n k] + k x draft[n] (StepCost-like
     tables). Adding position k is worth it exactly when its expected tokens beat the goodput times its cost,
     so no position is drafted whose expected gain at the acceptance estimate is below its cost.
-    Returns (k, predicted goodput)."""
+    `remaining` (tokens each row has left; given when no request will join the batch again): the run ends
+    with its slowest row, so k minimises the predicted time to finish them all, max_i remaining_i / e_i(k)
+    steps of T_k each (e_i(k) the row's expected tokens per step), instead; with equal estimates that is the
+    same k. Returns (k, predicted goodput)."""
     a = np.clip(np.asarray(acceptance, float), 0.0, 0.999)
     n = a.size
     ks = np.arange(kmax + 1)
-    E = ((1.0 - a[None, :] ** (ks[:, None] + 1)) / (1.0 - a[None, :])).sum(axis=1)
+    e = (1.0 - a[None, :] ** (ks[:, None] + 1)) / (1.0 - a[None, :])   # [k, row] expected tokens per step
     T = costs.verify[np.minimum(n * ks, costs.verify.size - 1)] + ks * costs.draft[n]
-    g = E / T
+    if remaining is None:
+        g = e.sum(axis=1) / T
+    else:
+        g = float(np.sum(remaining)) / ((np.asarray(remaining, float)[None, :] / e).max(axis=1) * T)
     k = int(np.argmax(g))
     return k, float(g[k])
 
 
 class CostAwareDepth:
     """`uniform_depth` with the view's cost model corrected online: `depth(view, kmax)` in plan,
-    `observe(view)` in observe (batch_scaled and confidence use it)."""
+    `observe(view, accepted)` in observe (batch_scaled and confidence use it). `drain`: once no request is
+    left to join (view.requests_left == 0), the depth that finishes the batch soonest, at per-request
+    acceptance estimates shrunk toward the batch's rate by how much the rows really differ (`shrunk_rates`),
+    so that one row unlucky by chance does not set the depth of a batch whose rows are alike."""
 
-    def __init__(self):
+    def __init__(self, drain: bool = True):
+        self.drain = drain
         self.reset()
 
     def reset(self):
         self._costs = StepCost()
         self._calib = CostCalibration()
+        self._seq = PerRequest(2)   # accepted drafts, rejections (trials = their sum)
 
     def depth(self, view, kmax: int) -> int:
         if kmax <= 0:
             return 0
-        return uniform_depth(view.acceptance, self._calib.correct(self._costs.update(view, kmax)), kmax)[0]
+        costs = self._calib.correct(self._costs.update(view, kmax))
+        if self.drain and view.requests_left == 0:
+            st = self._seq.align(view.request_ids)
+            return uniform_depth(shrunk_rates(st[:, 0], st[:, 1], view.acceptance), costs, kmax, view.remaining)[0]
+        return uniform_depth(view.acceptance, costs, kmax)[0]
 
-    def observe(self, view) -> None:
+    def observe(self, view, accepted=None) -> None:
         self._calib.observe(view)
+        if accepted is not None and self.drain:
+            st = self._seq.align(view.request_ids)
+            st[:, 0] += accepted
+            st[:, 1] += accepted < view.drafted
+
+
+def shrunk_rates(accepted: np.ndarray, rejected: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """Per-row acceptance estimates for rows that may really differ: the batch's level (the mean of `level`,
+    e.g. view.acceptance, the estimate the policy uses anyway) plus each row's own deviation from the pooled
+    rate in its counts (accepted / (accepted + rejected)), shrunk by the empirical-Bayes factor
+    tau^2 / (tau^2 + sigma_i^2): tau^2 the spread between rows beyond what the counts' binomial noise sigma_i^2
+    explains. Rows that differ only by chance (and a single row) all get the level."""
+    level = float(np.mean(level))
+    n = accepted + rejected
+    seen = n > 0
+    if seen.sum() < 2:
+        return np.full(n.shape, level)
+    pooled = float(accepted[seen].sum() / n[seen].sum())
+    rate = np.where(seen, accepted / np.maximum(n, 1.0), pooled)
+    noise = pooled * (1.0 - pooled) / np.maximum(n, 1.0)
+    tau2 = max(float(np.var(rate[seen]) - noise[seen].mean()), 0.0)
+    shrink = np.where(seen, tau2 / (tau2 + noise + 1e-12), 0.0)
+    return np.clip(level + shrink * (rate - pooled), 0.0, 0.999)
 
 
 class CostAwarePolicy(Policy):
     """Base of policies that price their depth with `CostAwareDepth` (`self._depth`): it is rebuilt on
-    reset and fed the measured step costs in observe."""
+    reset and fed the measured step costs in observe; `self.drain` (set by the subclass) passes on."""
+
+    drain = True
 
     def reset(self):
-        self._depth = CostAwareDepth()
+        self._depth = CostAwareDepth(self.drain)
 
     def observe(self, view, accepted):
-        self._depth.observe(view)
+        self._depth.observe(view, accepted)
 
 
 def best_prefix(n_rows: int, rows: np.ndarray, pos: np.ndarray, value: np.ndarray, costs: StepCost,

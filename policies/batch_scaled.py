@@ -1,6 +1,6 @@
 import numpy as np
 
-from specdepth.errors import as_int
+from specdepth.errors import as_bool, as_int
 
 from ._common import CostAwarePolicy, fit_token_cap
 
@@ -12,15 +12,18 @@ class BatchScaled(CostAwarePolicy):
     tokens per second at the engine's running acceptance estimates (view.acceptance), priced with the
     view's cost model corrected online by the measured step costs (`_common.CostCalibration`). So it never
     drafts a position whose expected gain is below its cost, on any hardware (the budget alone drafted 16
-    deep at batch 1). `use_budget=false` drops the budget cap (the cost rule alone)."""
+    deep at batch 1). `use_budget=false` drops the budget cap (the cost rule alone). `drain` (default on): once
+    no request is left to join (view.requests_left == 0), the depth that finishes the batch soonest (its
+    slowest row decides; `_common.uniform_depth`)."""
 
     name = "batch_scaled"
     depth_param = "max_depth"
 
-    def __init__(self, max_depth: int = 8, min_depth: int = 0, use_budget: bool = True):
+    def __init__(self, max_depth: int = 8, min_depth: int = 0, use_budget: bool = True, drain: bool = True):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.min_depth = as_int(min_depth, "policy.min_depth", min=0, max=self.max_depth)
         self.use_budget = bool(use_budget)
+        self.drain = as_bool(drain, "policy.drain")
         self.reset()
 
     def plan(self, view):

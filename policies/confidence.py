@@ -1,6 +1,6 @@
 import numpy as np
 
-from specdepth.errors import as_float, as_int
+from specdepth.errors import as_bool, as_float, as_int
 
 from ._common import CostAwarePolicy, fit_token_cap
 
@@ -17,17 +17,21 @@ class ConfidenceThreshold(CostAwarePolicy):
 and the budget's hard limit lost up to 15 % to fixed depth 1 at large batch): when the batch cannot give every sequence a draft, the
     first draft goes to the sequences with the highest acceptance estimates; while drafting, if the
     continuing sequences would push the step past the budget, only those with the highest cumulative
-    confidence (the probability the whole draft so far survives) continue.
+    confidence (the probability the whole draft so far survives) continue. `drain` (default on): once no
+    request is left to join (view.requests_left == 0), the cap is the depth that finishes the batch soonest
+    (its slowest row decides; `_common.uniform_depth`).
     """
 
     name = "confidence"
     depth_param = "max_depth"
 
-    def __init__(self, threshold: float = 0.3, max_depth: int = 8, use_budget: bool = False, cost_aware: bool = True):
+    def __init__(self, threshold: float = 0.3, max_depth: int = 8, use_budget: bool = False, cost_aware: bool = True,
+                 drain: bool = True):
         self.threshold = as_float(threshold, "policy.threshold", min=0, max=1)
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.use_budget = bool(use_budget)
         self.cost_aware = bool(cost_aware)
+        self.drain = as_bool(drain, "policy.drain")
         self.reset()
 
     def plan(self, view):

@@ -129,6 +129,8 @@ ROWS = [
     ("4", "policy=goodput policy.estimator=vibes", "policy.estimator"),
     ("4", "policy=goodput policy.ranking=alphabetical", "policy.ranking"),
     ("4", "policy=goodput policy.drain=sometimes", "policy.drain must be true or false"),
+    ("4", "policy=batch_scaled policy.drain=1", "policy.drain must be true or false"),
+    ("4", "policy=confidence policy.drain=yes", "policy.drain must be true or false"),
     ("4", "policy=ema policy.scope=galaxy", "policy.scope"),
     ("4", "policy=ema policy.tiers=[]", "policy.tiers"),
     ("4", "policy=bandit policy.arms=[]", "policy.arms"),

@@ -87,6 +87,35 @@ def test_goodput_drain_shortens_a_closed_batch_whose_rows_differ():
     assert finish["drain"] <= 1.03 * min(finish[f"fixed{k}"] for k in (1, 2, 3))
 
 
+def test_shrunk_rates_keep_real_differences_and_drop_chance_ones():
+    """Rows alike (binomial noise only) all get the batch level; rows that really differ keep most of their
+    difference; a single row, or nothing verified yet, gets the level."""
+    from specdepth.policies._common import shrunk_rates
+    rng = np.random.default_rng(0)
+    n = np.full(200, 40.0)
+    alike = rng.binomial(40, 0.7, 200).astype(float)
+    r = shrunk_rates(alike, n - alike, np.full(200, 0.72))
+    assert np.ptp(r) < 0.05 and abs(r.mean() - 0.72) < 0.01
+    p = np.where(np.arange(200) < 100, 0.4, 0.95)
+    differ = rng.binomial(40, p).astype(float)
+    r = shrunk_rates(differ, n - differ, np.full(200, 0.7))
+    assert r[100:].mean() - r[:100].mean() > 0.4
+    assert (shrunk_rates(np.array([3.0]), np.array([5.0]), np.array([0.8])) == 0.8).all()
+    assert (shrunk_rates(np.zeros(3), np.zeros(3), np.array([0.5, 0.6, 0.7])) == 0.6).all()
+
+
+def test_uniform_depth_drain_follows_the_slowest_row_and_equals_the_plain_depth_for_equal_rows():
+    from specdepth.policies._common import Tables, uniform_depth
+    n, K = 4, 8
+    costs = Tables(np.linspace(10e-3, 12e-3, n * K + 1), np.r_[0.0, np.full(n, 3e-3)])   # 3 ms a position
+    even = np.full(n, 0.8)
+    assert uniform_depth(even, costs, K, np.array([100, 50, 30, 10]))[0] == uniform_depth(even, costs, K)[0]
+    mixed = np.array([0.35, 0.97, 0.97, 0.97])
+    plain = uniform_depth(mixed, costs, K)[0]
+    drain = uniform_depth(mixed, costs, K, np.full(n, 100))[0]
+    assert drain < plain    # the slow row sets the end: the fast rows' deep drafts only lengthen its steps
+
+
 def test_position_factor_is_optimistic_only_where_it_rests_on_little_evidence():
     """A draft position judged worse than the row estimates (factor < 1) on a few dozen tokens is raised
     toward 1, so it is drafted again and the judgement corrected; on ample evidence the factor is the
