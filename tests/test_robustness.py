@@ -326,6 +326,30 @@ def test_robustness_draw_is_seeded_and_runs_through_the_experiment_config(tmp_pa
     assert "oracle_expected" in written and str(cell_node(small)["seed"]) in written
 
 
+def test_paired_comparison_reads_the_variant_against_the_draws_own_baselines(tmp_path, capsys):
+    import json
+
+    import paired
+    cells = [dict(id=i, hardware="h200", model="llama3_8b", acc="iid", kind="closed", batch=4, out_mean=64,
+                  backend=dict(step_overhead_s=0.0, position_overhead_s=0.0)) for i in range(2)]
+    for root, good in ((tmp_path / "draw", (90.0, 100.0)), (tmp_path / "var", (99.0, 100.0))):
+        root.mkdir()
+        (root / "cells.json").write_text(json.dumps(cells))
+        for i, g in enumerate(good):
+            pols = {"goodput": g} if root.name == "var" else {"goodput": g, "none": 50.0, **{
+                f"fixed{k}": 100.0 - k for k in range(1, 9)}}
+            for pol, thr in pols.items():
+                d = root / f"c{i}" / pol
+                d.mkdir(parents=True)
+                (d / "summary.json").write_text(json.dumps(dict(throughput_tok_s=thr, tpot_p50_s=0.01)))
+    paired.main([str(tmp_path / "draw"), str(tmp_path / "var")])
+    out = capsys.readouterr().out
+    assert "goodput, 2 cells" in out
+    assert "draw:    worst 0.909, geo-mean 0.9583, < 0.99: 1, < 0.95: 1" in out   # 90 / 99 and 100 / 99
+    assert "variant: worst 1.000, geo-mean 1.0050, < 0.99: 0" in out
+    assert "0.909 -> 1.000" in out
+
+
 def test_runner_job_config_resolves_exactly_as_the_cli_composes_it():
     """run.py builds each job's config from the pre-resolved presets; it must equal what
     `specdepth experiment=robustness pol=... cell=...` resolves (so config.yaml and resume agree)."""

@@ -1,0 +1,53 @@
+"""A policy change, paired on one draw: the draw's own runs of a policy against a variant's runs of it on the
+same cells (the same seeds, the same none / fixed 1-8 baselines).
+
+    .venv/bin/python experiments/robustness/run.py --seed 2026 --only pol=goodput --out outputs/variant \
+        policies.goodput.drain=false                      # the variant's runs of goodput, another folder
+    .venv/bin/python experiments/robustness/paired.py outputs/robustness/seed2026 outputs/variant/seed2026 \
+        --policies goodput
+
+Prints, for each policy, the figures analyze.py reports (worst and geo-mean ratio to max(none, best fixed),
+cells below 0.99 / 0.95, cells more than 1 % below none, worst TPOT p50 ratio and cells above 1.02 on poisson
+cells) for the draw's runs and the variant's, over the cells both have, and the cells that moved most.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from analyze import _gm, _where, load, table
+
+
+def figures(rows, p) -> str:
+    ratios = [r["ratio"][p] for r in rows]
+    tp = [r["tpot"][p] for r in rows if "tpot" in r]
+    return (f"worst {min(ratios):.3f}, geo-mean {_gm(ratios):.4f}, < 0.99: {sum(x < 0.99 for x in ratios)}, "
+            f"< 0.95: {sum(x < 0.95 for x in ratios)}, > 1 % below none: "
+            f"{sum(r['vs_none'][p] < 0.99 for r in rows)}, TPOT worst {max(tp, default=float('nan')):.3f} "
+            f"(> 1.02: {sum(x > 1.02 for x in tp)})")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("draw", type=Path, help="the draw's folder (run.py's <out>/seed<seed>)")
+    ap.add_argument("variant", type=Path, help="the variant's folder for the same seed")
+    ap.add_argument("--policies", default="goodput", help="comma-separated")
+    ap.add_argument("--moved", type=int, default=5, help="cells that moved most, each way")
+    a = ap.parse_args(argv)
+    cells, runs = load(a.draw)
+    _, other = load(a.variant)
+    for p in a.policies.split(","):
+        both = {cid for cid, q in other if q == p} & {cid for cid, q in runs if q == p}
+        mine = [r for r in table(cells, runs) if r["cell"]["id"] in both]
+        var = {**runs, **{k: v for k, v in other.items() if k[1] == p}}
+        theirs = {r["cell"]["id"]: r for r in table(cells, var) if r["cell"]["id"] in both}
+        print(f"{p}, {len(mine)} cells")
+        print(f"  draw:    {figures(mine, p)}")
+        print(f"  variant: {figures(list(theirs.values()), p)}")
+        moved = sorted(mine, key=lambda r: theirs[r["cell"]["id"]]["ratio"][p] - r["ratio"][p])
+        for r in (moved if len(moved) <= 2 * a.moved else moved[:a.moved] + moved[-a.moved:]):
+            print(f"    {_where(r)}: {r['ratio'][p]:.3f} -> {theirs[r['cell']['id']]['ratio'][p]:.3f}")
+
+
+if __name__ == "__main__":
+    main()
