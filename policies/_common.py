@@ -267,26 +267,36 @@ def _by_position(column, K, G, costs, n, base):
     return ms, e, ver[x] + tdraft
 
 
-def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarray | None = None) -> tuple[int, float]:
+def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarray | None = None,
+                  rates: np.ndarray | None = None) -> tuple[int, float]:
     """The one depth k in 0..kmax for every row that maximises expected emitted tokens / step time:
     E_k = sum_i (1 - a_i^(k+1)) / (1 - a_i) (Leviathan et al.), T_k = verify[n k] + k x draft[n] (StepCost-like
     tables). Adding position k is worth it exactly when its expected tokens beat the goodput times its cost,
     so no position is drafted whose expected gain at the acceptance estimate is below its cost.
     `remaining` (tokens each row has left; given when no request will join the batch again): the run ends
     with its slowest row, so k minimises the predicted time to finish them all, max_i remaining_i / e_i(k)
-    steps of T_k each (e_i(k) the row's expected tokens per step), instead; with equal estimates that is the
-    same k. Returns (k, predicted goodput)."""
-    a = np.clip(np.asarray(acceptance, float), 0.0, 0.999)
-    n = a.size
+    steps of T_k each, instead. e_i(k) is the batch's mean expected tokens per step times row i's share at
+    the per-row `rates` (rows that really differ, e.g. `shrunk_rates`; default `acceptance`): with rows alike
+    that is the plain k, whatever the remaining lengths. Returns (k, predicted goodput)."""
     ks = np.arange(kmax + 1)
-    e = (1.0 - a[None, :] ** (ks[:, None] + 1)) / (1.0 - a[None, :])   # [k, row] expected tokens per step
+    e = _expected_tokens(acceptance, ks)   # [k, row] expected tokens per step
+    n = e.shape[1]
     T = costs.verify[np.minimum(n * ks, costs.verify.size - 1)] + ks * costs.draft[n]
     if remaining is None:
         g = e.sum(axis=1) / T
     else:
-        g = float(np.sum(remaining)) / ((np.asarray(remaining, float)[None, :] / e).max(axis=1) * T)
+        if rates is not None:
+            f = _expected_tokens(rates, ks)
+            e = e.mean(axis=1, keepdims=True) * f / f.mean(axis=1, keepdims=True)
+        rem = np.asarray(remaining, float)
+        g = float(rem.sum()) / ((rem[None, :] / e).max(axis=1) * T)
     k = int(np.argmax(g))
     return k, float(g[k])
+
+
+def _expected_tokens(acceptance, ks: np.ndarray) -> np.ndarray:
+    a = np.clip(np.asarray(acceptance, float), 0.0, 0.999)
+    return (1.0 - a[None, :] ** (ks[:, None] + 1)) / (1.0 - a[None, :])
 
 
 class CostAwareDepth:
@@ -311,7 +321,8 @@ class CostAwareDepth:
         costs = self._calib.correct(self._costs.update(view, kmax))
         if self.drain and view.requests_left == 0:
             st = self._seq.align(view.request_ids)
-            return uniform_depth(shrunk_rates(st[:, 0], st[:, 1], view.acceptance), costs, kmax, view.remaining)[0]
+            return uniform_depth(view.acceptance, costs, kmax, view.remaining,
+                                 shrunk_rates(st[:, 0], st[:, 1], view.acceptance))[0]
         return uniform_depth(view.acceptance, costs, kmax)[0]
 
     def observe(self, view, accepted=None) -> None:
@@ -327,7 +338,8 @@ def shrunk_rates(accepted: np.ndarray, rejected: np.ndarray, level: np.ndarray) 
     e.g. view.acceptance, the estimate the policy uses anyway) plus each row's own deviation from the pooled
     rate in its counts (accepted / (accepted + rejected)), shrunk by the empirical-Bayes factor
     tau^2 / (tau^2 + sigma_i^2): tau^2 the spread between rows beyond what the counts' binomial noise sigma_i^2
-    explains. Rows that differ only by chance (and a single row) all get the level."""
+    explains (by two standard errors of the spread's estimate, which few rows make loose). Rows that differ
+    only by chance (and a single row) all get the level."""
     level = float(np.mean(level))
     n = accepted + rejected
     seen = n > 0
@@ -336,7 +348,8 @@ def shrunk_rates(accepted: np.ndarray, rejected: np.ndarray, level: np.ndarray) 
     pooled = float(accepted[seen].sum() / n[seen].sum())
     rate = np.where(seen, accepted / np.maximum(n, 1.0), pooled)
     noise = pooled * (1.0 - pooled) / np.maximum(n, 1.0)
-    tau2 = max(float(np.var(rate[seen]) - noise[seen].mean()), 0.0)
+    m = int(seen.sum())   # the spread must exceed the noise by two standard errors of a variance of m rows
+    tau2 = max(float(np.var(rate[seen]) - noise[seen].mean() * (1.0 + 2.0 * math.sqrt(2.0 / (m - 1)))), 0.0)
     shrink = np.where(seen, tau2 / (tau2 + noise + 1e-12), 0.0)
     return np.clip(level + shrink * (rate - pooled), 0.0, 0.999)
 

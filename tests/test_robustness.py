@@ -114,6 +114,9 @@ def test_uniform_depth_drain_follows_the_slowest_row_and_equals_the_plain_depth_
     plain = uniform_depth(mixed, costs, K)[0]
     drain = uniform_depth(mixed, costs, K, np.full(n, 100))[0]
     assert drain < plain    # the slow row sets the end: the fast rows' deep drafts only lengthen its steps
+    noisy = np.array([0.6, 0.9, 0.75, 0.85])   # rows alike (equal rates) with noisy estimates: the plain k
+    for rem in (np.full(n, 100), np.array([100, 50, 30, 10])):
+        assert uniform_depth(noisy, costs, K, rem, np.full(n, 0.78))[0] == uniform_depth(noisy, costs, K)[0]
 
 
 def test_position_factor_is_optimistic_only_where_it_rests_on_little_evidence():
