@@ -107,7 +107,7 @@ ROWS = [
     ("3", "acceptance=trace acceptance.path=/nonexistent/t.jsonl", "/nonexistent/t.jsonl"),
     ("3", TABLE % "csv_cols.csv", "csv_cols.csv lacks columns"),
     ("3", TABLE % "csv_value.csv", "csv_value.csv:2"),
-    ("3", TABLE % "csv_which.csv", "csv_which.csv:2: model must be target or draft"),
+    ("3", TABLE % "csv_which.csv", "csv_which.csv:2: model must be target, draft or draft_next"),
     ("3", TABLE % "csv_grid.csv", "full batch x query x context grid"),
     ("3", "cost=table cost.path=/nonexistent/p.csv", "cost.path: profile CSV not found"),
     ("3", "backend.clock_profile={csv_cols.csv}", "backend.clock_profile"),
