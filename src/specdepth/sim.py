@@ -106,9 +106,9 @@ class SimExecutor(Executor):
         return self.outcomes.confidence(rows, position), t + self.position_overhead_s, f
 
     def draft_block(self, depths):
-        if self.catch_up:   # position 0 with each row's catch-up tokens, then one token per position
+        if self.catch_up or self._next:   # position 0 (with each row's catch-up tokens), then one token per position
             m = np.flatnonzero(depths > 0)
-            t, f = self._forward("draft", self.rows.sim_ctx[m], self.rows.sim_lag[m])
+            t, f = self._forward("draft", self.rows.sim_ctx[m], self.rows.sim_lag[m] if self.catch_up else None)
             ctx, rest = self.rows.sim_ctx[m] + 1, depths[m] - 1
             f += self.cost.draft_positions(ctx, rest)[1]
             if self.pad_ragged:
@@ -117,14 +117,6 @@ class SimExecutor(Executor):
                 ctx, rest)[0]
         elif self._exact:
             t, f = self.cost.draft_positions(self.rows.sim_ctx, depths)
-        elif self._next:   # position 0 from the draft rows, the later positions from the draft_next rows
-            m = np.flatnonzero(depths > 0)
-            t, f = self._forward("draft", self.rows.sim_ctx[m])
-            ctx, rest = self.rows.sim_ctx[m] + 1, depths[m] - 1
-            f += self.cost.draft_positions(ctx, rest)[1]
-            if self.pad_ragged:
-                ctx = self._pad(ctx)[0]
-            t += self.clock_cost.next_draft_positions(ctx, rest)[0]
         else:
             ctx = self.rows.sim_ctx
             f = self.cost.draft_positions(ctx, depths)[1]
