@@ -133,6 +133,15 @@ def test_table_cost_interpolation(tmp_path):
     assert c.lookup("target", 8, 4, 0) == pytest.approx(2 * 2.6)    # beyond the grid: scales with tokens
     assert c.lookup("draft", 1, 1, 0) == pytest.approx(0.55)
     assert c.draft_forward(np.array([0]))[0] == pytest.approx(0.55)
+    # the policies' tables (one compiled call) equal the base class's point-by-point lookups
+    from specdepth.cost import CostModel
+    ctx = np.array([0, 37, 180, 260, 90])   # past the last context point too
+    for totals, rows in ((np.arange(0, 60), np.arange(0, 6)), (np.array([0.0, 2.5, 7.0]), np.array([0, 3, 9]))):
+        np.testing.assert_allclose(c.verify_times(ctx, totals), CostModel.verify_times(c, ctx, totals), rtol=1e-12)
+        np.testing.assert_allclose(c.draft_times(77.0, rows), CostModel.draft_times(c, 77.0, rows), rtol=1e-12)
+    pts = np.array([[1, 1, 0], [3, 2, 30], [8, 4, 100], [64, 9, 250], [0.5, 0.2, -1]], float)
+    np.testing.assert_allclose(c.lookups("target", *pts.T.copy()), [c.lookup("target", *pt) for pt in pts], rtol=1e-15)
+    assert c.lookup("target", 2, 1, 0) != c.lookup("target", 4, 1, 0)
     p.write_text("\n".join(lines[:-1]) + "\n")
     with pytest.raises(ConfigError, match="full batch x query x context grid"):
         TableCost(arch, arch, path=str(p))

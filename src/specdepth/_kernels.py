@@ -363,3 +363,53 @@ def roofline_positions(ctx, depths, a, b, w, kv, inv_f, inv_b, oh, ca):
         seconds += _roofline_seconds(f, n, c, w, kv, inv_f, inv_b, oh, ca)
         flops += f
     return seconds, flops
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _grid_axis(grid, x, extrapolate):
+    """(lower index, weight of the upper point) of x on a sorted axis; clamped to [0, 1] unless extrapolate."""
+    if grid.shape[0] == 1:
+        return 0, 0.0
+    i = np.searchsorted(grid, x, side="right") - 1
+    i = min(max(i, 0), grid.shape[0] - 2)
+    w = (x - grid[i]) / (grid[i + 1] - grid[i])
+    if extrapolate:
+        return i, w
+    return i, min(max(w, 0.0), 1.0)
+
+
+@njit(cache=True, nogil=True)
+def table_lookup(lb, lq, C, T, batch, query, context, out):
+    """The profile table's time at each (batch, query, context): multilinear in (log2 batch, log2 query,
+    context) inside the grid (lb, lq: log2 of the batch and query points), proportional to the tokens beyond
+    its largest batch x query, linear beyond its largest context; at least half the table's smallest time.
+    (The one kernel whose log2 and power can differ from numpy's in the last bit: they are LLVM's.)"""
+    floor = T.min() * 0.5
+    for k in range(out.shape[0]):
+        b2 = np.log2(max(batch[k], 1.0))
+        q2 = np.log2(max(query[k], 1.0))
+        scale = 1.0
+        if b2 > lb[-1]:
+            scale *= 2.0 ** (b2 - lb[-1])
+            b2 = lb[-1]
+        if q2 > lq[-1]:
+            scale *= 2.0 ** (q2 - lq[-1])
+            q2 = lq[-1]
+        ib, wb = _grid_axis(lb, b2, False)
+        iq, wq = _grid_axis(lq, q2, False)
+        ic, wc = _grid_axis(C, context[k], context[k] > C[-1])
+        total = 0.0
+        for db in range(2):
+            fb = wb if db else 1.0 - wb
+            if fb == 0.0 or ib + db >= lb.shape[0]:
+                continue
+            for dq in range(2):
+                fq = wq if dq else 1.0 - wq
+                if fq == 0.0 or iq + dq >= lq.shape[0]:
+                    continue
+                for dc in range(2):
+                    fc = wc if dc else 1.0 - wc
+                    if fc == 0.0 or ic + dc >= C.shape[0]:
+                        continue
+                    total += fb * fq * fc * T[ib + db, iq + dq, ic + dc]
+        out[k] = max(total, floor) * scale

@@ -396,44 +396,35 @@ class TableCost(CostModel):
                               f"({int(np.isnan(T).sum())} of {T.size} points missing)")
         return np.log2(B), np.log2(Q), C, T
 
-    @staticmethod
-    def _axis(grid: np.ndarray, x: float, extrapolate: bool = False):
-        """(lower index, weight of the upper point) of x on a sorted axis; clamped unless extrapolate."""
-        if grid.size == 1:
-            return 0, 0.0
-        i = int(np.clip(np.searchsorted(grid, x, side="right") - 1, 0, grid.size - 2))
-        w = (x - grid[i]) / (grid[i + 1] - grid[i])
-        return i, (w if extrapolate else min(max(w, 0.0), 1.0))
-
     def lookup(self, which: str, batch: float, query: float, context: float) -> float:
-        lb, lq, C, T = self._grid[which]
-        b2, q2 = np.log2(max(batch, 1.0)), np.log2(max(query, 1.0))
-        scale = 1.0
-        if b2 > lb[-1]:
-            scale *= 2.0 ** (b2 - lb[-1])
-            b2 = lb[-1]
-        if q2 > lq[-1]:
-            scale *= 2.0 ** (q2 - lq[-1])
-            q2 = lq[-1]
-        ib, wb = self._axis(lb, b2)
-        iq, wq = self._axis(lq, q2)
-        ic, wc = self._axis(C, float(context), extrapolate=context > C[-1])
-        total = 0.0
-        for db, fb in ((0, 1 - wb), (1, wb)):
-            if fb == 0.0 or ib + db >= lb.size:
-                continue
-            for dq, fq in ((0, 1 - wq), (1, wq)):
-                if fq == 0.0 or iq + dq >= lq.size:
-                    continue
-                for dc, fc in ((0, 1 - wc), (1, wc)):
-                    if fc == 0.0 or ic + dc >= C.size:
-                        continue
-                    total += fb * fq * fc * T[ib + db, iq + dq, ic + dc]
-        return float(max(total, float(T.min()) * 0.5) * scale)
+        """Seconds of one forward of `which` at (batch, query, context), interpolated (see the class)."""
+        out = np.empty(1)
+        _k.table_lookup(*self._grid[which], np.array([batch], float), np.array([query], float),
+                        np.array([context], float), out)
+        return float(out[0])
+
+    def lookups(self, which: str, batch: np.ndarray, query: np.ndarray, context: np.ndarray) -> np.ndarray:
+        """lookup() of many points at once (1-d float arrays of one length): the policies' step-time tables."""
+        out = np.empty(len(context))
+        _k.table_lookup(*self._grid[which], batch, query, context, out)
+        return out
 
     def _time(self, which, tokens, flops, ctx_tokens, seqs):
         n = max(float(seqs), 1.0)
         return self.lookup(which, n, tokens / n, ctx_tokens / n)
+
+    def verify_times(self, ctx: np.ndarray, totals: np.ndarray) -> np.ndarray:
+        """The base class's table, every point looked up in one call."""
+        n, c = ctx.shape[0], float(np.sum(ctx))
+        t = n * (np.asarray(totals, float) / n + 1.0)
+        nf = max(float(n), 1.0)
+        return self.lookups("target", np.full(t.shape, nf), t / nf, np.full(t.shape, c / nf))
+
+    def draft_times(self, context: float, rows: np.ndarray) -> np.ndarray:
+        """The base class's table, every point looked up in one call (0 rows: 0 seconds)."""
+        m = np.asarray(rows, float)
+        mf = np.maximum(m, 1.0)
+        return np.where(m > 0, self.lookups("draft", mf, m / mf, (m * context) / mf), 0.0)
 
     # --- the draft forwards after the first of a step (the draft_next rows; the draft rows without them) ---
     def next_draft_forward(self, ctx: np.ndarray, q: np.ndarray | None = None) -> tuple[float, float]:
