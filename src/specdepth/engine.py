@@ -228,18 +228,21 @@ class Engine:
     # ---- the loop ---------------------------------------------------------------------------------
     def run(self) -> RunResult:
         self._start()
-        while self._next < len(self.requests) or self.rows.n:
-            s = Step(self._step, self.clock.begin_step())
-            self._admit(s)
-            if self.rows.n == 0:
+        rows, total, begin = self.rows, len(self.requests), self.clock.begin_step
+        admit, plan, draft, verify, commit, record, retire = (self._admit, self._plan, self._draft, self._verify,
+                                                              self._commit, self._record, self._retire)
+        while self._next < total or rows.n:
+            s = Step(self._step, begin())
+            admit(s)
+            if rows.n == 0:
                 self._idle(s)
                 continue
-            self._plan(s)
-            self._draft(s)
-            self._verify(s)
-            self._commit(s)
-            self._record(s)
-            self._retire(s)
+            plan(s)
+            draft(s)
+            verify(s)
+            commit(s)
+            record(s)
+            retire(s)
         return self._finish()
 
     def _start(self) -> None:
@@ -260,6 +263,8 @@ class Engine:
         self._need_conf = self._has_keep or self._has_obs or recorder
         self.res = RunResult(token_budget=self.budget)
         self._joint = np.zeros((cfg.max_depth + 1) ** 2, np.int64)   # (drafted, accepted) per (row, step)
+        self._no_drafts = np.zeros(self._cap, np.int64)
+        self._no_drafts.flags.writeable = False
         self._next = self._step = self._hptr = 0
         self._commit_version = -1
         self._max_depth, self._max_tokens, self._history = cfg.max_depth, cfg.max_num_batched_tokens, cfg.history
@@ -332,7 +337,7 @@ class Engine:
         """Position by position over the rows still drafting, or one block when nobody stops early."""
         n, kmax, ex = s.batch_size, s.max_depth, self.executor
         if not kmax:
-            s.row_drafted = np.zeros(n, np.int64)
+            s.row_drafted = self._no_drafts[:n]   # read-only zeros
             return
         if not self._need_conf:
             s.draft_s, f = ex.draft_block(s.depths)

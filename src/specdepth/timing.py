@@ -80,8 +80,8 @@ class SimulatedOutcomes:
     def decide(self, drafted: np.ndarray, ctx: np.ndarray | None = None) -> np.ndarray:
         """Accepted drafts per row (the leading accepted run, at most drafted[i]); the model advances by
         those plus the bonus/correction token. ctx, when given, advances by the same."""
-        if not self.k:   # nothing drafted this step: one token each
-            accepted = np.zeros(drafted.shape[0], np.int64)
+        if not self.k:   # nothing drafted this step (drafted is all zeros): one token each
+            accepted = drafted
         elif self.acc is None and (accepted := self.model.leading(drafted)) is not None:
             pass
         else:
