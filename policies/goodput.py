@@ -121,8 +121,9 @@ class Goodput(Policy):
         S = np.cumprod(np.minimum(a[:, None] * self._pool.position_factor(K), 0.999), axis=1)   # slot survival
         S[np.arange(K)[None, :] >= rowcap[:, None]] = 0.0      # past the request's end: worth nothing
         self._w = w = self._drain_weights(view, S)
-        if self.ranking == "global":
-            depths, G = self._plan_global(S, costs, n)
+        if self.ranking == "global":   # draining: the same weights as the position ranking (and keep_drafting)
+            depths, G = self._plan_global(S, costs, n) if w is None else self._plan_global(S * w[:, None], costs,
+                                                                                            float(w.sum()))
         elif w is None:   # ties toward the rows with more tokens left: no row falls behind the batch
             depths, G = plan_by_position(S, costs, self._G, tie=remaining)
         else:
@@ -153,12 +154,14 @@ class Goodput(Policy):
         return steps / max(float(steps.max()), 1e-12)
 
     @staticmethod
-    def _plan_global(S, costs, n):
-        """vLLM DSpark / SmartSpec as described: every slot ranked by survival, best prefix by goodput."""
+    def _plan_global(S, costs, base):
+        """vLLM DSpark / SmartSpec as described: every slot ranked by survival, best prefix by goodput (base:
+        the value of the step's one token per row)."""
+        n = S.shape[0]
         rows, cols = np.nonzero(S > 0)
         surv = S[rows, cols]
         order = np.lexsort((cols, -surv))
-        m, g = best_prefix(n, rows[order], cols[order], surv[order], costs, float(n))
+        m, g = best_prefix(n, rows[order], cols[order], surv[order], costs, float(base))
         return np.bincount(rows[order[:m]], minlength=n).astype(np.int64), g
 
     def keep_drafting(self, view, position, confidence):

@@ -39,8 +39,9 @@ class LinearCost:
 
 
 def make_view(n=4, *, ids=None, remaining=100, ctx=500, max_depth=16, cap=8192, budget=256, cost=None,
-              step=0, now=0.0):
-    """A view of n rows as the engine builds it (its row table, a Step), outside of a run."""
+              step=0, now=0.0, requests_left=0):
+    """A view of n rows as the engine builds it (its row table, a Step), outside of a run (requests_left:
+    requests still to join; 0, the default, is a closed batch, where the policies drain)."""
     rows = engine_rows(history=8)
     ids = list(range(n)) if ids is None else list(ids)
     rem = np.broadcast_to(np.asarray(remaining), (n,))
@@ -49,7 +50,7 @@ def make_view(n=4, *, ids=None, remaining=100, ctx=500, max_depth=16, cap=8192, 
     rows.prompt_len[new] = int(ctx)
     rows.output_len[new] = rem + 1
     view = StepView(rows, budget, max_depth, cap, cost or LinearCost(), 0.7)
-    view.bind(Step(step, now, batch_size=n, now_s=now), 0)
+    view.bind(Step(step, now, batch_size=n, now_s=now, requests_left=requests_left), 0)
     return view
 
 
@@ -236,7 +237,7 @@ def test_goodput_position_grouping_beats_global_ranking_at_large_batch():
     ev = {}
     for ranking in ("position", "global"):
         p = Goodput(use_confidence=False, ranking=ranking)
-        v = make_view(n, cost=cost)
+        v = make_view(n, cost=cost, requests_left=1000)   # steady state: requests keep joining, no drain
         p._alpha = lambda view, e=est: e
         d = p.plan(v)
         tokens = n + sum((est ** (j + 1) * (d > j)).sum() for j in range(int(d.max(initial=0))))
@@ -378,3 +379,18 @@ def test_goodput_not_below_best_fixed_on_a_small_iid_cell(base_cfg):
         return steps[full, 6].sum() / (steps[full, 10] + steps[full, 11]).sum()
     best_fixed = max(thr("fixed", **{"policy.depth": k}) for k in (2, 3, 4, 6))
     assert thr("goodput") > 0.97 * best_fixed
+
+
+def test_goodput_global_ranking_drains_like_the_position_ranking():
+    """Draining (no request left to join), the global ranking weights slots by the rows' expected remaining
+    steps as the position ranking and keep_drafting do: the row far ahead drafts less than the slowest one."""
+    cost = LinearCost(v0=12e-3, v1=2e-4, d0=1e-3, d1=5e-5)
+    depths = {}
+    for ranking in ("position", "global"):
+        for drain in (True, False):
+            p = Goodput(use_confidence=False, ranking=ranking, drain=drain)
+            p._alpha = lambda view: np.full(view.batch_size, 0.8)
+            depths[ranking, drain] = p.plan(make_view(2, remaining=np.array([200, 30]), cost=cost))
+    for ranking in ("position", "global"):
+        assert depths[ranking, False][0] == depths[ranking, False][1]
+        assert depths[ranking, True][0] > depths[ranking, True][1], (ranking, depths)
