@@ -9,7 +9,8 @@ class BatchScaled(CostAwarePolicy):
     """One depth for the whole batch from the token budget and the batch: at most
     max(1, floor((budget - batch) / batch)) (deep when compute is idle, shallow when busy) and at most
     `max_depth`; within that, the depth that maximises the batch's expected
-    tokens per second at the engine's running acceptance estimates (view.acceptance), priced with the
+    tokens per second at the batch's acceptance level (the running requests' accepted drafts per verified
+    draft token, shrunk toward all requests' rate: `_common.CostAwareDepth`), priced with the
     view's cost model corrected online by the measured step costs (`_common.CostCalibration`). So it never
     drafts a position whose expected gain is below its cost, on any hardware (the budget alone drafted 16
     deep at batch 1). `use_budget=false` drops the budget cap (the cost rule alone). `drain` (default on): once

@@ -8,8 +8,9 @@ from ._common import CostAwarePolicy, fit_token_cap
 class ConfidenceThreshold(CostAwarePolicy):
     """Per sequence: keep drafting while the draft's confidence >= `threshold`, up to a depth cap.
 
-    The cap is the one depth that maximises the batch's expected tokens per second at the engine's running
-    acceptance estimates (view.acceptance), priced with the view's cost model corrected online by the
+    The cap is the one depth that maximises the batch's expected tokens per second at the batch's acceptance
+    level (the running requests' accepted drafts per verified draft token, shrunk toward all requests' rate:
+    `_common.CostAwareDepth`), priced with the view's cost model corrected online by the
     measured step costs (`_common.CostCalibration`), and at most `max_depth` (`cost_aware=false`: `max_depth`,
     the confidence alone stops): no position is drafted whose
     expected gain is below its cost, and the confidence stops a sequence earlier on a token the draft
