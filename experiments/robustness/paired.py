@@ -39,6 +39,10 @@ def main(argv=None):
     for p in a.policies.split(","):
         both = {cid for cid, q in other if q == p} & {cid for cid, q in runs if q == p}
         mine = [r for r in table(cells, runs) if r["cell"]["id"] in both]
+        if not mine:
+            raise SystemExit(f"paired.py: no cell where both {a.draw} (with its none / fixed baselines) and "
+                             f"{a.variant} have a finished {p!r} run: the draw (first argument) must be run.py's "
+                             f"full draw, the variant (second) a run of the same seed")
         var = {**runs, **{k: v for k, v in other.items() if k[1] == p}}
         theirs = {r["cell"]["id"]: r for r in table(cells, var) if r["cell"]["id"] in both}
         print(f"{p}, {len(mine)} cells")
