@@ -305,11 +305,13 @@ class CostAwareDepth:
 
     Acceptance: one level for the batch, the running requests' accepted drafts per verified draft token
     (accepted + rejections), shrunk toward all requests' rate (`prior_tokens` pseudo-tokens; that rate starts at
-    `prior` and forgets with a memory of `memory` drafted tokens) and raised by `optimism` standard errors.
+    `prior` and forgets with a memory of `memory` drafted tokens), optionally raised by `optimism` standard
+    errors (0 by default: +1 lost up to 7 % on short runs, which it starts deeper, on the development draws).
     The engine's per-row estimate (view.acceptance) forgets by 0.8 a step: at batch 1, three rejections in a
     row put it below what a draft costs, no draft is made after that, and it never recovers (measured: 0.77 of
-    fixed depth 2 on a held-out cell, c208 of seed 2029). This level rests on the requests' whole histories,
-    and while few tokens back it the optimism keeps a batch drafting until the evidence says stop.
+    fixed depth 2 on a held-out cell, c208 of seed 2029). This level rests on the requests' whole histories.
+    Not solved: a batch whose prior level (0.7) says no draft pays never drafts, so never learns a higher one
+    (c125 of seed 2030: a = 0.92 at batch 159, 0.80 of fixed depth 2).
     `drain`: once no request is left to join (view.requests_left == 0), the depth that finishes the batch
     soonest, at per-request rates shrunk toward the level by how much the rows really differ (`shrunk_rates`),
     so that one row unlucky by chance does not set the depth of a batch whose rows are alike."""
