@@ -93,6 +93,16 @@ class StepCost:
         return self
 
 
+def pad_extra(costs, drafted: np.ndarray) -> float:
+    """What a verify would cost more than the ragged prediction if every row were padded to the deepest
+    row's drafts (StepCost tables, uncorrected; 0 when the rows drafted alike)."""
+    n, v = drafted.size, costs.verify
+    if n == 0:
+        return 0.0
+    k = int(drafted.max(initial=0))
+    return float(v[min(n * k, v.size - 1)] - v[min(int(drafted.sum()), v.size - 1)])
+
+
 class CostCalibration:
     """Online correction of the cost model from what the steps really cost (the view's measured_* and
     predicted_* fields, read in observe). Per phase, measured = scale x predicted + fixed x count, with
@@ -115,6 +125,10 @@ class CostCalibration:
         # per phase: decayed sums of [x1 x1, x1 x2, x2 x2, x1 y, x2 y, weight], x = (predicted, count)
         self._sums = {ph: np.zeros(6) for ph in self.PHASES}
         self._fit = {ph: (1.0, 0.0) for ph in self.PHASES}
+        # verify with the padding feature (observe's `pad`): decayed X'X, X'y, weight for x = (predicted, 1, pad)
+        self._pad_xx, self._pad_xy, self._pad_yy, self._pad_w = np.zeros((3, 3)), np.zeros(3), 0.0, 0.0
+        self.pad = 0.0   # seconds per second of padded verify growth (0: the engine packs ragged forwards)
+        self._pad_fit = None   # (scale, fixed) of the verify fit with the padding term, where it is taken
 
     def update(self, phase: str, predicted: float, count: float, measured: float) -> None:
         s = self._sums[phase]
@@ -138,15 +152,57 @@ class CostCalibration:
             return (max(b1 / a11, 0.0), 0.0) if fixed < 0.0 else (0.0, max(b2 / a22, 0.0))
         return (scale, fixed)
 
-    def observe(self, view) -> None:
-        """Add this step's measured vs predicted costs (call from observe; a no-op where none)."""
+    def observe(self, view, pad: float | None = None) -> None:
+        """Add this step's measured vs predicted costs (call from observe; a no-op where none). `pad`: what
+        the verify would cost more than predicted if the engine padded every row to the step's deepest one
+        (`StepCost.pad_extra`); given, the fit also learns how much of that the engine pays (`self.pad`)."""
         mv = view.measured_verify_s
         if mv is None:
             return
         self.update("verify", view.predicted_verify_s, 1.0, mv)
+        if pad is not None:
+            self._update_pad(view.predicted_verify_s, pad, mv)
         forwards = view.draft_forwards
         if forwards:
             self.update("draft", view.predicted_draft_s, float(forwards), view.measured_draft_s)
+
+    def _update_pad(self, predicted: float, pad: float, measured: float) -> None:
+        """measured = scale x predicted + fixed + pad x (padded - predicted), least squares with the same
+        forgetting. The padding term is taken (`self.pad`, with its own scale and fixed part) only where the
+        data identify it: its coefficient at least three standard errors above 0 and 2 % of the scale, and the fit
+    better than without it by 1 % of a step's cost (RMS). A
+        ragged engine's constant per-step cost cannot pass for padding even when the padding feature barely
+        varies (the prior's pull on the fixed part once did, on a cell with no padding)."""
+        keep = math.exp(-1.0 / self.memory)
+        x = np.array([predicted, 1.0, pad])
+        self._pad_xx = self._pad_xx * keep + np.outer(x, x)
+        self._pad_xy = self._pad_xy * keep + x * measured
+        self._pad_yy = self._pad_yy * keep + measured * measured
+        self._pad_w = self._pad_w * keep + 1.0
+        self.pad, self._pad_fit = 0.0, None
+        if self._pad_w < 4.0 or self._pad_xx[2, 2] <= 0.0:
+            return
+        A = self._pad_xx + np.diag(np.diag(self._pad_xx)) * 1e-9
+        try:
+            inv = np.linalg.inv(A)
+        except np.linalg.LinAlgError:
+            return
+        coef = inv @ self._pad_xy
+        rss = self._rss(coef, 3)
+        se = math.sqrt(rss / (self._pad_w - 3.0) * max(inv[2, 2], 0.0))
+        try:   # without the padding term: what it must improve on, by at least 1 % of a step's cost (RMS)
+            rss2 = self._rss(np.linalg.solve(A[:2, :2], self._pad_xy[:2]), 2)
+        except np.linalg.LinAlgError:
+            return
+        gain = (rss2 - rss) / self._pad_w >= (0.01 * self._pad_xy[1] / self._pad_w) ** 2
+        if gain and coef[0] > 0.0 and coef[1] >= 0.0 and coef[2] > 3.0 * se and coef[2] > 0.02 * coef[0]:
+            self.pad = float(min(coef[2], coef[0]))
+            self._pad_fit = (float(coef[0]), float(coef[1]))
+
+    def _rss(self, coef: np.ndarray, k: int) -> float:
+        """Residual sum of squares of the padding fit's first k features at coefficients coef."""
+        xx, xy = self._pad_xx[:k, :k], self._pad_xy[:k]
+        return max(self._pad_yy - 2.0 * coef @ xy + coef @ xx @ coef, 0.0)
 
     def params(self, phase: str) -> tuple[float, float]:
         """(scale, fixed seconds per step or per draft position) of a phase."""
@@ -158,14 +214,22 @@ class CostCalibration:
         sd, cd = self._fit["draft"]
         d = sd * costs.draft + cd
         d[0] = 0.0
-        return Tables(sv * costs.verify + cv, d)
+        if not self.pad:
+            return Tables(sv * costs.verify + cv, d)
+        sv, cv = self._pad_fit
+        # padded: a plan with x drafts over P positions pays verify'[x] + pad[0] + ... + pad[P-1]
+        v, n = costs.verify, costs.draft.size - 1
+        at = np.minimum(np.arange(v.size // max(n, 1) + 1) * n, v.size - 1)   # x = n p: every row p deep
+        pv = self.pad
+        return Tables((sv - pv) * v + cv + pv * v[0], d, pv * np.diff(v[at]))
 
 
 class Tables:
-    """A pair of step-time tables (`verify`, `draft`) in StepCost's layout."""
+    """Step-time tables in StepCost's layout: `verify`, `draft`, and `pad` (None, or pad[p]: the seconds that
+    opening draft position p adds to a padded verify, whatever the number of rows drafting there)."""
 
-    def __init__(self, verify: np.ndarray, draft: np.ndarray):
-        self.verify, self.draft = verify, draft
+    def __init__(self, verify: np.ndarray, draft: np.ndarray, pad: np.ndarray | None = None):
+        self.verify, self.draft, self.pad = verify, draft, pad
 
 
 def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | None = None,
@@ -249,11 +313,12 @@ def _by_position(column, K, G, costs, n, base):
     """Position by position, the number of rows m_p that maximises value - G x (draft forward + verify
     growth); stops at the first position where none pays. Returns ([m_p], expected value, seconds)."""
     ms, x, e, tdraft, prev = [], 0, base, 0.0, n
-    ver, dr = costs.verify, costs.draft
+    ver, dr, pad = costs.verify, costs.draft, getattr(costs, "pad", None)
     nested = isinstance(column, _NestedColumns)
     for p in range(K):
         c = column(p, prev)
-        gain = c - G * (dr[:prev + 1] + ver[x:x + prev + 1] - ver[x])
+        dp = dr[:prev + 1] if pad is None else dr[:prev + 1] + np.where(np.arange(prev + 1) > 0, pad[p], 0.0)
+        gain = c - G * (dp + ver[x:x + prev + 1] - ver[x])
         m = int(np.argmax(gain))
         if m == 0 or gain[m] <= 0:
             break
@@ -261,7 +326,7 @@ def _by_position(column, K, G, costs, n, base):
             column.choose(m)
         ms.append(m)
         e += c[m]
-        tdraft += dr[m]
+        tdraft += dp[m]
         x += m
         prev = m
     return ms, e, ver[x] + tdraft

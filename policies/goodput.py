@@ -3,7 +3,7 @@ import numpy as np
 from specdepth.errors import as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
-from ._common import CostCalibration, PerRequest, StepCost, best_prefix, plan_by_position
+from ._common import CostCalibration, PerRequest, StepCost, best_prefix, pad_extra, plan_by_position
 
 
 class Goodput(Policy):
@@ -185,6 +185,9 @@ class Goodput(Policy):
         costs = self._tab
         xv = np.minimum(x + mm, costs.verify.size - 1)
         dt = costs.draft[mm] + costs.verify[xv] - costs.verify[min(x, costs.verify.size - 1)]
+        pad = getattr(costs, "pad", None)
+        if pad is not None and pad.size:   # a padded verify grows by a position's worth for all rows
+            dt = dt + pad[min(position + 1, pad.size - 1)]
         gain = gain_v - self._G * dt
         best = int(np.argmax(gain))
         if gain[best] > 0:
@@ -215,7 +218,7 @@ class Goodput(Policy):
             if conf is not None and conf.shape[1]:
                 self._pool.add_positions(verified, cols < accepted[:, None], self._a)
         if self.cost == "calibrated":
-            self._calib.observe(view)
+            self._calib.observe(view, pad_extra(self._costs, drafted))
 
 
 class _Pool:

@@ -192,6 +192,33 @@ def test_cost_calibration_recovers_a_known_scale_and_fixed_cost_from_noisy_measu
     assert cal.params(other) == (1.0, 0.0)          # untouched phase: the cost model as is
 
 
+def _verify_step(pred, measured):
+    from types import SimpleNamespace
+    return SimpleNamespace(measured_verify_s=measured, predicted_verify_s=pred, draft_forwards=0, measured_draft_s=0.0,
+                           predicted_draft_s=0.0)
+
+
+def test_cost_calibration_learns_padded_verifies_and_not_a_ragged_engines_constant_cost():
+    """A padded engine (every row verifies as many tokens as the deepest row) pays the `pad` feature
+    (padded - ragged prediction) on top of the ragged prediction: the fit finds its weight, and the corrected
+    tables charge it per opened position (Tables.pad). A ragged engine with a constant per-step cost, its
+    padding feature barely varying (the case that once fooled a ridge fit), gets no padding term."""
+    from policies._common import StepCost
+    rng = np.random.default_rng(5)
+    padded, ragged = CostCalibration(memory=300.0), CostCalibration(memory=300.0)
+    for _ in range(400):
+        pred, pad = rng.uniform(10e-3, 30e-3), rng.uniform(0.0, 15e-3)
+        padded.observe(_verify_step(pred, (1.1 * pred + 2e-3 + 0.8 * pad) * (1 + rng.normal(0, 0.01))), pad)
+        ragged.observe(_verify_step(pred, pred + 1.1e-3), 5e-3 + rng.uniform(0, 1e-6))
+    assert padded.pad == pytest.approx(0.8, rel=0.1)
+    assert ragged.pad == 0.0
+    costs = StepCost()
+    costs.verify, costs.draft = np.linspace(10e-3, 20e-3, 4 * 3 + 1), np.linspace(0.0, 1e-3, 5)   # n 4, K 3
+    t = padded.correct(costs)
+    assert t.pad is not None and t.pad.shape == (3,) and (t.pad > 0).all()
+    assert ragged.correct(costs).pad is None
+
+
 def test_cost_calibration_starts_at_the_cost_model_and_forgets_old_evidence():
     cal = CostCalibration(memory=50.0)
     assert cal.params("verify") == (1.0, 0.0)
