@@ -155,7 +155,7 @@ class CostCalibration:
     def observe(self, view, pad: float | None = None) -> None:
         """Add this step's measured vs predicted costs (call from observe; a no-op where none). `pad`: what
         the verify would cost more than predicted if the engine padded every row to the step's deepest one
-        (`StepCost.pad_extra`); given, the fit also learns how much of that the engine pays (`self.pad`)."""
+        (`_common.pad_extra`); given, the fit also learns how much of that the engine pays (`self.pad`)."""
         mv = view.measured_verify_s
         if mv is None:
             return
@@ -169,10 +169,10 @@ class CostCalibration:
     def _update_pad(self, predicted: float, pad: float, measured: float) -> None:
         """measured = scale x predicted + fixed + pad x (padded - predicted), least squares with the same
         forgetting. The padding term is taken (`self.pad`, with its own scale and fixed part) only where the
-        data identify it: its coefficient at least three standard errors above 0 and 2 % of the scale, and the fit
-    better than without it by 1 % of a step's cost (RMS). A
-        ragged engine's constant per-step cost cannot pass for padding even when the padding feature barely
-        varies (the prior's pull on the fixed part once did, on a cell with no padding)."""
+        data identify it: its coefficient at least three standard errors above 0 and 2 % of the scale, and the
+        fit better than without it by 1 % of a step's cost (RMS). A ragged engine's constant per-step cost
+        cannot pass for padding even when the padding feature barely varies (the prior's pull on the fixed
+        part once did, on a cell with no padding)."""
         keep = math.exp(-1.0 / self.memory)
         x = np.array([predicted, 1.0, pad])
         self._pad_xx = self._pad_xx * keep + np.outer(x, x)
