@@ -39,11 +39,12 @@ class Goodput(Policy):
     come from the cost model corrected online by the measured step costs (`cost`: calibrated, model, or
     the simulator's true clock cost; calibrated also learns whether the engine pads the verify to the
     deepest row, and then prices each opened position's padded growth); the per-position factor is
-    optimistic where it rests on few tokens (`position_optimism`, see _Pool). Draining (`drain`, on by
-    default: from the step no request is left to join the batch, `view.requests_left == 0`: a closed batch
-    from its start, any workload after its last admission) the run ends when its slowest row does, and a
-    token of a row that will finish long before it shortens nothing: each row's tokens are weighted by its expected remaining steps relative to the slowest
-    row's, so rows far ahead stop lengthening every step with drafts the slowest row pays for.
+    optimistic where it rests on few tokens (`position_optimism`, see _Pool). Draining (`drain`, on by default:
+    from the step no request is left to join the batch, `view.requests_left == 0`: a closed batch from its
+    start, any workload after its last admission) the run ends when its slowest row does, and a token of a row
+    that will finish long before it shortens nothing: each row's tokens are weighted by its expected remaining
+    steps relative to the slowest row's, so rows far ahead stop lengthening every step with drafts the slowest
+    row pays for.
     `drain_after` > 0 also drains once the batch has shrunk below its largest size and no request joined
     for that many steps (a guess at the end of an online stream; off by default: on the development draw it
     raised the worst closed-batch cell but hurt TPOT on poisson cells).
