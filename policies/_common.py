@@ -58,6 +58,8 @@ class StepCost:
     are cached per (batch size, depth cap, mean context in 2% buckets), `cache` of them at most.
     """
 
+    pad = None   # the cost model's tables have no padded-verify term (CostCalibration.correct may add one)
+
     def __init__(self, cache: int = 512):
         self.key = None
         self.cache = cache
@@ -313,7 +315,7 @@ def _by_position(column, K, G, costs, n, base):
     """Position by position, the number of rows m_p that maximises value - G x (draft forward + verify
     growth); stops at the first position where none pays. Returns ([m_p], expected value, seconds)."""
     ms, x, e, tdraft, prev = [], 0, base, 0.0, n
-    ver, dr, pad = costs.verify, costs.draft, getattr(costs, "pad", None)
+    ver, dr, pad = costs.verify, costs.draft, costs.pad
     nested = isinstance(column, _NestedColumns)
     for p in range(K):
         c = column(p, prev)
@@ -370,8 +372,8 @@ class CostAwareDepth:
 
     Acceptance: one level for the batch, the running requests' accepted drafts per verified draft token
     (accepted + rejections), shrunk toward all requests' rate (`prior_tokens` pseudo-tokens; that rate starts at
-    `prior` and forgets with a memory of `memory` drafted tokens), optionally raised by `optimism` standard
-    errors (0 by default: +1 lost up to 7 % on short runs, which it starts deeper, on the development draws).
+    `prior` and forgets with a memory of `memory` drafted tokens). (A level raised by one standard error, to
+    keep exploring, lost up to 7 % on short runs, which it starts deeper, on the development draws.)
     The engine's per-row estimate (view.acceptance) forgets by 0.8 a step: at batch 1, three rejections in a
     row put it below what a draft costs, no draft is made after that, and it never recovers (measured: 0.77 of
     fixed depth 2 on a held-out cell, c208 of seed 2029). This level rests on the requests' whole histories.
@@ -381,10 +383,9 @@ class CostAwareDepth:
     soonest, at per-request rates shrunk toward the level by how much the rows really differ (`shrunk_rates`),
     so that one row unlucky by chance does not set the depth of a batch whose rows are alike."""
 
-    def __init__(self, drain: bool = True, prior: float = 0.7, prior_tokens: float = 10.0, memory: float = 2000.0,
-                 optimism: float = 0.0):
+    def __init__(self, drain: bool = True, prior: float = 0.7, prior_tokens: float = 10.0, memory: float = 2000.0):
         self.drain = drain
-        self.prior, self.prior_tokens, self.memory, self.optimism = prior, prior_tokens, memory, optimism
+        self.prior, self.prior_tokens, self.memory = prior, prior_tokens, memory
         self.reset()
 
     def reset(self):
@@ -398,8 +399,7 @@ class CostAwareDepth:
         st = self._seq.align(view.request_ids)
         P = self.prior_tokens
         trials = float(st.sum()) + P
-        lvl = (float(st[:, 0].sum()) + P * self._pool[0] / self._pool.sum()) / trials
-        return min(lvl + self.optimism * math.sqrt(lvl * (1.0 - lvl) / trials), 0.999)
+        return min((float(st[:, 0].sum()) + P * self._pool[0] / self._pool.sum()) / trials, 0.999)
 
     def depth(self, view, kmax: int) -> int:
         if kmax <= 0:

@@ -187,7 +187,7 @@ class Goodput(Policy):
         costs = self._tab
         xv = np.minimum(x + mm, costs.verify.size - 1)
         dt = costs.draft[mm] + costs.verify[xv] - costs.verify[min(x, costs.verify.size - 1)]
-        pad = getattr(costs, "pad", None)
+        pad = costs.pad
         if pad is not None and pad.size:   # a padded verify grows by a position's worth for all rows
             dt = dt + pad[min(position + 1, pad.size - 1)]
         gain = gain_v - self._G * dt

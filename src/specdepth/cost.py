@@ -398,10 +398,8 @@ class TableCost(CostModel):
 
     def lookup(self, which: str, batch: float, query: float, context: float) -> float:
         """Seconds of one forward of `which` at (batch, query, context), interpolated (see the class)."""
-        out = np.empty(1)
-        _k.table_lookup(*self._grid[which], np.array([batch], float), np.array([query], float),
-                        np.array([context], float), out)
-        return float(out[0])
+        return float(self.lookups(which, np.array([batch], float), np.array([query], float),
+                                  np.array([context], float))[0])
 
     def lookups(self, which: str, batch: np.ndarray, query: np.ndarray, context: np.ndarray) -> np.ndarray:
         """lookup() of many points at once (1-d float arrays of one length): the policies' step-time tables."""
