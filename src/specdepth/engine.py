@@ -404,7 +404,7 @@ class Engine:
         if self.capacity is not None:   # the KV the batch holds peaks just before requests leave
             self.capacity.observe(r.prompt_len, r.generated)
         step, changes = self._step, self.res.depth_changes
-        for rid, plen, olen, arr, first, g, adm, dr, acc, dc in r.gather(np.flatnonzero(~keep), _LEAVING):
+        for rid, plen, olen, arr, first, g, adm, dr, acc, dc in r.gather((~keep).nonzero()[0], _LEAVING):
             out.append((rid, plen, olen, arr, first, now, first - arr, now - arr,   # REQUEST_COLUMNS' order
                         (now - first) / (g - 1) if g > 1 else 0.0, step - adm, dr, acc))
             changes.append(dc)

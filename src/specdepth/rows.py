@@ -150,8 +150,8 @@ class RowTable:
         if get is None:   # a name's place in a row's int64 values followed by its float64 values
             place = {c: i for i, c in enumerate(self._names[np.int64] + self._names[np.float64])}
             get = self._getters[names] = operator.itemgetter(*(place[c] for c in names))
-        ints = self._mat[np.int64][:, idx].T.tolist()
-        floats = self._mat[np.float64][:, idx].T.tolist()
+        ints = self._mat[np.int64].take(idx, axis=1).T.tolist()   # take: ~4x cheaper than [:, idx] here
+        floats = self._mat[np.float64].take(idx, axis=1).T.tolist()
         return [get(a + b) for a, b in zip(ints, floats)]
 
     @property
