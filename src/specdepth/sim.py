@@ -48,6 +48,8 @@ class SimExecutor(Executor):
         self._exact = self.clock_cost is cost and not self.pad_ragged and not self._next   # time and FLOPs at once
         self.outcomes = SimulatedOutcomes(acceptance_model, seed)   # the model's (confidence, accepted) blocks
         self.rows = None
+        self._kmax = -1   # the step's deepest plan (begin_step); -1 before the first
+        self._ones = np.ones(0, np.int64)   # the verify's query (one token per row) of a step with no drafts
 
     def attach(self, rows):
         rows.add("sim_ctx")        # tokens in each row's KV cache
@@ -97,6 +99,7 @@ class SimExecutor(Executor):
         return ClockCost(self)
 
     def begin_step(self, depths, kmax):
+        self._kmax = kmax
         self.outcomes.begin_step(kmax)
 
     def draft(self, rows, position):
@@ -128,7 +131,15 @@ class SimExecutor(Executor):
 
     def verify(self, drafted):
         ctx = self.rows.sim_ctx
-        t, f = self._forward("target", ctx, drafted + 1)
+        if self._kmax:
+            q = drafted + 1
+        else:   # nobody drafted: a read-only vector of ones (drafted + 1 costs more than the rest of a
+            n = ctx.shape[0]   # step of `none`'s verify at batch 256)
+            if self._ones.shape[0] < n:
+                self._ones = np.ones(max(n, 2 * self._ones.shape[0]), np.int64)
+                self._ones.flags.writeable = False
+            q = self._ones[:n]
+        t, f = self._forward("target", ctx, q)
         t += self.step_overhead_s
         accepted = self.outcomes.decide(drafted, ctx)   # at most the drafts; ctx advances by those + 1
         if self.catch_up:
