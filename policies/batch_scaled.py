@@ -6,21 +6,24 @@ from ._common import CostAwarePolicy, fit_token_cap
 
 
 class BatchScaled(CostAwarePolicy):
-    """One depth for the whole batch from the token budget and the batch: at most
-    max(1, floor((budget - batch) / batch)) (deep when compute is idle, shallow when busy) and at most
-    `max_depth`; within that, the depth that maximises the batch's expected
-    tokens per second at the batch's acceptance level (the running requests' accepted drafts per verified
-    draft token, shrunk toward all requests' rate: `_common.CostAwareDepth`), priced with the
-    view's cost model corrected online by the measured step costs (`_common.CostCalibration`). So it never
-    drafts a position whose expected gain is below its cost, on any hardware (the budget alone drafted 16
-    deep at batch 1). `use_budget=false` drops the budget cap (the cost rule alone). `drain` (default on): once
-    no request is left to join (view.requests_left == 0), the depth that finishes the batch soonest (its
-    slowest row decides; `_common.uniform_depth`)."""
+    """One depth for the whole batch, deep when compute is idle and shallow when busy: the depth (at most
+    `max_depth`) that maximises the batch's expected tokens per second at the batch's acceptance level (the
+    running requests' accepted drafts per verified draft token, shrunk toward all requests' rate:
+    `_common.CostAwareDepth`), priced with the view's cost model corrected online by the measured step
+    costs (`_common.CostCalibration`). The batch and the compute budget set the depth through the price of
+    the step's verify: free up to the cost model's ridge (the token budget's source), dearer past it. So it
+    never drafts a position whose expected gain is below its cost, on any hardware (the budget alone drafted
+    16 deep at batch 1).
+    `use_budget=true` also caps the depth at max(1, floor((token_budget - batch) / batch)), the seed's rule.
+    Off by default: the budget (the 5 %-tolerance ridge) is where verify tokens stop being free, not where
+    drafting stops paying, and the cap lost up to 20 % to fixed depth 3 past it (experiments/robustness).
+    `drain` (default on): once no request is left to join (view.requests_left == 0), the depth that finishes
+    the batch soonest (its slowest row decides; `_common.uniform_depth`)."""
 
     name = "batch_scaled"
     depth_param = "max_depth"
 
-    def __init__(self, max_depth: int = 8, min_depth: int = 0, use_budget: bool = True, drain: bool = True):
+    def __init__(self, max_depth: int = 8, min_depth: int = 0, use_budget: bool = False, drain: bool = True):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.min_depth = as_int(min_depth, "policy.min_depth", min=0, max=self.max_depth)
         self.use_budget = bool(use_budget)
