@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from specdepth.errors import as_bool, as_int
 from specdepth.policy import Policy
 
 
@@ -447,9 +448,20 @@ def shrunk_rates(accepted: np.ndarray, rejected: np.ndarray, level: np.ndarray) 
 
 class CostAwarePolicy(Policy):
     """Base of policies that price their depth with `CostAwareDepth` (`self._depth`): it is rebuilt on
-    reset and fed the measured step costs in observe; `self.drain` (set by the subclass) passes on."""
+    reset and fed the measured step costs in observe; `self.drain` passes on. The subclass sets its own
+    parameters, then calls this __init__ with the shared ones (it validates them and resets)."""
 
     drain = True
+
+    def __init__(self, max_depth: int, use_budget: bool, drain: bool):
+        self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
+        self.use_budget = bool(use_budget)
+        self.drain = as_bool(drain, "policy.drain")
+        self.reset()
+
+    def cap(self, view) -> int:
+        """The deepest depth this step may plan: the policy's and the engine's max_depth."""
+        return min(self.max_depth, view.max_depth)
 
     def reset(self):
         self._depth = CostAwareDepth(self.drain)

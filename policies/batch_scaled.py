@@ -1,6 +1,6 @@
 import numpy as np
 
-from specdepth.errors import as_bool, as_int
+from specdepth.errors import as_int
 
 from ._common import CostAwarePolicy, fit_token_cap
 
@@ -24,15 +24,12 @@ class BatchScaled(CostAwarePolicy):
     depth_param = "max_depth"
 
     def __init__(self, max_depth: int = 8, min_depth: int = 0, use_budget: bool = False, drain: bool = True):
-        self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
+        super().__init__(max_depth, use_budget, drain)
         self.min_depth = as_int(min_depth, "policy.min_depth", min=0, max=self.max_depth)
-        self.use_budget = bool(use_budget)
-        self.drain = as_bool(drain, "policy.drain")
-        self.reset()
 
     def plan(self, view):
         n = view.batch_size
-        k = min(self.max_depth, view.max_depth)
+        k = self.cap(view)
         if self.use_budget:   # the budget caps the depth, but never below 1: the cost rule decides on 1
             k = min(k, max(1, view.verify_tokens_free // n))
         k = self._depth.depth(view, k)

@@ -1,6 +1,6 @@
 import numpy as np
 
-from specdepth.errors import as_bool, as_float, as_int
+from specdepth.errors import as_float
 
 from ._common import CostAwarePolicy, fit_token_cap
 
@@ -29,15 +29,12 @@ and the budget's hard limit lost up to 15 % to fixed depth 1 at large batch): wh
     def __init__(self, threshold: float = 0.3, max_depth: int = 8, use_budget: bool = False, cost_aware: bool = True,
                  drain: bool = True):
         self.threshold = as_float(threshold, "policy.threshold", min=0, max=1)
-        self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
-        self.use_budget = bool(use_budget)
         self.cost_aware = bool(cost_aware)
-        self.drain = as_bool(drain, "policy.drain")
-        self.reset()
+        super().__init__(max_depth, use_budget, drain)
 
     def plan(self, view):
         n = view.batch_size
-        k = min(self.max_depth, view.max_depth)
+        k = self.cap(view)
         if self.cost_aware:
             k = self._depth.depth(view, k)
         depths = np.full(n, k, dtype=np.int64)
