@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from specdepth.errors import as_bool, as_int
+from specdepth.errors import as_bool, as_float, as_int
 from specdepth.policy import Policy
 
 
@@ -378,15 +378,20 @@ class CostAwareDepth:
     The engine's per-row estimate (view.acceptance) forgets by 0.8 a step: at batch 1, three rejections in a
     row put it below what a draft costs, no draft is made after that, and it never recovers (measured: 0.77 of
     fixed depth 2 on a held-out cell, c208 of seed 2029). This level rests on the requests' whole histories.
-    Not solved: a batch whose prior level (0.7) says no draft pays never drafts, so never learns a higher one
-    (c125 of seed 2030: a = 0.92 at batch 159, 0.80 of fixed depth 2).
+    Probing (`probe`, standard errors): where the level says no draft pays but the level raised by `probe`
+    standard errors of its evidence (sqrt(level (1 - level) / trials), trials = the running requests' verified
+    drafts + `prior_tokens`) says one would, the batch drafts one token per row this step. Without it a batch
+    whose prior level says no draft pays never drafts, so never learns a higher one (c125 of seed 2030: a = 0.92
+    at batch 159, 0.80 of fixed depth 2). A probe gives every row a verified draft, so the evidence grows by
+    the batch size each time and the probes stop once the level is known well enough to say no.
     `drain`: once no request is left to join (view.requests_left == 0), the depth that finishes the batch
     soonest, at per-request rates shrunk toward the level by how much the rows really differ (`shrunk_rates`),
     so that one row unlucky by chance does not set the depth of a batch whose rows are alike."""
 
-    def __init__(self, drain: bool = True, prior: float = 0.7, prior_tokens: float = 10.0, memory: float = 2000.0):
+    def __init__(self, drain: bool = True, prior: float = 0.7, prior_tokens: float = 10.0, memory: float = 2000.0,
+                 probe: float = 2.0):
         self.drain = drain
-        self.prior, self.prior_tokens, self.memory = prior, prior_tokens, memory
+        self.prior, self.prior_tokens, self.memory, self.probe = prior, prior_tokens, memory, probe
         self.reset()
 
     def reset(self):
@@ -395,22 +400,28 @@ class CostAwareDepth:
         self._seq = PerRequest(2)   # accepted drafts, rejections (trials = their sum)
         self._pool = np.array([self.prior, 1.0 - self.prior]) * self.prior_tokens   # all requests, forgetting
 
-    def level(self, view) -> float:
-        """The batch's acceptance level (see the class)."""
+    def level(self, view) -> tuple[float, float]:
+        """The batch's acceptance level (see the class) and the trials it rests on (pseudo-tokens included)."""
         st = self._seq.align(view.request_ids)
         P = self.prior_tokens
         trials = float(st.sum()) + P
-        return min((float(st[:, 0].sum()) + P * self._pool[0] / self._pool.sum()) / trials, 0.999)
+        return min((float(st[:, 0].sum()) + P * self._pool[0] / self._pool.sum()) / trials, 0.999), trials
 
     def depth(self, view, kmax: int) -> int:
         if kmax <= 0:
             return 0
         costs = self._calib.correct(self._costs.update(view, kmax))
-        a = np.full(view.batch_size, self.level(view))
+        level, trials = self.level(view)
+        a = np.full(view.batch_size, level)
         if self.drain and view.requests_left == 0:
             st = self._seq.align(view.request_ids)
-            return uniform_depth(a, costs, kmax, view.remaining, shrunk_rates(st[:, 0], st[:, 1], a))[0]
-        return uniform_depth(a, costs, kmax)[0]
+            k = uniform_depth(a, costs, kmax, view.remaining, shrunk_rates(st[:, 0], st[:, 1], a))[0]
+        else:
+            k = uniform_depth(a, costs, kmax)[0]
+        if k == 0 and self.probe:   # would a draft pay at a level `probe` standard errors higher? then try one
+            hi = min(level + self.probe * math.sqrt(level * (1.0 - level) / trials), 0.999)
+            return int(uniform_depth(np.full(view.batch_size, hi), costs, kmax)[0] > 0)
+        return k
 
     def observe(self, view, accepted=None) -> None:
         self._calib.observe(view)
@@ -448,15 +459,16 @@ def shrunk_rates(accepted: np.ndarray, rejected: np.ndarray, level: np.ndarray) 
 
 class CostAwarePolicy(Policy):
     """Base of policies that price their depth with `CostAwareDepth` (`self._depth`): it is rebuilt on
-    reset and fed the measured step costs in observe; `self.drain` passes on. The subclass sets its own
+    reset and fed the measured step costs in observe; `self.drain` and `self.probe` pass on. The subclass sets its own
     parameters, then calls this __init__ with the shared ones (it validates them and resets)."""
 
     drain = True
 
-    def __init__(self, max_depth: int, use_budget: bool, drain: bool):
+    def __init__(self, max_depth: int, use_budget: bool, drain: bool, probe: float = 2.0):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.use_budget = bool(use_budget)
         self.drain = as_bool(drain, "policy.drain")
+        self.probe = as_float(probe, "policy.probe", min=0)
         self.reset()
 
     def cap(self, view) -> int:
@@ -464,7 +476,7 @@ class CostAwarePolicy(Policy):
         return min(self.max_depth, view.max_depth)
 
     def reset(self):
-        self._depth = CostAwareDepth(self.drain)
+        self._depth = CostAwareDepth(self.drain, probe=self.probe)
 
     def observe(self, view, accepted):
         self._depth.observe(view, accepted)

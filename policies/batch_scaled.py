@@ -18,13 +18,16 @@ class BatchScaled(CostAwarePolicy):
     Off by default: the budget (the 5 %-tolerance ridge) is where verify tokens stop being free, not where
     drafting stops paying, and the cap lost up to 20 % to fixed depth 3 past it (experiments/robustness).
     `drain` (default on): once no request is left to join (view.requests_left == 0), the depth that finishes
-    the batch soonest (its slowest row decides; `_common.uniform_depth`)."""
+    the batch soonest (its slowest row decides; `_common.uniform_depth`). `probe` (standard errors, 0 = off):
+    where the level says no draft pays but a level that many standard errors higher says one would, draft
+    one token per row to learn the level (`_common.CostAwareDepth`)."""
 
     name = "batch_scaled"
     depth_param = "max_depth"
 
-    def __init__(self, max_depth: int = 8, min_depth: int = 0, use_budget: bool = False, drain: bool = True):
-        super().__init__(max_depth, use_budget, drain)
+    def __init__(self, max_depth: int = 8, min_depth: int = 0, use_budget: bool = False, drain: bool = True,
+                 probe: float = 2.0):
+        super().__init__(max_depth, use_budget, drain, probe)
         self.min_depth = as_int(min_depth, "policy.min_depth", min=0, max=self.max_depth)
 
     def plan(self, view):

@@ -20,17 +20,18 @@ and the budget's hard limit lost up to 15 % to fixed depth 1 at large batch): wh
     continuing sequences would push the step past the budget, only those with the highest cumulative
     confidence (the probability the whole draft so far survives) continue. `drain` (default on): once no
     request is left to join (view.requests_left == 0), the cap is the depth that finishes the batch soonest
-    (its slowest row decides; `_common.uniform_depth`).
+    (its slowest row decides; `_common.uniform_depth`). `probe` as `batch_scaled`: where the cap is 0 at the
+    level but not at a level `probe` standard errors higher, one token per row, to learn the level.
     """
 
     name = "confidence"
     depth_param = "max_depth"
 
     def __init__(self, threshold: float = 0.3, max_depth: int = 8, use_budget: bool = False, cost_aware: bool = True,
-                 drain: bool = True):
+                 drain: bool = True, probe: float = 2.0):
         self.threshold = as_float(threshold, "policy.threshold", min=0, max=1)
         self.cost_aware = bool(cost_aware)
-        super().__init__(max_depth, use_budget, drain)
+        super().__init__(max_depth, use_budget, drain, probe)
 
     def plan(self, view):
         n = view.batch_size

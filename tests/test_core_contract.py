@@ -142,9 +142,14 @@ def test_budget_auto_and_batch_scaled():
 
 
 def test_budget_aware_policies_stop_speculating_past_the_budget(tmp_path):
+    """Past the ridge (~230 tokens < 300 sequences) drafting stops paying: the cost-aware policies draft only
+    to probe their acceptance level (a step or two of one token per row) and where the batch thins at the end,
+    and lose nothing to no speculation; at batch 1 they draft."""
+    none = run_sim(tmp_path / "none", "policy=none", "workload.batch_size=300", "workload.output_len=16")
     for pol in ("batch_scaled", "confidence"):
         s = run_sim(tmp_path / pol, f"policy={pol}", "workload.batch_size=300", "workload.output_len=16")
-        assert s["draft_tokens"] == 0, pol          # ridge ~220 tokens < 300 sequences
+        assert s["draft_tokens"] <= 3 * 300, pol
+        assert s["throughput_tok_s"] >= 0.99 * none["throughput_tok_s"], pol
         s = run_sim(tmp_path / (pol + "1"), f"policy={pol}", "workload.batch_size=1", "workload.output_len=64")
         assert s["draft_tokens"] > 0, pol
 
