@@ -378,12 +378,16 @@ class CostAwareDepth:
     The engine's per-row estimate (view.acceptance) forgets by 0.8 a step: at batch 1, three rejections in a
     row put it below what a draft costs, no draft is made after that, and it never recovers (measured: 0.77 of
     fixed depth 2 on a held-out cell, c208 of seed 2029). This level rests on the requests' whole histories.
-    Probing (`probe`, standard errors): where the level says no draft pays but the level raised by `probe`
-    standard errors of its evidence (sqrt(level (1 - level) / trials), trials = the running requests' verified
-    drafts + `prior_tokens`) says one would, the batch drafts one token per row this step. Without it a batch
-    whose prior level says no draft pays never drafts, so never learns a higher one (c125 of seed 2030: a = 0.92
-    at batch 159, 0.80 of fixed depth 2). A probe gives every row a verified draft, so the evidence grows by
-    the batch size each time and the probes stop once the level is known well enough to say no.
+    Probing (`probe`, standard errors): while all requests' rate rests on fewer verified drafts than the batch
+    size (its pseudo-tokens included; it forgets only as drafts are made), where the level says no draft pays
+    but the level raised by `probe` standard errors (sqrt(level (1 - level) / trials), trials = the running
+    requests' verified drafts + `prior_tokens`) says one would, the batch drafts one token per row this step.
+    Without it a batch whose prior level says no draft pays never drafts, so never learns a higher one (c125 of
+    seed 2030: a = 0.92 at batch 159, 0.80 of fixed depth 2). A probe gives every row a verified draft, which
+    ends the thin evidence: in practice one probe per run, at its start. (Gated on the running requests'
+    evidence instead, a level near the break-even probed every other step, c157 of seed 2031: 0.961 of `none`;
+    and a stream re-probed at each turnover, where the draft's catch-up after many idle steps made each probe
+    cost ~1 % of the run, c34.)
     `drain`: once no request is left to join (view.requests_left == 0), the depth that finishes the batch
     soonest, at per-request rates shrunk toward the level by how much the rows really differ (`shrunk_rates`),
     so that one row unlucky by chance does not set the depth of a batch whose rows are alike."""
@@ -418,7 +422,8 @@ class CostAwareDepth:
             k = uniform_depth(a, costs, kmax, view.remaining, shrunk_rates(st[:, 0], st[:, 1], a))[0]
         else:
             k = uniform_depth(a, costs, kmax)[0]
-        if k == 0 and self.probe:   # would a draft pay at a level `probe` standard errors higher? then try one
+        if k == 0 and self.probe and self._pool.sum() < self.prior_tokens + view.batch_size:   # thin evidence:
+            # would a draft pay at a level `probe` standard errors higher? then try one
             hi = min(level + self.probe * math.sqrt(level * (1.0 - level) / trials), 0.999)
             return int(uniform_depth(np.full(view.batch_size, hi), costs, kmax)[0] > 0)
         return k
