@@ -464,8 +464,8 @@ def shrunk_rates(accepted: np.ndarray, rejected: np.ndarray, level: np.ndarray) 
 
 class CostAwarePolicy(Policy):
     """Base of policies that price their depth with `CostAwareDepth` (`self._depth`): it is rebuilt on
-    reset and fed the measured step costs in observe; `self.drain` and `self.probe` pass on. The subclass sets its own
-    parameters, then calls this __init__ with the shared ones (it validates them and resets)."""
+    reset and fed the measured step costs in observe; `self.drain` and `self.probe` pass on. The subclass
+    sets its own parameters, then calls this __init__ with the shared ones (it validates them and resets)."""
 
     drain = True
 
