@@ -320,7 +320,10 @@ def _by_position(column, K, G, costs, n, base):
     nested = isinstance(column, _NestedColumns)
     for p in range(K):
         c = column(p, prev)
-        dp = dr[:prev + 1] if pad is None else dr[:prev + 1] + np.where(np.arange(prev + 1) > 0, pad[p], 0.0)
+        dp = dr[:prev + 1]
+        if pad is not None:   # a padded verify: opening position p (any m > 0 rows) adds pad[p]
+            dp = dp.copy()
+            dp[1:] += pad[p]
         gain = c - G * (dp + ver[x:x + prev + 1] - ver[x])
         m = int(np.argmax(gain))
         if m == 0 or gain[m] <= 0:
@@ -466,8 +469,6 @@ class CostAwarePolicy(Policy):
     """Base of policies that price their depth with `CostAwareDepth` (`self._depth`): it is rebuilt on
     reset and fed the measured step costs in observe; `self.drain` and `self.probe` pass on. The subclass
     sets its own parameters, then calls this __init__ with the shared ones (it validates them and resets)."""
-
-    drain = True
 
     def __init__(self, max_depth: int, use_budget: bool, drain: bool, probe: float = 2.0):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)

@@ -412,14 +412,16 @@ class TableCost(CostModel):
         return self.lookup(which, n, tokens / n, ctx_tokens / n)
 
     def verify_times(self, ctx: np.ndarray, totals: np.ndarray) -> np.ndarray:
-        """The base class's table, every point looked up in one call."""
+        """The base class's table, every point looked up in one call. The arithmetic is the base class's
+        (tokens n x (totals / n + 1), then _time's per-sequence division), so the values are the same to the bit."""
         n, c = ctx.shape[0], float(np.sum(ctx))
         t = n * (np.asarray(totals, float) / n + 1.0)
         nf = max(float(n), 1.0)
         return self.lookups("target", np.full(t.shape, nf), t / nf, np.full(t.shape, c / nf))
 
     def draft_times(self, context: float, rows: np.ndarray) -> np.ndarray:
-        """The base class's table, every point looked up in one call (0 rows: 0 seconds)."""
+        """The base class's table, every point looked up in one call (0 rows: 0 seconds); context per row as
+        _time computes it, (m x context) / m, for the same bits."""
         m = np.asarray(rows, float)
         mf = np.maximum(m, 1.0)
         return np.where(m > 0, self.lookups("draft", mf, m / mf, (m * context) / mf), 0.0)
