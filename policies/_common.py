@@ -96,6 +96,17 @@ class StepCost:
         return self
 
 
+def row_cost(cost, ctx: np.ndarray) -> float:
+    """Seconds one more row at the batch's mean context adds to a verify without drafts (`cost`: a cost model
+    such as view.cost; 0 for an empty batch)."""
+    n = ctx.size
+    if n == 0:
+        return 0.0
+    c = np.full(n, float(ctx.mean()))
+    return max(float(cost.verify_time(c, np.zeros(n))) - (float(cost.verify_time(c[1:], np.zeros(n - 1))) if n > 1
+                                                           else 0.0), 0.0)
+
+
 def pad_extra(costs, drafted: np.ndarray) -> float:
     """What a verify would cost more than the ragged prediction if every row were padded to the deepest
     row's drafts (StepCost tables, uncorrected; 0 when the rows drafted alike)."""
@@ -206,6 +217,11 @@ class CostCalibration:
         """Residual sum of squares of the padding fit's first k features at coefficients coef."""
         xx, xy = self._pad_xx[:k, :k], self._pad_xy[:k]
         return max(self._pad_yy - 2.0 * coef @ xy + coef @ xx @ coef, 0.0)
+
+    def verify_scale(self) -> float:
+        """The verify's scale: how many seconds one predicted second of verify really costs (the padded fit's
+        where it is taken)."""
+        return self._pad_fit[0] if self.pad else self._fit["verify"][0]
 
     def params(self, phase: str) -> tuple[float, float]:
         """(scale, fixed seconds per step or per draft position) of a phase."""

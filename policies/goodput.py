@@ -1,9 +1,11 @@
+import math
+
 import numpy as np
 
 from specdepth.errors import as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
-from ._common import CostCalibration, PerRequest, StepCost, best_prefix, pad_extra, plan_by_position
+from ._common import CostCalibration, PerRequest, StepCost, best_prefix, pad_extra, plan_by_position, row_cost
 
 
 class Goodput(Policy):
@@ -42,9 +44,11 @@ class Goodput(Policy):
     optimistic where it rests on few tokens (`position_optimism`, see _Pool). Draining (`drain`, on by default:
     from the step no request is left to join the batch, `view.requests_left == 0`: a closed batch from its
     start, any workload after its last admission) the run ends when its slowest row does, and a token of a row
-    that will finish long before it shortens nothing: each row's tokens are weighted by its expected remaining
-    steps relative to the slowest row's, so rows far ahead stop lengthening every step with drafts the slowest
-    row pays for.
+    that will finish long before it shortens nothing: each row's tokens are weighted by the seconds they save
+    (`drain_value=time`, _time_weights: one row's share of the verify for any row, the rest of the step for
+    the rows that may end the run), so rows far ahead stop lengthening every step with drafts the slowest
+    row pays for; `drain_value=steps` (the rule before 2026-12-01) weights them by their expected remaining
+    steps relative to the slowest row's, which still credits the fast rows below the ridge.
     `drain_after` > 0 also drains once the batch has shrunk below its largest size and no request joined
     for that many steps (a guess at the end of an online stream; off by default: on the development draw it
     raised the worst closed-batch cell but hurt TPOT on poisson cells).
@@ -56,7 +60,8 @@ class Goodput(Policy):
     def __init__(self, max_depth: int = 16, estimator: str = "confidence", prior_strength: float = 8.0,
                  pool_memory: float = 20000.0, use_confidence: bool = True, extend: int = 16,
                  ranking: str = "position", cost: str = "calibrated", cost_memory: float = 200.0,
-                 drain: bool = True, drain_after: int = 0, position_prior: float = 20.0, position_optimism: float = 2.0):
+                 drain: bool = True, drain_after: int = 0, position_prior: float = 20.0, position_optimism: float = 2.0,
+                 drain_value: str = "time"):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
         self.prior_strength = as_float(prior_strength, "policy.prior_strength", min=0)
@@ -68,6 +73,7 @@ class Goodput(Policy):
         self.cost_memory = as_float(cost_memory, "policy.cost_memory", min=1)
         self.drain = as_bool(drain, "policy.drain")
         self.drain_after = as_int(drain_after, "policy.drain_after", min=0)
+        self.drain_value = as_choice(drain_value, "policy.drain_value", {"steps", "time"})
         self.position_prior = as_float(position_prior, "policy.position_prior", min=0, min_open=True)
         self.position_optimism = as_float(position_optimism, "policy.position_optimism", min=0)
         self._seq = PerRequest(4)   # accepted, rejections, sum of confidences, drafted
@@ -85,6 +91,7 @@ class Goodput(Policy):
         self._G = 0.0
         self._max_id, self._quiet, self._max_n = -1, 0, 0   # newest request, steps since one joined, largest batch
         self._w = None
+        self._dbar = None   # mean drafts of the rows drafted last step
 
     # ---- estimates --------------------------------------------------------------------------------
     def _alpha(self, view) -> np.ndarray:
@@ -116,7 +123,7 @@ class Goodput(Policy):
         if K <= 0:
             self._G = 0.0
             return np.zeros(n, np.int64)
-        a = self._alpha(view)
+        self._a_now = a = self._alpha(view)
         remaining = view.remaining
         rowcap = np.clip(remaining - 1, 0, K)
         self._tab = costs = self._tables(view, K)
@@ -152,8 +159,40 @@ class Goodput(Policy):
         if not (self.drain and view.requests_left == 0) and (
                 not self.drain_after or self._quiet < self.drain_after or view.batch_size >= self._max_n):
             return None
-        steps = view.remaining / (1.0 + S.sum(axis=1))
-        return steps / max(float(steps.max()), 1e-12)
+        if self.drain_value == "steps" or view.batch_size < 2:
+            steps = view.remaining / (1.0 + S.sum(axis=1))   # expected tokens per step, as deep as this step may
+            return steps / max(float(steps.max()), 1e-12)
+        return self._time_weights(view, S)
+
+    def _time_weights(self, view, S):
+        """drain_value=time: a row's token is worth the seconds it saves. The batch's verify costs
+        T(n) = c0 + c1 n (c1: one more row at the mean context, corrected by the calibration's scale; c0 the
+        rest, fixed costs included). A row that finishes sooner leaves the batch 1 / e_i steps earlier per
+        token (e_i: its expected tokens per step at the depth the drafted rows got last step), saving c1
+        each; the row that finishes last also ends the run 1 / e_i steps earlier, saving c0. Which row ends
+        last is uncertain: P(last) ~ exp(-z^2 / 2), z the gap to the slowest row's expected steps in standard
+        deviations, from the outcomes (tokens per step vary by about e (e - 1)) and from the estimate (its
+        binomial error over the row's drafted tokens plus `prior_strength`). Below the ridge c1 is small and
+        the rows that may end the run are worth the most; past it every row's tokens count."""
+        n, K = S.shape
+        d = K if self._dbar is None else min(self._dbar, K)
+        lo = int(d)
+        c = np.concatenate([np.zeros((n, 1)), np.cumsum(S, axis=1)], axis=1)
+        e = 1.0 + c[:, lo] + (d - lo) * (c[:, min(lo + 1, K)] - c[:, lo])
+        a = self._a_now
+        dS = ((np.arange(K) + 1.0) * S)[:, :max(int(math.ceil(d)), 1)].sum(axis=1) / a   # de / da
+        var_a = a * (1.0 - a) / (self._seq.align(view.request_ids)[:, 3] + self.prior_strength)
+        rem = view.remaining
+        steps = rem / e
+        sd2 = rem * (e - 1.0) / (e * e) + (steps / e * dS) ** 2 * var_a + 1.0
+        last = int(np.argmax(steps))
+        z = (steps - steps[last]) / np.sqrt(sd2 + sd2[last])
+        p = np.exp(-0.5 * z * z)
+        cost = view.true_cost if self.cost == "clock" else view.cost
+        c1 = row_cost(cost, view.context_lens) * (self._calib.verify_scale() if self.cost == "calibrated" else 1.0)
+        c0 = max(float(self._tab.verify[0]) - n * c1, 0.0)
+        w = (c1 + c0 * p / p.sum()) / e
+        return w / max(float(w.max()), 1e-300)
 
     @staticmethod
     def _plan_global(S, costs, base):
@@ -210,6 +249,8 @@ class Goodput(Policy):
         else:
             csum = np.zeros(view.batch_size)
             vconf = 0.0
+        if drafted.any():
+            self._dbar = float(drafted[drafted > 0].mean())
         st[:, 0] += accepted
         st[:, 1] += rej
         st[:, 2] += csum

@@ -382,15 +382,18 @@ def test_goodput_not_below_best_fixed_on_a_small_iid_cell(base_cfg):
 
 
 def test_goodput_global_ranking_drains_like_the_position_ranking():
-    """Draining (no request left to join), the global ranking weights slots by the rows' expected remaining
-    steps as the position ranking and keep_drafting do: the row far ahead drafts less than the slowest one."""
+    """Draining (no request left to join), the global ranking weights slots by the seconds a row's tokens save
+    as the position ranking and keep_drafting do: with firm estimates, the row far ahead (it cannot be the
+    one that ends the run) drafts less than the slowest one."""
     cost = LinearCost(v0=12e-3, v1=2e-4, d0=1e-3, d1=5e-5)
     depths = {}
     for ranking in ("position", "global"):
         for drain in (True, False):
             p = Goodput(use_confidence=False, ranking=ranking, drain=drain)
             p._alpha = lambda view: np.full(view.batch_size, 0.8)
-            depths[ranking, drain] = p.plan(make_view(2, remaining=np.array([200, 30]), cost=cost))
+            view = make_view(2, remaining=np.array([200, 30]), cost=cost)
+            p._seq.align(view.request_ids)[:, 3] = 500   # drafted tokens seen: the estimates are firm
+            depths[ranking, drain] = p.plan(view)
     for ranking in ("position", "global"):
         assert depths[ranking, False][0] == depths[ranking, False][1]
         assert depths[ranking, True][0] > depths[ranking, True][1], (ranking, depths)
