@@ -92,6 +92,7 @@ class Goodput(Policy):
         self._max_id, self._quiet, self._max_n = -1, 0, 0   # newest request, steps since one joined, largest batch
         self._w = None
         self._dbar = None   # mean drafts of the rows drafted last step
+        self._row_cost = {}   # c1 of _time_weights per (batch, context bucket, cost model)
 
     # ---- estimates --------------------------------------------------------------------------------
     def _alpha(self, view) -> np.ndarray:
@@ -166,8 +167,8 @@ class Goodput(Policy):
 
     def _time_weights(self, view, S):
         """drain_value=time: a row's token is worth the seconds it saves. The batch's verify costs
-        T(n) = c0 + c1 n (c1: one more row at the mean context, corrected by the calibration's scale; c0 the
-        rest, fixed costs included). A row that finishes sooner leaves the batch 1 / e_i steps earlier per
+        T(n) = c0 + c1 n (c1: one more row at the mean context, cached per 2 % of context as the step-time
+        tables are, times the calibration's scale; c0 the rest, fixed costs included). A row that finishes sooner leaves the batch 1 / e_i steps earlier per
         token (e_i: its expected tokens per step at the depth the drafted rows got last step), saving c1
         each; the row that finishes last also ends the run 1 / e_i steps earlier, saving c0. Which row ends
         last is uncertain: P(last) ~ exp(-z^2 / 2), z the gap to the slowest row's expected steps in standard
@@ -189,7 +190,14 @@ class Goodput(Policy):
         z = (steps - steps[last]) / np.sqrt(sd2 + sd2[last])
         p = np.exp(-0.5 * z * z)
         cost = view.true_cost if self.cost == "clock" else view.cost
-        c1 = row_cost(cost, view.context_lens) * (self._calib.verify_scale() if self.cost == "calibrated" else 1.0)
+        ctx = view.context_lens
+        key = (n, int(math.log1p(float(ctx.mean())) * 50.0), id(cost))   # StepCost's buckets: 2 % of context
+        c1 = self._row_cost.get(key)
+        if c1 is None:
+            if len(self._row_cost) >= 512:
+                self._row_cost.clear()
+            c1 = self._row_cost[key] = row_cost(cost, ctx)
+        c1 *= self._calib.verify_scale() if self.cost == "calibrated" else 1.0
         c0 = max(float(self._tab.verify[0]) - n * c1, 0.0)
         w = (c1 + c0 * p / p.sum()) / e
         return w / max(float(w.max()), 1e-300)

@@ -33,10 +33,16 @@ def main(argv=None):
     ap.add_argument("variant", type=Path, help="the variant's folder for the same seed")
     ap.add_argument("--policies", default="goodput", help="comma-separated")
     ap.add_argument("--moved", type=int, default=5, help="cells that moved most, each way")
+    ap.add_argument("--base", type=Path, help="another run of the policies on the same seed to compare against")
     a = ap.parse_args(argv)
     cells, runs = load(a.draw)
     _, other = load(a.variant)
-    for p in a.policies.split(","):
+    pols = a.policies.split(",")
+    if a.base is not None:
+        _, base = load(a.base)
+        runs = {k: v for k, v in runs.items() if k[1] not in pols}
+        runs.update({k: v for k, v in base.items() if k[1] in pols})
+    for p in pols:
         both = {cid for cid, q in other if q == p} & {cid for cid, q in runs if q == p}
         mine = [r for r in table(cells, runs) if r["cell"]["id"] in both]
         if not mine:
