@@ -334,6 +334,18 @@ def _by_position(column, K, G, costs, n, base):
     ms, x, e, tdraft, prev = [], 0, base, 0.0, n
     ver, dr, pad = costs.verify, costs.draft, costs.pad
     nested = isinstance(column, _NestedColumns)
+    if n == 1 and not nested:   # one row (batch 1): the same arithmetic in floats, a few times faster
+        d1, v = float(dr[1]), ver.tolist()
+        for p in range(K):
+            c1 = float(column(p, 1)[1])
+            dp = d1 + float(pad[p]) if pad is not None else d1
+            if not c1 - G * (dp + v[x + 1] - v[x]) > 0:   # m = 0 has gain 0
+                break
+            ms.append(1)
+            e += c1
+            tdraft += dp
+            x += 1
+        return ms, e, v[x] + tdraft
     for p in range(K):
         c = column(p, prev)
         dp = dr[:prev + 1]

@@ -157,10 +157,10 @@ class Goodput(Policy):
         else:
             self._quiet += 1
         self._max_n = max(self._max_n, view.batch_size)
-        if not (self.drain and view.requests_left == 0) and (
+        if view.batch_size < 2 or not (self.drain and view.requests_left == 0) and (
                 not self.drain_after or self._quiet < self.drain_after or view.batch_size >= self._max_n):
-            return None
-        if self.drain_value == "steps" or view.batch_size < 2:
+            return None   # (one row: the weights would be 1, plain goodput's plan, without the nested search)
+        if self.drain_value == "steps":
             steps = view.remaining / (1.0 + S.sum(axis=1))   # expected tokens per step, as deep as this step may
             return steps / max(float(steps.max()), 1e-12)
         return self._time_weights(view, S)
@@ -224,14 +224,26 @@ class Goodput(Policy):
         keep = np.zeros(view.batch_size, bool)
         if idx.size == 0:
             return keep
-        v = self._s[idx] * np.minimum(self._a[idx] * self._pool.position_factor(position + 2)[-1], 0.999)
+        f = float(self._pool.position_factor(position + 2)[-1])
+        costs = self._tab
+        x = int(view.drafted.sum())
+        if idx.size == 1:   # one row left to decide (batch 1, a drained tail): the same arithmetic, in floats
+            i = int(idx[0])
+            v = float(self._s[i]) * min(float(self._a[i]) * f, 0.999)
+            if self._w is not None:
+                v = v * float(self._w[i])
+            last = costs.verify.size - 1
+            dt = float(costs.draft[1]) + float(costs.verify[min(x + 1, last)]) - float(costs.verify[min(x, last)])
+            if costs.pad is not None and costs.pad.size:
+                dt = dt + float(costs.pad[min(position + 1, costs.pad.size - 1)])
+            keep[i] = v - self._G * dt > 0
+            return keep
+        v = self._s[idx] * np.minimum(self._a[idx] * f, 0.999)
         if self._w is not None:
             v = v * self._w[idx]
         order = np.lexsort((-view.remaining[idx], -np.round(v, 6)))   # ties: more tokens left first
         gain_v = np.cumsum(v[order])
         mm = np.arange(1, idx.size + 1)
-        x = int(view.drafted.sum())
-        costs = self._tab
         xv = np.minimum(x + mm, costs.verify.size - 1)
         dt = costs.draft[mm] + costs.verify[xv] - costs.verify[min(x, costs.verify.size - 1)]
         pad = costs.pad
@@ -288,11 +300,34 @@ class _Pool:
         self.position_prior, self.position_optimism = position_prior, position_optimism
         self.accepted, self.rejected, self.conf_sum, self.drafted = accepted, rejected, conf_sum, drafted
         self.cal_accepted, self.cal_conf = cal_accepted, cal_conf
+        self._factor = None   # position_factor's cache: dropped whenever the per-position sums change
         self.pos_accepted = np.zeros(0)
         self.pos_expected = np.zeros(0)
 
+    @property
+    def pos_accepted(self) -> np.ndarray:
+        return self._pos_accepted
+
+    @pos_accepted.setter
+    def pos_accepted(self, value) -> None:
+        self._pos_accepted, self._factor = value, None
+
+    @property
+    def pos_expected(self) -> np.ndarray:
+        return self._pos_expected
+
+    @pos_expected.setter
+    def pos_expected(self, value) -> None:
+        self._pos_expected, self._factor = value, None
+
     def position_factor(self, k: int) -> np.ndarray:
-        """f_p for positions 0..k-1 (1 where nothing was verified yet)."""
+        """f_p for positions 0..k-1 (1 where nothing was verified yet). Cached until the sums change (plan and
+        every keep_drafting call read it; each element depends only on its own position's sums)."""
+        if self._factor is None or self._factor.size < k:
+            self._factor = self._position_factor(max(k, 32))
+        return self._factor[:k]
+
+    def _position_factor(self, k: int) -> np.ndarray:
         f = np.ones(k)
         m = min(k, self.pos_accepted.size)
         e, P = self.pos_expected[:m], self.position_prior
@@ -304,6 +339,7 @@ class _Pool:
 
     def add_positions(self, verified: np.ndarray, accepted: np.ndarray, estimate: np.ndarray) -> None:
         """Tokens verified at each position (bool [rows, k]), which were accepted, the rows' estimates."""
+        self._factor = None
         k = verified.shape[1]
         if self.pos_accepted.size < k:
             grow = k - self.pos_accepted.size
