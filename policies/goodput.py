@@ -168,13 +168,14 @@ class Goodput(Policy):
     def _time_weights(self, view, S):
         """drain_value=time: a row's token is worth the seconds it saves. The batch's verify costs
         T(n) = c0 + c1 n (c1: one more row at the mean context, cached per 2 % of context as the step-time
-        tables are, times the calibration's scale; c0 the rest, fixed costs included). A row that finishes sooner leaves the batch 1 / e_i steps earlier per
-        token (e_i: its expected tokens per step at the depth the drafted rows got last step), saving c1
-        each; the row that finishes last also ends the run 1 / e_i steps earlier, saving c0. Which row ends
-        last is uncertain: P(last) ~ exp(-z^2 / 2), z the gap to the slowest row's expected steps in standard
-        deviations, from the outcomes (tokens per step vary by about e (e - 1)) and from the estimate (its
-        binomial error over the row's drafted tokens plus `prior_strength`). Below the ridge c1 is small and
-        the rows that may end the run are worth the most; past it every row's tokens count."""
+        tables are, times the calibration's scale; c0 the rest, fixed costs included). A row that finishes
+        sooner leaves the batch 1 / e_i steps earlier per token (e_i: its expected tokens per step at the
+        depth the drafted rows got last step), saving c1 each; the row that finishes last also ends the run
+        1 / e_i steps earlier, saving c0. Which row ends last is uncertain: P(last) ~ exp(-z^2 / 2), z the gap
+        to the slowest row's expected steps in standard deviations, from the outcomes (tokens per step vary
+        by about e (e - 1)) and from the estimate (its binomial error over the row's drafted tokens plus
+        `prior_strength`). Below the ridge c1 is small and the rows that may end the run are worth the most;
+        past it every row's tokens count."""
         n, K = S.shape
         d = K if self._dbar is None else min(self._dbar, K)
         lo = int(d)
@@ -300,32 +301,17 @@ class _Pool:
         self.position_prior, self.position_optimism = position_prior, position_optimism
         self.accepted, self.rejected, self.conf_sum, self.drafted = accepted, rejected, conf_sum, drafted
         self.cal_accepted, self.cal_conf = cal_accepted, cal_conf
-        self._factor = None   # position_factor's cache: dropped whenever the per-position sums change
         self.pos_accepted = np.zeros(0)
         self.pos_expected = np.zeros(0)
-
-    @property
-    def pos_accepted(self) -> np.ndarray:
-        return self._pos_accepted
-
-    @pos_accepted.setter
-    def pos_accepted(self, value) -> None:
-        self._pos_accepted, self._factor = value, None
-
-    @property
-    def pos_expected(self) -> np.ndarray:
-        return self._pos_expected
-
-    @pos_expected.setter
-    def pos_expected(self, value) -> None:
-        self._pos_expected, self._factor = value, None
+        self._factor = None   # position_factor's cache: (the two sums' arrays, the factors); reset in place-updates
 
     def position_factor(self, k: int) -> np.ndarray:
         """f_p for positions 0..k-1 (1 where nothing was verified yet). Cached until the sums change (plan and
         every keep_drafting call read it; each element depends only on its own position's sums)."""
-        if self._factor is None or self._factor.size < k:
-            self._factor = self._position_factor(max(k, 32))
-        return self._factor[:k]
+        c = self._factor
+        if c is None or c[0] is not self.pos_accepted or c[1] is not self.pos_expected or c[2].size < k:
+            self._factor = c = (self.pos_accepted, self.pos_expected, self._position_factor(max(k, 32)))
+        return c[2][:k]
 
     def _position_factor(self, k: int) -> np.ndarray:
         f = np.ones(k)
@@ -362,3 +348,4 @@ class _Pool:
         self.cal_conf = self.cal_conf * keep + verified_conf
         self.pos_accepted *= keep
         self.pos_expected *= keep
+        self._factor = None
