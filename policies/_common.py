@@ -107,6 +107,55 @@ def row_cost(cost, ctx: np.ndarray) -> float:
                                                            else 0.0), 0.0)
 
 
+class PositionFactors:
+    """Per draft position p, the accepted tokens and the sum of the rows' estimates over the tokens verified
+    there (decayed with `forget`); their ratio, the position factor f_p, corrects an estimate a at position p
+    (a x f_p: a draft whose later guesses are accepted less often than its first), shrunk toward 1 with
+    `prior` pseudo-tokens. A factor below 1 is raised by `optimism` standard errors (at most to 1; bound
+    0.5 sqrt(E_p) / (E_p + prior), E_p the expected tokens verified there): without it, a position judged bad
+    on a few dozen early tokens is never drafted again and the judgement never corrected. `factor(k)` is
+    cached until the sums change (each element depends only on its own position's sums)."""
+
+    def __init__(self, prior: float = 20.0, optimism: float = 2.0):
+        self.prior, self.optimism = prior, optimism
+        self.accepted = np.zeros(0)
+        self.expected = np.zeros(0)
+        self._cache = None   # (the two sums' arrays, the factors); reset where the sums change in place
+
+    def factor(self, k: int) -> np.ndarray:
+        """f_p for positions 0..k-1 (1 where nothing was verified yet)."""
+        c = self._cache
+        if c is None or c[0] is not self.accepted or c[1] is not self.expected or c[2].size < k:
+            self._cache = c = (self.accepted, self.expected, self._factor(max(k, 32)))
+        return c[2][:k]
+
+    def _factor(self, k: int) -> np.ndarray:
+        f = np.ones(k)
+        m = min(k, self.accepted.size)
+        e, P = self.expected[:m], self.prior
+        mean = (self.accepted[:m] + P) / (e + P)
+        if self.optimism:
+            mean = np.minimum(mean + self.optimism * 0.5 * np.sqrt(e) / (e + P), np.maximum(mean, 1.0))
+        f[:m] = mean
+        return f
+
+    def add(self, verified: np.ndarray, accepted: np.ndarray, estimate: np.ndarray) -> None:
+        """Tokens verified at each position (bool [rows, k]), which of them were accepted, the rows' estimates."""
+        self._cache = None
+        k = verified.shape[1]
+        if self.accepted.size < k:
+            grow = k - self.accepted.size
+            self.accepted = np.concatenate([self.accepted, np.zeros(grow)])
+            self.expected = np.concatenate([self.expected, np.zeros(grow)])
+        self.accepted[:k] += (verified & accepted).sum(axis=0)
+        self.expected[:k] += (verified * estimate[:, None]).sum(axis=0)
+
+    def forget(self, keep: float) -> None:
+        self.accepted *= keep
+        self.expected *= keep
+        self._cache = None
+
+
 def pad_extra(costs, drafted: np.ndarray) -> float:
     """What a verify would cost more than the ragged prediction if every row were padded to the deepest
     row's drafts (StepCost tables, uncorrected; 0 when the rows drafted alike)."""

@@ -5,7 +5,8 @@ import numpy as np
 from specdepth.errors import as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
-from ._common import CostCalibration, PerRequest, StepCost, best_prefix, pad_extra, plan_by_position, row_cost
+from ._common import (CostCalibration, PerRequest, PositionFactors, StepCost, best_prefix, pad_extra, plan_by_position,
+                      row_cost)
 
 
 class Goodput(Policy):
@@ -288,51 +289,24 @@ class Goodput(Policy):
 class _Pool:
     """Batch-wide decayed sums: accepted drafts, rejections, the drafts' confidence sum and count, and the
     accepted drafts / confidence sum over verified tokens (the draft's calibration). Starts at a 0.7 rate
-    worth 10 drafted tokens. Per draft position p: accepted tokens and the sum of the rows' estimates over
-    the tokens verified there; their ratio, the position factor, corrects a row's estimate a_i at position
-    p (a draft whose later guesses are accepted less often than its first: a_i x f_p), shrunk toward 1 with
-    `position_prior` pseudo-tokens. A factor below 1 is raised by `position_optimism` standard errors (at
-    most to 1; bound 0.5 sqrt(E_p) / (E_p + prior), E_p the expected tokens verified there): without it, a
-    position judged bad on a few dozen early tokens is never drafted again and the judgement never
-    corrected (measured: goodput at 0.98 of fixed depth 2 at iid a = 0.5, batch 4-32, experiments/pareto)."""
+    worth 10 drafted tokens. Per draft position, the factor that corrects a row's estimate there
+    (`_common.PositionFactors`, with `position_prior` pseudo-tokens and `position_optimism` standard errors;
+    without the optimism, goodput reached 0.98 of fixed depth 2 at iid a = 0.5, batch 4-32, experiments/pareto)."""
 
     def __init__(self, position_prior=20.0, position_optimism=2.0, accepted=7.0, rejected=3.0, conf_sum=7.0,
                  drafted=10.0, cal_accepted=1.0, cal_conf=1.0):
         self.position_prior, self.position_optimism = position_prior, position_optimism
         self.accepted, self.rejected, self.conf_sum, self.drafted = accepted, rejected, conf_sum, drafted
         self.cal_accepted, self.cal_conf = cal_accepted, cal_conf
-        self.pos_accepted = np.zeros(0)
-        self.pos_expected = np.zeros(0)
-        self._factor = None   # position_factor's cache: (the two sums' arrays, the factors); reset in place-updates
+        self.positions = PositionFactors(position_prior, position_optimism)
 
     def position_factor(self, k: int) -> np.ndarray:
-        """f_p for positions 0..k-1 (1 where nothing was verified yet). Cached until the sums change (plan and
-        every keep_drafting call read it; each element depends only on its own position's sums)."""
-        c = self._factor
-        if c is None or c[0] is not self.pos_accepted or c[1] is not self.pos_expected or c[2].size < k:
-            self._factor = c = (self.pos_accepted, self.pos_expected, self._position_factor(max(k, 32)))
-        return c[2][:k]
-
-    def _position_factor(self, k: int) -> np.ndarray:
-        f = np.ones(k)
-        m = min(k, self.pos_accepted.size)
-        e, P = self.pos_expected[:m], self.position_prior
-        mean = (self.pos_accepted[:m] + P) / (e + P)
-        if self.position_optimism:
-            mean = np.minimum(mean + self.position_optimism * 0.5 * np.sqrt(e) / (e + P), np.maximum(mean, 1.0))
-        f[:m] = mean
-        return f
+        """f_p for positions 0..k-1 (1 where nothing was verified yet; `_common.PositionFactors`)."""
+        return self.positions.factor(k)
 
     def add_positions(self, verified: np.ndarray, accepted: np.ndarray, estimate: np.ndarray) -> None:
         """Tokens verified at each position (bool [rows, k]), which were accepted, the rows' estimates."""
-        self._factor = None
-        k = verified.shape[1]
-        if self.pos_accepted.size < k:
-            grow = k - self.pos_accepted.size
-            self.pos_accepted = np.concatenate([self.pos_accepted, np.zeros(grow)])
-            self.pos_expected = np.concatenate([self.pos_expected, np.zeros(grow)])
-        self.pos_accepted[:k] += (verified & accepted).sum(axis=0)
-        self.pos_expected[:k] += (verified * estimate[:, None]).sum(axis=0)
+        self.positions.add(verified, accepted, estimate)
 
     @property
     def calibration(self) -> float:
@@ -346,6 +320,4 @@ class _Pool:
         self.drafted = self.drafted * keep + drafted
         self.cal_accepted = self.cal_accepted * keep + accepted
         self.cal_conf = self.cal_conf * keep + verified_conf
-        self.pos_accepted *= keep
-        self.pos_expected *= keep
-        self._factor = None
+        self.positions.forget(keep)

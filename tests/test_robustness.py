@@ -179,11 +179,11 @@ def test_position_factor_is_optimistic_only_where_it_rests_on_little_evidence():
     from specdepth.policies.goodput import _Pool
     for opt, few_lo, few_hi in ((0.0, 0.88, 0.90), (2.0, 0.98, 1.0)):
         pool = _Pool(position_prior=20.0, position_optimism=opt)
-        pool.pos_accepted, pool.pos_expected = np.array([50.0, 60.0]), np.array([50.0, 70.0])   # pos 1: 0.86
+        pool.positions.accepted, pool.positions.expected = np.array([50.0, 60.0]), np.array([50.0, 70.0])   # pos 1: 0.86
         f = pool.position_factor(3)
         assert f[0] == 1.0 and f[2] == 1.0
         assert few_lo <= f[1] <= few_hi
-        pool.pos_accepted, pool.pos_expected = np.array([1000.0, 8600.0]), np.array([900.0, 10000.0])
+        pool.positions.accepted, pool.positions.expected = np.array([1000.0, 8600.0]), np.array([900.0, 10000.0])
         f = pool.position_factor(2)
         assert f[0] == pytest.approx(1020 / 920)            # above 1: the plain ratio
         plain = 8620 / 10020
