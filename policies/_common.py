@@ -416,7 +416,7 @@ def _by_position(column, K, G, costs, n, base):
 
 
 def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarray | None = None,
-                  rates: np.ndarray | None = None) -> tuple[int, float]:
+                  rates: np.ndarray | None = None, factors: np.ndarray | None = None) -> tuple[int, float]:
     """The one depth k in 0..kmax for every row that maximises expected emitted tokens / step time:
     E_k = sum_i (1 - a_i^(k+1)) / (1 - a_i) (Leviathan et al.), T_k = verify[n k] + k x draft[n] (StepCost-like
     tables). Adding position k is worth it exactly when its expected tokens beat the goodput times its cost,
@@ -425,16 +425,18 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
     with its slowest row, so k minimises the predicted time to finish them all, max_i remaining_i / e_i(k)
     steps of T_k each, instead. e_i(k) is the batch's mean expected tokens per step times row i's share at
     the per-row `rates` (rows that really differ, e.g. `shrunk_rates`; default `acceptance`): with rows alike
-    that is the plain k, whatever the remaining lengths. Returns (k, predicted goodput)."""
+    that is the plain k, whatever the remaining lengths. `factors` (per draft position, e.g.
+    `PositionFactors.factor`): position p's draft is accepted with probability a_i x f_p, not a_i.
+    Returns (k, predicted goodput)."""
     ks = np.arange(kmax + 1)
-    e = _expected_tokens(acceptance, ks)   # [k, row] expected tokens per step
+    e = _expected_tokens(acceptance, ks, factors)   # [k, row] expected tokens per step
     n = e.shape[1]
     T = costs.verify[np.minimum(n * ks, costs.verify.size - 1)] + ks * costs.draft[n]
     if remaining is None:
         g = e.sum(axis=1) / T
     else:
         if rates is not None:
-            f = _expected_tokens(rates, ks)
+            f = _expected_tokens(rates, ks, factors)
             e = e.mean(axis=1, keepdims=True) * f / f.mean(axis=1, keepdims=True)
         rem = np.asarray(remaining, float)
         g = float(rem.sum()) / ((rem[None, :] / e).max(axis=1) * T)
@@ -442,9 +444,13 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
     return k, float(g[k])
 
 
-def _expected_tokens(acceptance, ks: np.ndarray) -> np.ndarray:
+def _expected_tokens(acceptance, ks: np.ndarray, factors: np.ndarray | None = None) -> np.ndarray:
     a = np.clip(np.asarray(acceptance, float), 0.0, 0.999)
-    return (1.0 - a[None, :] ** (ks[:, None] + 1)) / (1.0 - a[None, :])
+    if factors is None:
+        return (1.0 - a[None, :] ** (ks[:, None] + 1)) / (1.0 - a[None, :])
+    k = int(ks[-1])
+    survive = np.cumprod(np.minimum(a[None, :] * np.asarray(factors, float)[:k, None], 0.999), axis=0)
+    return 1.0 + np.concatenate([np.zeros((1, a.size)), np.cumsum(survive, axis=0)])[ks]
 
 
 class CostAwareDepth:
@@ -470,12 +476,17 @@ class CostAwareDepth:
     cost ~1 % of the run, c34.)
     `drain`: once no request is left to join (view.requests_left == 0), the depth that finishes the batch
     soonest, at per-request rates shrunk toward the level by how much the rows really differ (`shrunk_rates`),
-    so that one row unlucky by chance does not set the depth of a batch whose rows are alike."""
+    so that one row unlucky by chance does not set the depth of a batch whose rows are alike.
+    `positions` (default on): the level is corrected per draft position by `PositionFactors` (accepted /
+    expected tokens at each position, over all requests, forgetting like the level's pool): a draft whose
+    later guesses fail more often than its first is not priced at its average rate (the `decay` cells of
+    experiments/robustness)."""
 
     def __init__(self, drain: bool = True, prior: float = 0.7, prior_tokens: float = 10.0, memory: float = 2000.0,
-                 probe: float = 2.0):
+                 probe: float = 2.0, positions: bool = True):
         self.drain = drain
         self.prior, self.prior_tokens, self.memory, self.probe = prior, prior_tokens, memory, probe
+        self.positions = positions
         self.reset()
 
     def reset(self):
@@ -483,6 +494,8 @@ class CostAwareDepth:
         self._calib = CostCalibration()
         self._seq = PerRequest(2)   # accepted drafts, rejections (trials = their sum)
         self._pool = np.array([self.prior, 1.0 - self.prior]) * self.prior_tokens   # all requests, forgetting
+        self._pos = PositionFactors()
+        self._level = None   # the level the last depth was priced at
 
     def level(self, view) -> tuple[float, float]:
         """The batch's acceptance level (see the class) and the trials it rests on (pseudo-tokens included)."""
@@ -496,16 +509,18 @@ class CostAwareDepth:
             return 0
         costs = self._calib.correct(self._costs.update(view, kmax))
         level, trials = self.level(view)
+        self._level = level
         a = np.full(view.batch_size, level)
+        f = self._pos.factor(kmax) if self.positions else None
         if self.drain and view.requests_left == 0:
             st = self._seq.align(view.request_ids)
-            k = uniform_depth(a, costs, kmax, view.remaining, shrunk_rates(st[:, 0], st[:, 1], a))[0]
+            k = uniform_depth(a, costs, kmax, view.remaining, shrunk_rates(st[:, 0], st[:, 1], a), f)[0]
         else:
-            k = uniform_depth(a, costs, kmax)[0]
+            k = uniform_depth(a, costs, kmax, factors=f)[0]
         if k == 0 and self.probe and self._pool.sum() < self.prior_tokens + view.batch_size:   # thin evidence:
             # would a draft pay at a level `probe` standard errors higher? then try one
             hi = min(level + self.probe * math.sqrt(level * (1.0 - level) / trials), 0.999)
-            return int(uniform_depth(np.full(view.batch_size, hi), costs, kmax)[0] > 0)
+            return int(uniform_depth(np.full(view.batch_size, hi), costs, kmax, factors=f)[0] > 0)
         return k
 
     def observe(self, view, accepted=None) -> None:
@@ -518,7 +533,13 @@ class CostAwareDepth:
         st[:, 0] += accepted
         st[:, 1] += rejected
         if drafted.any():
-            self._pool = self._pool * math.exp(-float(drafted.sum()) / self.memory) + [accepted.sum(), rejected.sum()]
+            keep = math.exp(-float(drafted.sum()) / self.memory)
+            self._pool = self._pool * keep + [accepted.sum(), rejected.sum()]
+            if self.positions and self._level is not None:
+                cols = np.arange(int(drafted.max()))[None, :]
+                self._pos.forget(keep)
+                self._pos.add(cols < np.minimum(drafted, accepted + 1)[:, None], cols < accepted[:, None],
+                              np.full(drafted.size, self._level))
 
 
 def shrunk_rates(accepted: np.ndarray, rejected: np.ndarray, level: np.ndarray) -> np.ndarray:
@@ -544,14 +565,15 @@ def shrunk_rates(accepted: np.ndarray, rejected: np.ndarray, level: np.ndarray) 
 
 class CostAwarePolicy(Policy):
     """Base of policies that price their depth with `CostAwareDepth` (`self._depth`): it is rebuilt on
-    reset and fed the measured step costs in observe; `self.drain` and `self.probe` pass on. The subclass
+    reset and fed the measured step costs in observe; `self.drain`, `self.probe` and `self.positions` pass on. The subclass
     sets its own parameters, then calls this __init__ with the shared ones (it validates them and resets)."""
 
-    def __init__(self, max_depth: int, use_budget: bool, drain: bool, probe: float = 2.0):
+    def __init__(self, max_depth: int, use_budget: bool, drain: bool, probe: float = 2.0, positions: bool = True):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.use_budget = bool(use_budget)
         self.drain = as_bool(drain, "policy.drain")
         self.probe = as_float(probe, "policy.probe", min=0)
+        self.positions = as_bool(positions, "policy.positions")
         self.reset()
 
     def cap(self, view) -> int:
@@ -559,7 +581,7 @@ class CostAwarePolicy(Policy):
         return min(self.max_depth, view.max_depth)
 
     def reset(self):
-        self._depth = CostAwareDepth(self.drain, probe=self.probe)
+        self._depth = CostAwareDepth(self.drain, probe=self.probe, positions=self.positions)
 
     def observe(self, view, accepted):
         self._depth.observe(view, accepted)

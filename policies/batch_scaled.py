@@ -20,14 +20,15 @@ class BatchScaled(CostAwarePolicy):
     `drain` (default on): once no request is left to join (view.requests_left == 0), the depth that finishes
     the batch soonest (its slowest row decides; `_common.uniform_depth`). `probe` (standard errors, 0 = off):
     where the level says no draft pays but a level that many standard errors higher says one would, draft
-    one token per row to learn the level (`_common.CostAwareDepth`)."""
+    one token per row to learn the level (`_common.CostAwareDepth`). `positions` (default on): the level is
+    corrected per draft position (`_common.PositionFactors`: later drafts that fail more often than the first)."""
 
     name = "batch_scaled"
     depth_param = "max_depth"
 
     def __init__(self, max_depth: int = 8, min_depth: int = 0, use_budget: bool = False, drain: bool = True,
-                 probe: float = 2.0):
-        super().__init__(max_depth, use_budget, drain, probe)
+                 probe: float = 2.0, positions: bool = True):
+        super().__init__(max_depth, use_budget, drain, probe, positions)
         self.min_depth = as_int(min_depth, "policy.min_depth", min=0, max=self.max_depth)
 
     def plan(self, view):

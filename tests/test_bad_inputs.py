@@ -133,6 +133,7 @@ ROWS = [
     ("4", "policy=batch_scaled policy.drain=1", "policy.drain must be true or false"),
     ("4", "policy=confidence policy.drain=yes", "policy.drain must be true or false"),
     ("4", "policy=batch_scaled policy.probe=-1", "policy.probe must be >= 0"),
+    ("4", "policy=confidence policy.positions=maybe", "policy.positions must be true or false"),
     ("4", "policy=ema policy.scope=galaxy", "policy.scope"),
     ("4", "policy=ema policy.tiers=[]", "policy.tiers"),
     ("4", "policy=bandit policy.arms=[]", "policy.arms"),
