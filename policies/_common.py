@@ -565,8 +565,9 @@ def shrunk_rates(accepted: np.ndarray, rejected: np.ndarray, level: np.ndarray) 
 
 class CostAwarePolicy(Policy):
     """Base of policies that price their depth with `CostAwareDepth` (`self._depth`): it is rebuilt on
-    reset and fed the measured step costs in observe; `self.drain`, `self.probe` and `self.positions` pass on. The subclass
-    sets its own parameters, then calls this __init__ with the shared ones (it validates them and resets)."""
+    reset and fed the measured step costs in observe; `self.drain`, `self.probe` and `self.positions` pass
+    on. The subclass sets its own parameters, then calls this __init__ with the shared ones (it validates
+    them and resets)."""
 
     def __init__(self, max_depth: int, use_budget: bool, drain: bool, probe: float = 2.0, positions: bool = True):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
