@@ -103,8 +103,8 @@ def row_cost(cost, ctx: np.ndarray) -> float:
     if n == 0:
         return 0.0
     c = np.full(n, float(ctx.mean()))
-    return max(float(cost.verify_time(c, np.zeros(n))) - (float(cost.verify_time(c[1:], np.zeros(n - 1))) if n > 1
-                                                           else 0.0), 0.0)
+    one_less = float(cost.verify_time(c[1:], np.zeros(n - 1))) if n > 1 else 0.0
+    return max(float(cost.verify_time(c, np.zeros(n))) - one_less, 0.0)
 
 
 class PositionFactors:

@@ -42,14 +42,14 @@ class Goodput(Policy):
     come from the cost model corrected online by the measured step costs (`cost`: calibrated, model, or
     the simulator's true clock cost; calibrated also learns whether the engine pads the verify to the
     deepest row, and then prices each opened position's padded growth); the per-position factor is
-    optimistic where it rests on few tokens (`position_optimism`, see _Pool). Draining (`drain`, on by default:
-    from the step no request is left to join the batch, `view.requests_left == 0`: a closed batch from its
-    start, any workload after its last admission) the run ends when its slowest row does, and a token of a row
-    that will finish long before it shortens nothing: each row's tokens are weighted by the seconds they save
-    (`drain_value=time`, _time_weights: one row's share of the verify for any row, the rest of the step for
-    the rows that may end the run), so rows far ahead stop lengthening every step with drafts the slowest
-    row pays for; `drain_value=steps` (the rule before 2026-12-01) weights them by their expected remaining
-    steps relative to the slowest row's, which still credits the fast rows below the ridge.
+    optimistic where it rests on few tokens (`position_optimism`, `_common.PositionFactors`). Draining (`drain`,
+    on by default: from the step no request is left to join the batch, `view.requests_left == 0`: a closed batch
+    from its start, any workload after its last admission) the run ends when its slowest row does, and a token of
+    a row that will finish long before it shortens nothing: each row's tokens are weighted by the seconds they
+    save (`drain_value=time`, _time_weights: one row's share of the verify for any row, the rest of the step for
+    the rows that may end the run), so rows far ahead stop lengthening every step with drafts the slowest row pays
+    for; `drain_value=steps` (the rule before 2026-12-01) weights them by their expected remaining steps relative
+    to the slowest row's, which still credits the fast rows below the ridge.
     `drain_after` > 0 also drains once the batch has shrunk below its largest size and no request joined
     for that many steps (a guess at the end of an online stream; off by default: on the development draw it
     raised the worst closed-batch cell but hurt TPOT on poisson cells).
@@ -125,11 +125,11 @@ class Goodput(Policy):
         if K <= 0:
             self._G = 0.0
             return np.zeros(n, np.int64)
-        self._a_now = a = self._alpha(view)
+        self._a = a = self._alpha(view)
         remaining = view.remaining
         rowcap = np.clip(remaining - 1, 0, K)
         self._tab = costs = self._tables(view, K)
-        S = np.cumprod(np.minimum(a[:, None] * self._pool.position_factor(K), 0.999), axis=1)   # slot survival
+        S = np.cumprod(np.minimum(a[:, None] * self._pool.positions.factor(K), 0.999), axis=1)   # slot survival
         S[np.arange(K)[None, :] >= rowcap[:, None]] = 0.0      # past the request's end: worth nothing
         self._w = w = self._drain_weights(view, S)
         if self.ranking == "global":   # draining: the same weights as the position ranking (and keep_drafting)
@@ -140,7 +140,7 @@ class Goodput(Policy):
         else:
             depths, G = plan_by_position(S * w[:, None], costs, self._G, tie=remaining, nested=True,
                                          base=float(w.sum()))
-        self._G, self._a = G, a
+        self._G = G
         if self.use_confidence:
             self._s = np.ones(n)
             depths = np.where(depths > 0, np.minimum(depths + self.extend, rowcap), 0)
@@ -182,7 +182,7 @@ class Goodput(Policy):
         lo = int(d)
         c = np.concatenate([np.zeros((n, 1)), np.cumsum(S, axis=1)], axis=1)
         e = 1.0 + c[:, lo] + (d - lo) * (c[:, min(lo + 1, K)] - c[:, lo])
-        a = self._a_now
+        a = self._a
         dS = ((np.arange(K) + 1.0) * S)[:, :max(int(math.ceil(d)), 1)].sum(axis=1) / a   # de / da
         var_a = a * (1.0 - a) / (self._seq.align(view.request_ids)[:, 3] + self.prior_strength)
         rem = view.remaining
@@ -226,7 +226,7 @@ class Goodput(Policy):
         keep = np.zeros(view.batch_size, bool)
         if idx.size == 0:
             return keep
-        f = float(self._pool.position_factor(position + 2)[-1])
+        f = float(self._pool.positions.factor(position + 2)[-1])
         costs = self._tab
         x = int(view.drafted.sum())
         if idx.size == 1:   # one row left to decide (batch 1, a drained tail): the same arithmetic, in floats
@@ -281,7 +281,7 @@ class Goodput(Policy):
             self._pool.add(np.exp(-float(drafted.sum()) / self.pool_memory), accepted.sum(), rej.sum(), csum.sum(),
                            drafted.sum(), vconf)
             if conf is not None and conf.shape[1]:
-                self._pool.add_positions(verified, cols < accepted[:, None], self._a)
+                self._pool.positions.add(verified, cols < accepted[:, None], self._a)
         if self.cost == "calibrated":
             self._calib.observe(view, pad_extra(self._costs, drafted))
 
@@ -295,18 +295,9 @@ class _Pool:
 
     def __init__(self, position_prior=20.0, position_optimism=2.0, accepted=7.0, rejected=3.0, conf_sum=7.0,
                  drafted=10.0, cal_accepted=1.0, cal_conf=1.0):
-        self.position_prior, self.position_optimism = position_prior, position_optimism
         self.accepted, self.rejected, self.conf_sum, self.drafted = accepted, rejected, conf_sum, drafted
         self.cal_accepted, self.cal_conf = cal_accepted, cal_conf
         self.positions = PositionFactors(position_prior, position_optimism)
-
-    def position_factor(self, k: int) -> np.ndarray:
-        """f_p for positions 0..k-1 (1 where nothing was verified yet; `_common.PositionFactors`)."""
-        return self.positions.factor(k)
-
-    def add_positions(self, verified: np.ndarray, accepted: np.ndarray, estimate: np.ndarray) -> None:
-        """Tokens verified at each position (bool [rows, k]), which were accepted, the rows' estimates."""
-        self.positions.add(verified, accepted, estimate)
 
     @property
     def calibration(self) -> float:

@@ -193,15 +193,15 @@ def test_position_factor_is_optimistic_only_where_it_rests_on_little_evidence():
     toward 1, so it is drafted again and the judgement corrected; on ample evidence the factor is the
     plain ratio (within its standard error); a factor above 1 is never raised; position_optimism=0 is the
     plain shrunk ratio."""
-    from specdepth.policies.goodput import _Pool
+    from specdepth.policies._common import PositionFactors
     for opt, few_lo, few_hi in ((0.0, 0.88, 0.90), (2.0, 0.98, 1.0)):
-        pool = _Pool(position_prior=20.0, position_optimism=opt)
-        pool.positions.accepted, pool.positions.expected = np.array([50.0, 60.0]), np.array([50.0, 70.0])   # pos 1: 0.86
-        f = pool.position_factor(3)
+        pos = PositionFactors(prior=20.0, optimism=opt)
+        pos.accepted, pos.expected = np.array([50.0, 60.0]), np.array([50.0, 70.0])   # position 1: 0.86
+        f = pos.factor(3)
         assert f[0] == 1.0 and f[2] == 1.0
         assert few_lo <= f[1] <= few_hi
-        pool.positions.accepted, pool.positions.expected = np.array([1000.0, 8600.0]), np.array([900.0, 10000.0])
-        f = pool.position_factor(2)
+        pos.accepted, pos.expected = np.array([1000.0, 8600.0]), np.array([900.0, 10000.0])
+        f = pos.factor(2)
         assert f[0] == pytest.approx(1020 / 920)            # above 1: the plain ratio
         plain = 8620 / 10020
         assert plain <= f[1] <= plain + opt * 0.5 / 100 + 1e-9  # ample evidence: within opt standard errors
