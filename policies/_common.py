@@ -235,7 +235,10 @@ class CostCalibration:
         data identify it: its coefficient at least three standard errors above 0 and 2 % of the scale, and the
         fit better than without it by 1 % of a step's cost (RMS). A ragged engine's constant per-step cost
         cannot pass for padding even when the padding feature barely varies (the prior's pull on the fixed
-        part once did, on a cell with no padding)."""
+        part once did, on a cell with no padding). Where the fixed part comes out negative (a cost model that
+        charges a fixed part the engine does not pay) the fit is taken again without it: refusing the padding
+        there let a padded 70B verify at batch 200 pass for a 30 ms fixed cost in the verify-only fit, which
+        then priced drafts as nearly free (c83 of robustness draw 2035, 0.950 of `none`)."""
         keep = math.exp(-1.0 / self.memory)
         x = np.array([predicted, 1.0, pad])
         self._pad_xx = self._pad_xx * keep + np.outer(x, x)
@@ -246,26 +249,37 @@ class CostCalibration:
         if self._pad_w < 4.0 or self._pad_xx[2, 2] <= 0.0:
             return
         A = self._pad_xx + np.diag(np.diag(self._pad_xx)) * 1e-9
-        try:
-            inv = np.linalg.inv(A)
-        except np.linalg.LinAlgError:
+        fit = self._pad_solve(A, [0, 1, 2])
+        if fit is not None and fit[0][1] < 0.0:   # keep the physical sign: refit with no fixed part
+            fit = self._pad_solve(A, [0, 2])
+        if fit is None:
             return
-        coef = inv @ self._pad_xy
-        rss = self._rss(coef, 3)
-        se = math.sqrt(rss / (self._pad_w - 3.0) * max(inv[2, 2], 0.0))
+        coef, se = fit
         try:   # without the padding term: what it must improve on, by at least 1 % of a step's cost (RMS)
-            rss2 = self._rss(np.linalg.solve(A[:2, :2], self._pad_xy[:2]), 2)
+            rss2 = self._rss(np.linalg.solve(A[:2, :2], self._pad_xy[:2]), [0, 1])
         except np.linalg.LinAlgError:
             return
-        gain = (rss2 - rss) / self._pad_w >= (0.01 * self._pad_xy[1] / self._pad_w) ** 2
-        if gain and coef[0] > 0.0 and coef[1] >= 0.0 and coef[2] > 3.0 * se and coef[2] > 0.02 * coef[0]:
+        gain = (rss2 - self._rss(coef, [0, 1, 2])) / self._pad_w >= (0.01 * self._pad_xy[1] / self._pad_w) ** 2
+        if gain and coef[0] > 0.0 and coef[2] > 3.0 * se and coef[2] > 0.02 * coef[0]:
             self.pad = float(min(coef[2], coef[0]))
             self._pad_fit = (float(coef[0]), float(coef[1]))
 
-    def _rss(self, coef: np.ndarray, k: int) -> float:
-        """Residual sum of squares of the padding fit's first k features at coefficients coef."""
-        xx, xy = self._pad_xx[:k, :k], self._pad_xy[:k]
-        return max(self._pad_yy - 2.0 * coef @ xy + coef @ xx @ coef, 0.0)
+    def _pad_solve(self, A: np.ndarray, idx: list) -> tuple[np.ndarray, float] | None:
+        """Least squares of the padding fit on the features idx (the others at 0): the three coefficients
+        and the padding coefficient's standard error; None where singular."""
+        try:
+            inv = np.linalg.inv(A[np.ix_(idx, idx)])
+        except np.linalg.LinAlgError:
+            return None
+        coef = np.zeros(3)
+        coef[idx] = inv @ self._pad_xy[idx]
+        dof = self._pad_w - len(idx)
+        return coef, math.sqrt(self._rss(coef, idx) / dof * max(inv[-1, -1], 0.0))
+
+    def _rss(self, coef: np.ndarray, idx: list) -> float:
+        """Residual sum of squares of the padding fit on the features idx at coefficients coef."""
+        xx, xy, c = self._pad_xx[np.ix_(idx, idx)], self._pad_xy[idx], coef[idx]
+        return max(self._pad_yy - 2.0 * c @ xy + c @ xx @ c, 0.0)
 
     def verify_scale(self) -> float:
         """The verify's scale: how many seconds one predicted second of verify really costs (the padded fit's
@@ -453,6 +467,9 @@ def _expected_tokens(acceptance, ks: np.ndarray, factors: np.ndarray | None = No
     return 1.0 + np.concatenate([np.zeros((1, a.size)), np.cumsum(survive, axis=0)])[ks]
 
 
+PROBE_ROUNDS = 4   # a probe is tried while the evidence is fewer verified drafts than this many batches' worth
+
+
 class CostAwareDepth:
     """`uniform_depth` with the view's cost model corrected online: `depth(view, kmax)` in plan,
     `observe(view, accepted)` in observe (batch_scaled and confidence use it).
@@ -464,16 +481,17 @@ class CostAwareDepth:
     The engine's per-row estimate (view.acceptance) forgets by 0.8 a step: at batch 1, three rejections in a
     row put it below what a draft costs, no draft is made after that, and it never recovers (measured: 0.77 of
     fixed depth 2 on a held-out cell, c208 of seed 2029). This level rests on the requests' whole histories.
-    Probing (`probe`, standard errors): while all requests' rate rests on fewer verified drafts than the batch
-    size (its pseudo-tokens included; it forgets only as drafts are made), where the level says no draft pays
-    but the level raised by `probe` standard errors (sqrt(level (1 - level) / trials), trials = the running
-    requests' verified drafts + `prior_tokens`) says one would, the batch drafts one token per row this step.
-    Without it a batch whose prior level says no draft pays never drafts, so never learns a higher one (c125 of
-    seed 2030: a = 0.92 at batch 159, 0.80 of fixed depth 2). A probe gives every row a verified draft, which
-    ends the thin evidence: in practice one probe per run, at its start. (Gated on the running requests'
-    evidence instead, a level near the break-even probed every other step, c157 of seed 2031: 0.961 of `none`;
-    and a stream re-probed at each turnover, where the draft's catch-up after many idle steps made each probe
-    cost ~1 % of the run, c34.)
+    Probing (`probe`, standard errors): while all requests' rate rests on fewer verified drafts than
+    PROBE_ROUNDS (4) batches' worth beyond its pseudo-tokens (it forgets only as drafts are made), where the
+    level says no draft pays but the level raised by `probe` standard errors (sqrt(level (1 - level) / trials),
+    trials = the running requests' verified drafts + `prior_tokens`) says one would, the batch drafts one token
+    per row this step. Without it a batch whose prior level says no draft pays never drafts, so never learns a
+    higher one (c125 of seed 2030: a = 0.92 at batch 159, 0.80 of fixed depth 2). A probe gives every row a
+    verified draft: at most a few probes per run, at its start. (One batch's worth was the limit until
+    2026-12-01: a first step with 1 of 14 drafts accepted at a = 0.39 then stopped drafting for the whole
+    run, c152 of seed 2035, 0.914 of fixed depth 1. Gated on the running requests' evidence instead, a level
+    near the break-even probed every other step, c157 of seed 2031: 0.961 of `none`; and a stream re-probed at
+    each turnover, where the draft's catch-up after many idle steps made each probe cost ~1 % of the run, c34.)
     `drain`: once no request is left to join (view.requests_left == 0), the depth that finishes the batch
     soonest, at per-request rates shrunk toward the level by how much the rows really differ (`shrunk_rates`),
     so that one row unlucky by chance does not set the depth of a batch whose rows are alike.
@@ -517,7 +535,7 @@ class CostAwareDepth:
             k = uniform_depth(a, costs, kmax, view.remaining, shrunk_rates(st[:, 0], st[:, 1], a), f)[0]
         else:
             k = uniform_depth(a, costs, kmax, factors=f)[0]
-        if k == 0 and self.probe and self._pool.sum() < self.prior_tokens + view.batch_size:   # thin evidence:
+        if k == 0 and self.probe and self._pool.sum() < self.prior_tokens + PROBE_ROUNDS * view.batch_size:   # thin:
             # would a draft pay at a level `probe` standard errors higher? then try one
             hi = min(level + self.probe * math.sqrt(level * (1.0 - level) / trials), 0.999)
             return int(uniform_depth(np.full(view.batch_size, hi), costs, kmax, factors=f)[0] > 0)

@@ -5,8 +5,8 @@ import numpy as np
 from specdepth.errors import as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
-from ._common import (CostCalibration, PerRequest, PositionFactors, StepCost, best_prefix, pad_extra, plan_by_position,
-                      row_cost)
+from ._common import (PROBE_ROUNDS, CostCalibration, PerRequest, PositionFactors, StepCost, best_prefix, pad_extra,
+                      plan_by_position, row_cost)
 
 
 class Goodput(Policy):
@@ -50,6 +50,10 @@ class Goodput(Policy):
     the rows that may end the run), so rows far ahead stop lengthening every step with drafts the slowest row pays
     for; `drain_value=steps` (the rule before 2026-12-01) weights them by their expected remaining steps relative
     to the slowest row's, which still credits the fast rows below the ridge.
+    `probe` (standard errors, 0 = off): where no row would draft and the draft's calibration rests on few
+    verified tokens, a calibration that many standard errors higher is tried; if a draft pays there, one token
+    per row (`_probe`). `calibration_prior`: the pseudo verified tokens (accepted / confidence = 1) that
+    calibration starts from.
     `drain_after` > 0 also drains once the batch has shrunk below its largest size and no request joined
     for that many steps (a guess at the end of an online stream; off by default: on the development draw it
     raised the worst closed-batch cell but hurt TPOT on poisson cells).
@@ -62,7 +66,7 @@ class Goodput(Policy):
                  pool_memory: float = 20000.0, use_confidence: bool = True, extend: int = 16,
                  ranking: str = "position", cost: str = "calibrated", cost_memory: float = 200.0,
                  drain: bool = True, drain_after: int = 0, position_prior: float = 20.0, position_optimism: float = 2.0,
-                 drain_value: str = "time"):
+                 drain_value: str = "time", calibration_prior: float = 1.0, probe: float = 2.0):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
         self.prior_strength = as_float(prior_strength, "policy.prior_strength", min=0)
@@ -77,6 +81,8 @@ class Goodput(Policy):
         self.drain_value = as_choice(drain_value, "policy.drain_value", {"steps", "time"})
         self.position_prior = as_float(position_prior, "policy.position_prior", min=0, min_open=True)
         self.position_optimism = as_float(position_optimism, "policy.position_optimism", min=0)
+        self.calibration_prior = as_float(calibration_prior, "policy.calibration_prior", min=0, min_open=True)
+        self.probe = as_float(probe, "policy.probe", min=0)
         self._seq = PerRequest(4)   # accepted, rejections, sum of confidences, drafted
         self.reset()
 
@@ -88,11 +94,13 @@ class Goodput(Policy):
         self._seq.reset()
         self._costs = StepCost()
         self._calib = CostCalibration(memory=self.cost_memory)
-        self._pool = _Pool(self.position_prior, self.position_optimism)
+        self._pool = _Pool(self.position_prior, self.position_optimism, cal_accepted=self.calibration_prior,
+                           cal_conf=self.calibration_prior)
         self._G = 0.0
         self._max_id, self._quiet, self._max_n = -1, 0, 0   # newest request, steps since one joined, largest batch
         self._w = None
         self._dbar = None   # mean drafts of the rows drafted last step
+        self._probes = 0   # probe steps so far (_probe)
         self._row_cost = {}   # c1 of _time_weights per (batch, context bucket, cost model)
 
     # ---- estimates --------------------------------------------------------------------------------
@@ -141,10 +149,34 @@ class Goodput(Policy):
             depths, G = plan_by_position(S * w[:, None], costs, self._G, tie=remaining, nested=True,
                                          base=float(w.sum()))
         self._G = G
+        if (not depths.any() and self.probe and self._probes < PROBE_ROUNDS
+                and self._pool.verified < self.calibration_prior + PROBE_ROUNDS * n):
+            return self._probe(view, S, costs, rowcap)
         if self.use_confidence:
             self._s = np.ones(n)
             depths = np.where(depths > 0, np.minimum(depths + self.extend, rowcap), 0)
         return depths
+
+    def _probe(self, view, S, costs, rowcap):
+        """No row drafts, and the draft's calibration rests on few verified tokens (fewer than PROBE_ROUNDS
+        batches' worth; at most PROBE_ROUNDS probe steps a run): would a draft pay at a calibration `probe` standard errors higher (binomial relative
+        error sqrt((1 - A / V) / A), A of V verified drafts accepted, its prior's included)? Then every row the
+        optimistic plan drafts gets one token, to learn it. Without it a batch whose first verified drafts were
+        unlucky never drafts again, so never learns better (c152 of robustness draw 2035: 1 of 14 accepted at
+        a = 0.39, 0.915 of fixed depth 1 for the whole run)."""
+        A, V = self._pool.cal_accepted, self._pool.verified   # accepted / verified drafts, the prior's included
+        up = 1.0 + self.probe * math.sqrt(max(1.0 - A / V, 0.0) / max(A, 1e-9))
+        hi = np.minimum(S * up ** np.arange(1, S.shape[1] + 1), 0.999)   # slot j: j draft tokens' survival
+        hi[np.arange(S.shape[1])[None, :] >= rowcap[:, None]] = 0.0
+        w = self._w
+        if w is None:
+            depths, _ = plan_by_position(hi, costs, self._G, tie=view.remaining)
+        else:
+            depths, _ = plan_by_position(hi * w[:, None], costs, self._G, tie=view.remaining, nested=True,
+                                         base=float(w.sum()))
+        self._s = np.ones(view.batch_size)
+        self._probes += int(depths.any())
+        return np.minimum(depths, 1)
 
     def _drain_weights(self, view, S):
         """Draining (`drain`: no request is left to join; `drain_after`: the batch has shrunk below its largest
@@ -279,7 +311,7 @@ class Goodput(Policy):
         st[:, 3] += drafted
         if drafted.any():
             self._pool.add(np.exp(-float(drafted.sum()) / self.pool_memory), accepted.sum(), rej.sum(), csum.sum(),
-                           drafted.sum(), vconf)
+                           drafted.sum(), vconf, np.minimum(drafted, accepted + 1).sum())
             if conf is not None and conf.shape[1]:
                 self._pool.positions.add(verified, cols < accepted[:, None], self._a)
         if self.cost == "calibrated":
@@ -297,13 +329,14 @@ class _Pool:
                  drafted=10.0, cal_accepted=1.0, cal_conf=1.0):
         self.accepted, self.rejected, self.conf_sum, self.drafted = accepted, rejected, conf_sum, drafted
         self.cal_accepted, self.cal_conf = cal_accepted, cal_conf
+        self.verified = cal_conf   # verified draft tokens (the calibration's prior counted as tokens)
         self.positions = PositionFactors(position_prior, position_optimism)
 
     @property
     def calibration(self) -> float:
         return self.cal_accepted / self.cal_conf
 
-    def add(self, keep: float, accepted, rejected, conf_sum, drafted, verified_conf) -> None:
+    def add(self, keep: float, accepted, rejected, conf_sum, drafted, verified_conf, verified) -> None:
         """Forget (multiply every sum by `keep`), then add one step's counts."""
         self.accepted = self.accepted * keep + accepted
         self.rejected = self.rejected * keep + rejected
@@ -311,4 +344,5 @@ class _Pool:
         self.drafted = self.drafted * keep + drafted
         self.cal_accepted = self.cal_accepted * keep + accepted
         self.cal_conf = self.cal_conf * keep + verified_conf
+        self.verified = self.verified * keep + verified
         self.positions.forget(keep)

@@ -182,8 +182,9 @@ def test_ema_hysteresis_holds_depth_near_the_boundary():
 # ---- goodput ------------------------------------------------------------------------------------
 
 def _pool(alpha):
-    """A batch-wide pool at acceptance rate alpha, every confidence = alpha, a calibrated draft."""
-    return _Pool(accepted=alpha, rejected=1 - alpha, conf_sum=alpha, drafted=1.0)
+    """A batch-wide pool at acceptance rate alpha, every confidence = alpha, a draft known to be calibrated
+    (its calibration rests on many verified tokens: no probe)."""
+    return _Pool(accepted=alpha, rejected=1 - alpha, conf_sum=alpha, drafted=1.0, cal_accepted=1e6, cal_conf=1e6)
 
 
 def _leviathan_best(alpha, cost, K=16):
@@ -215,6 +216,25 @@ def test_goodput_no_drafting_when_drafts_are_expensive():
     p = Goodput()
     p._pool = _pool(0.3)
     assert p.plan(make_view(4, cost=LinearCost(v0=5e-3, d0=5e-3))).tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("requests_left", [0, 5])
+def test_goodput_probes_a_calibration_that_rests_on_few_tokens(requests_left):
+    """A first step with 1 of 14 drafts accepted puts the draft's calibration at 0.31: at the estimate (0.4 x
+    0.31) no draft pays (break-even 0.3 here), so none would be made and the estimate never corrected. On so
+    few tokens a calibration 2 standard errors higher says a draft pays: one token per row, to learn it. The
+    same calibration on hundreds of verified tokens, or probe=0: no draft."""
+    cost = LinearCost(v0=10e-3, v1=2e-4, d0=1e-3)
+
+    def plan(cal_accepted, probe=2.0):
+        p = Goodput(probe=probe)
+        p._pool = _Pool(accepted=0.4, rejected=0.6, conf_sum=0.4, drafted=1.0, cal_accepted=cal_accepted,
+                        cal_conf=cal_accepted * 3.2)
+        return p.plan(make_view(14, cost=cost, requests_left=requests_left)).tolist()
+
+    assert plan(1.0) == [1] * 14
+    assert plan(1.0, probe=0.0) == [0] * 14
+    assert plan(100.0) == [0] * 14
 
 
 def test_goodput_compute_bound_verify_makes_it_shallower():

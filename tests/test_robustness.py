@@ -270,6 +270,21 @@ def test_cost_calibration_learns_padded_verifies_and_not_a_ragged_engines_consta
     assert ragged.correct(costs).pad is None
 
 
+def test_cost_calibration_learns_padding_where_the_cost_model_overstates_the_fixed_cost():
+    """The cost model charges a fixed part per step the engine does not pay (the fit's fixed part comes out
+    negative): the padding term is still taken, from the fit with no fixed part (physical signs), not
+    refused (c83 of robustness draw 2035: a padded 70B verify at batch 200 then passed for a 30 ms fixed
+    cost, and goodput drafted the slowest rows every step of the tail at twice the verify's cost)."""
+    rng = np.random.default_rng(7)
+    cal = CostCalibration(memory=300.0)
+    for _ in range(400):
+        pred = rng.uniform(10e-3, 30e-3)
+        pad = pred * float(rng.integers(0, 2))   # a padded step costs twice the ragged one, or no padding
+        cal.observe(_verify_step(pred, (pred - 2e-3 + 0.9 * pad) * (1 + rng.normal(0, 0.01))), pad)
+    assert cal.pad == pytest.approx(0.9, rel=0.15)
+    assert cal._pad_fit[1] == 0.0 and cal.verify_scale() == pytest.approx(0.9, rel=0.1)
+
+
 def test_cost_calibration_starts_at_the_cost_model_and_forgets_old_evidence():
     cal = CostCalibration(memory=50.0)
     assert cal.params("verify") == (1.0, 0.0)
