@@ -192,6 +192,7 @@ class CostCalibration:
         self._pad_xx, self._pad_xy, self._pad_yy, self._pad_w = np.zeros((3, 3)), np.zeros(3), 0.0, 0.0
         self.pad = 0.0   # seconds per second of padded verify growth (0: the engine packs ragged forwards)
         self._pad_fit = None   # (scale, fixed) of the verify fit with the padding term, where it is taken
+        self._drafted_last = None   # whether the last step observed drafted (None: no step yet)
 
     def update(self, phase: str, predicted: float, count: float, measured: float) -> None:
         s = self._sums[phase]
@@ -218,7 +219,12 @@ class CostCalibration:
     def observe(self, view, pad: float | None = None) -> None:
         """Add this step's measured vs predicted costs (call from observe; a no-op where none). `pad`: what
         the verify would cost more than predicted if the engine padded every row to the step's deepest one
-        (`_common.pad_extra`); given, the fit also learns how much of that the engine pays (`self.pad`)."""
+        (`_common.pad_extra`); given, the fit also learns how much of that the engine pays (`self.pad`).
+        A step that drafts after a step that drafted nothing is left out of the draft fit: there the draft also
+        catches up the tokens it skipped (backend=hf; `backend.draft_catch_up`), a cost of the idle steps, not
+        of the positions drafted, and one such step could set the fit for good, since a fit that says drafts
+        are dear is not corrected while no draft is made (c12 of robustness draw 2036: a probe after 166 idle
+        steps measured 0.32 s against 2.3 ms predicted; the draft's scale of 21 stopped drafting for the run)."""
         mv = view.measured_verify_s
         if mv is None:
             return
@@ -226,8 +232,9 @@ class CostCalibration:
         if pad is not None:
             self._update_pad(view.predicted_verify_s, pad, mv)
         forwards = view.draft_forwards
-        if forwards:
+        if forwards and self._drafted_last is not False:
             self.update("draft", view.predicted_draft_s, float(forwards), view.measured_draft_s)
+        self._drafted_last = bool(forwards)
 
     def _update_pad(self, predicted: float, pad: float, measured: float) -> None:
         """measured = scale x predicted + fixed + pad x (padded - predicted), least squares with the same

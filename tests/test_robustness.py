@@ -285,6 +285,27 @@ def test_cost_calibration_learns_padding_where_the_cost_model_overstates_the_fix
     assert cal._pad_fit[1] == 0.0 and cal.verify_scale() == pytest.approx(0.9, rel=0.1)
 
 
+def test_cost_calibration_leaves_out_a_draft_that_resumes_after_idle_steps():
+    """A draft that resumes after steps without drafts also catches up the tokens it skipped: that step's draft
+    seconds say nothing of a draft position's cost and stay out of the draft fit (after a step that drafted,
+    the same seconds go in)."""
+    from types import SimpleNamespace
+
+    def step(forwards, measured_draft):
+        return SimpleNamespace(measured_verify_s=10e-3, predicted_verify_s=10e-3, draft_forwards=forwards,
+                               predicted_draft_s=1e-3 * forwards, measured_draft_s=measured_draft)
+
+    resumed, continued = CostCalibration(), CostCalibration()
+    for cal in (resumed, continued):
+        for _ in range(5):
+            cal.observe(step(2, 2e-3))
+    resumed.observe(step(0, 0.0))
+    resumed.observe(step(2, 0.3))        # 150 x the predicted seconds: the catch-up of the idle step(s)
+    continued.observe(step(2, 0.3))
+    assert resumed.params("draft")[0] == pytest.approx(1.0, abs=1e-6)
+    assert continued.params("draft")[0] > 5.0
+
+
 def test_cost_calibration_starts_at_the_cost_model_and_forgets_old_evidence():
     cal = CostCalibration(memory=50.0)
     assert cal.params("verify") == (1.0, 0.0)
