@@ -159,11 +159,11 @@ class Goodput(Policy):
 
     def _probe(self, view, S, costs, rowcap):
         """No row drafts, and the draft's calibration rests on few verified tokens (fewer than PROBE_ROUNDS
-        batches' worth; at most PROBE_ROUNDS probe steps a run): would a draft pay at a calibration `probe` standard errors higher (binomial relative
-        error sqrt((1 - A / V) / A), A of V verified drafts accepted, its prior's included)? Then every row the
-        optimistic plan drafts gets one token, to learn it. Without it a batch whose first verified drafts were
-        unlucky never drafts again, so never learns better (c152 of robustness draw 2035: 1 of 14 accepted at
-        a = 0.39, 0.915 of fixed depth 1 for the whole run)."""
+        batches' worth; at most PROBE_ROUNDS probe steps a run): would a draft pay at a calibration `probe`
+        standard errors higher (binomial relative error sqrt((1 - A / V) / A), A of V verified drafts accepted,
+        its prior's included)? Then every row the optimistic plan drafts gets one token, to learn it. Without
+        it a batch whose first verified drafts were unlucky never drafts again, so never learns better (c152 of
+        robustness draw 2035: 1 of 14 accepted at a = 0.39, 0.915 of fixed depth 1 for the whole run)."""
         A, V = self._pool.cal_accepted, self._pool.verified   # accepted / verified drafts, the prior's included
         up = 1.0 + self.probe * math.sqrt(max(1.0 - A / V, 0.0) / max(A, 1e-9))
         hi = np.minimum(S * up ** np.arange(1, S.shape[1] + 1), 0.999)   # slot j: j draft tokens' survival
