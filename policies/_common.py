@@ -474,7 +474,8 @@ def _expected_tokens(acceptance, ks: np.ndarray, factors: np.ndarray | None = No
     return 1.0 + np.concatenate([np.zeros((1, a.size)), np.cumsum(survive, axis=0)])[ks]
 
 
-PROBE_ROUNDS = 4   # a probe is tried while the evidence is fewer verified drafts than this many batches' worth
+PROBE_TOKENS = 64   # evidence is thin while it rests on fewer verified drafts than max(batch, this) ...
+PROBE_ROUNDS = 4    # ... and a run probes at most this many steps
 
 
 class CostAwareDepth:
@@ -489,16 +490,19 @@ class CostAwareDepth:
     row put it below what a draft costs, no draft is made after that, and it never recovers (measured: 0.77 of
     fixed depth 2 on a held-out cell, c208 of seed 2029). This level rests on the requests' whole histories.
     Probing (`probe`, standard errors): while all requests' rate rests on fewer verified drafts than
-    PROBE_ROUNDS (4) batches' worth beyond its pseudo-tokens (it forgets only as drafts are made), where the
+    max(batch, PROBE_TOKENS = 64) beyond its pseudo-tokens (it forgets only as drafts are made), for at most
+    PROBE_ROUNDS (4) steps a run, where the
     level says no draft pays but the level raised by `probe` standard errors (sqrt(level (1 - level) / trials),
     trials = the running requests' verified drafts + `prior_tokens`) says one would, the batch drafts one token
     per row this step. Without it a batch whose prior level says no draft pays never drafts, so never learns a
     higher one (c125 of seed 2030: a = 0.92 at batch 159, 0.80 of fixed depth 2). A probe gives every row a
     verified draft: at most a few probes per run, at its start. (One batch's worth was the limit until
     2026-12-01: a first step with 1 of 14 drafts accepted at a = 0.39 then stopped drafting for the whole
-    run, c152 of seed 2035, 0.914 of fixed depth 1. Gated on the running requests' evidence instead, a level
-    near the break-even probed every other step, c157 of seed 2031: 0.961 of `none`; and a stream re-probed at
-    each turnover, where the draft's catch-up after many idle steps made each probe cost ~1 % of the run, c34.)
+    run, c152 of seed 2035, 0.914 of fixed depth 1. Four batches' worth, tried next, probed 5 steps of a
+    16-step closed batch of 300 near the break-even: 0.987 of `none`. Gated on the running requests' evidence
+    instead, a level near the break-even probed every other step, c157 of seed 2031: 0.961 of `none`; and a
+    stream re-probed at each turnover, where the draft's catch-up after many idle steps made each probe cost
+    ~1 % of the run, c34.)
     `drain`: once no request is left to join (view.requests_left == 0), the depth that finishes the batch
     soonest, at per-request rates shrunk toward the level by how much the rows really differ (`shrunk_rates`),
     so that one row unlucky by chance does not set the depth of a batch whose rows are alike.
@@ -521,6 +525,7 @@ class CostAwareDepth:
         self._pool = np.array([self.prior, 1.0 - self.prior]) * self.prior_tokens   # all requests, forgetting
         self._pos = PositionFactors()
         self._level = None   # the level the last depth was priced at
+        self._probes = 0   # probe steps so far
 
     def level(self, view) -> tuple[float, float]:
         """The batch's acceptance level (see the class) and the trials it rests on (pseudo-tokens included)."""
@@ -542,10 +547,12 @@ class CostAwareDepth:
             k = uniform_depth(a, costs, kmax, view.remaining, shrunk_rates(st[:, 0], st[:, 1], a), f)[0]
         else:
             k = uniform_depth(a, costs, kmax, factors=f)[0]
-        if k == 0 and self.probe and self._pool.sum() < self.prior_tokens + PROBE_ROUNDS * view.batch_size:   # thin:
+        if (k == 0 and self.probe and self._probes < PROBE_ROUNDS
+                and self._pool.sum() < self.prior_tokens + max(view.batch_size, PROBE_TOKENS)):   # thin evidence:
             # would a draft pay at a level `probe` standard errors higher? then try one
             hi = min(level + self.probe * math.sqrt(level * (1.0 - level) / trials), 0.999)
-            return int(uniform_depth(np.full(view.batch_size, hi), costs, kmax, factors=f)[0] > 0)
+            k = int(uniform_depth(np.full(view.batch_size, hi), costs, kmax, factors=f)[0] > 0)
+            self._probes += k
         return k
 
     def observe(self, view, accepted=None) -> None:

@@ -5,8 +5,8 @@ import numpy as np
 from specdepth.errors import as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
-from ._common import (PROBE_ROUNDS, CostCalibration, PerRequest, PositionFactors, StepCost, best_prefix, pad_extra,
-                      plan_by_position, row_cost)
+from ._common import (PROBE_ROUNDS, PROBE_TOKENS, CostCalibration, PerRequest, PositionFactors, StepCost,
+                      best_prefix, pad_extra, plan_by_position, row_cost)
 
 
 class Goodput(Policy):
@@ -150,7 +150,7 @@ class Goodput(Policy):
                                          base=float(w.sum()))
         self._G = G
         if (not depths.any() and self.probe and self._probes < PROBE_ROUNDS
-                and self._pool.verified < self.calibration_prior + PROBE_ROUNDS * n):
+                and self._pool.verified < self.calibration_prior + max(n, PROBE_TOKENS)):
             return self._probe(view, S, costs, rowcap)
         if self.use_confidence:
             self._s = np.ones(n)
@@ -158,8 +158,8 @@ class Goodput(Policy):
         return depths
 
     def _probe(self, view, S, costs, rowcap):
-        """No row drafts, and the draft's calibration rests on few verified tokens (fewer than PROBE_ROUNDS
-        batches' worth; at most PROBE_ROUNDS probe steps a run): would a draft pay at a calibration `probe`
+        """No row drafts, and the draft's calibration rests on few verified tokens (fewer than max(batch,
+        PROBE_TOKENS); at most PROBE_ROUNDS probe steps a run): would a draft pay at a calibration `probe`
         standard errors higher (binomial relative error sqrt((1 - A / V) / A), A of V verified drafts accepted,
         its prior's included)? Then every row the optimistic plan drafts gets one token, to learn it. Without
         it a batch whose first verified drafts were unlucky never drafts again, so never learns better (c152 of
