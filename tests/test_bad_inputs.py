@@ -335,13 +335,14 @@ def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path):
     import time
 
     from sdtest import CLI
-    proc = subprocess.Popen([CLI, "workload.batch_size=256", "workload.output_len=120000", "policy=none",
+    # ~2 s of simulation on a fast CPU (batch 256 took ~1 s there and sometimes finished before the signal)
+    proc = subprocess.Popen([CLI, "workload.batch_size=1024", "workload.output_len=120000", "policy=none",
                              "hardware.memory_gb=null", "hydra.run.dir=run"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=dict(os.environ, HYDRA_FULL_ERROR="0"))
     deadline = time.time() + 60
     while time.time() < deadline and not (tmp_path / "run" / ".lock").exists():
         time.sleep(0.2)
-    time.sleep(1.0)
+    time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
