@@ -491,10 +491,9 @@ class CostAwareDepth:
     fixed depth 2 on a held-out cell, c208 of seed 2029). This level rests on the requests' whole histories.
     Probing (`probe`, standard errors): while all requests' rate rests on fewer verified drafts than
     max(batch, PROBE_TOKENS = 64) beyond its pseudo-tokens (it forgets only as drafts are made), for at most
-    PROBE_ROUNDS (4) steps a run, where the
-    level says no draft pays but the level raised by `probe` standard errors (sqrt(level (1 - level) / trials),
-    trials = the running requests' verified drafts + `prior_tokens`) says one would, the batch drafts one token
-    per row this step. Without it a batch whose prior level says no draft pays never drafts, so never learns a
+    PROBE_ROUNDS (4) steps a run, where the level says no draft pays but the level raised by `probe` standard
+    errors (sqrt(level (1 - level) / trials), trials = the running requests' verified drafts + `prior_tokens`)
+    says one would, the batch drafts one token per row this step. Without it a batch whose prior level says no draft pays never drafts, so never learns a
     higher one (c125 of seed 2030: a = 0.92 at batch 159, 0.80 of fixed depth 2). A probe gives every row a
     verified draft: at most a few probes per run, at its start. (One batch's worth was the limit until
     2026-12-01: a first step with 1 of 14 drafts accepted at a = 0.39 then stopped drafting for the whole

@@ -237,6 +237,17 @@ def test_goodput_probes_a_calibration_that_rests_on_few_tokens(requests_left):
     assert plan(100.0) == [0] * 14
 
 
+def test_goodput_probes_at_most_probe_rounds_steps_a_run():
+    """However thin the evidence stays, a run probes at most PROBE_ROUNDS steps (a closed batch of 300 near the
+    break-even once probed 5 of its 16 steps under a gate on evidence alone)."""
+    from specdepth.policies._common import PROBE_ROUNDS
+    p = Goodput()
+    p._pool = _Pool(accepted=0.4, rejected=0.6, conf_sum=0.4, drafted=1.0, cal_accepted=1.0, cal_conf=3.2)
+    v = make_view(14, cost=LinearCost(v0=10e-3, v1=2e-4, d0=1e-3), requests_left=5)
+    drafted = [int(p.plan(v).sum()) for _ in range(PROBE_ROUNDS + 3)]
+    assert drafted == [14] * PROBE_ROUNDS + [0] * 3
+
+
 def test_goodput_compute_bound_verify_makes_it_shallower():
     p = Goodput(use_confidence=False)
     p._pool = _pool(0.8)
