@@ -192,7 +192,7 @@ class CostCalibration:
         self._pad_xx, self._pad_xy, self._pad_yy, self._pad_w = np.zeros((3, 3)), np.zeros(3), 0.0, 0.0
         self.pad = 0.0   # seconds per second of padded verify growth (0: the engine packs ragged forwards)
         self._pad_fit = None   # (scale, fixed) of the verify fit with the padding term, where it is taken
-        self._drafted_last = None   # whether the last step observed drafted (None: no step yet)
+        self._drafted_last = True   # whether the last step observed drafted (a run's first draft resumes nothing)
 
     def update(self, phase: str, predicted: float, count: float, measured: float) -> None:
         s = self._sums[phase]
@@ -232,7 +232,7 @@ class CostCalibration:
         if pad is not None:
             self._update_pad(view.predicted_verify_s, pad, mv)
         forwards = view.draft_forwards
-        if forwards and self._drafted_last is not False:
+        if forwards and self._drafted_last:
             self.update("draft", view.predicted_draft_s, float(forwards), view.measured_draft_s)
         self._drafted_last = bool(forwards)
 
@@ -489,19 +489,19 @@ class CostAwareDepth:
     The engine's per-row estimate (view.acceptance) forgets by 0.8 a step: at batch 1, three rejections in a
     row put it below what a draft costs, no draft is made after that, and it never recovers (measured: 0.77 of
     fixed depth 2 on a held-out cell, c208 of seed 2029). This level rests on the requests' whole histories.
-    Probing (`probe`, standard errors): while all requests' rate rests on fewer verified drafts than
-    max(batch, PROBE_TOKENS = 64) beyond its pseudo-tokens (it forgets only as drafts are made), for at most
-    PROBE_ROUNDS (4) steps a run, where the level says no draft pays but the level raised by `probe` standard
-    errors (sqrt(level (1 - level) / trials), trials = the running requests' verified drafts + `prior_tokens`)
-    says one would, the batch drafts one token per row this step. Without it a batch whose prior level says no draft pays never drafts, so never learns a
-    higher one (c125 of seed 2030: a = 0.92 at batch 159, 0.80 of fixed depth 2). A probe gives every row a
-    verified draft: at most a few probes per run, at its start. (One batch's worth was the limit until
-    2026-12-01: a first step with 1 of 14 drafts accepted at a = 0.39 then stopped drafting for the whole
-    run, c152 of seed 2035, 0.914 of fixed depth 1. Four batches' worth, tried next, probed 5 steps of a
+    Probing (`probe`, standard errors): while all requests' rate rests on fewer verified drafts than max(batch,
+    PROBE_TOKENS = 64) beyond its pseudo-tokens (it forgets only as drafts are made), for at most PROBE_ROUNDS (4)
+    steps a run, where the level says no draft pays but the level raised by `probe` standard errors (sqrt(level
+    (1-level) / trials), trials = the running requests' verified drafts + `prior_tokens`) says one would, the
+    batch drafts one token per row this step. Without it a batch whose prior level says no draft pays never
+    drafts, so never learns a higher one (c125 of seed 2030: a = 0.92 at batch 159, 0.80 of fixed depth 2). A
+    probe gives every row a verified draft: at most a few probes per run, at its start. (One batch's worth was the
+    limit until 2026-12-01: a first step with 1 of 14 drafts accepted at a = 0.39 then stopped drafting for the
+    whole run, c152 of seed 2035, 0.914 of fixed depth 1. Four batches' worth, tried next, probed 5 steps of a
     16-step closed batch of 300 near the break-even: 0.987 of `none`. Gated on the running requests' evidence
-    instead, a level near the break-even probed every other step, c157 of seed 2031: 0.961 of `none`; and a
-    stream re-probed at each turnover, where the draft's catch-up after many idle steps made each probe cost
-    ~1 % of the run, c34.)
+    instead, a level near the break-even probed every other step, c157 of seed 2031: 0.961 of `none`; and a stream
+    re-probed at each turnover, where the draft's catch-up after many idle steps made each probe cost ~1 % of the
+    run, c34.)
     `drain`: once no request is left to join (view.requests_left == 0), the depth that finishes the batch
     soonest, at per-request rates shrunk toward the level by how much the rows really differ (`shrunk_rates`),
     so that one row unlucky by chance does not set the depth of a batch whose rows are alike.

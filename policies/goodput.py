@@ -143,11 +143,8 @@ class Goodput(Policy):
         if self.ranking == "global":   # draining: the same weights as the position ranking (and keep_drafting)
             depths, G = self._plan_global(S, costs, n) if w is None else self._plan_global(S * w[:, None], costs,
                                                                                             float(w.sum()))
-        elif w is None:   # ties toward the rows with more tokens left: no row falls behind the batch
-            depths, G = plan_by_position(S, costs, self._G, tie=remaining)
         else:
-            depths, G = plan_by_position(S * w[:, None], costs, self._G, tie=remaining, nested=True,
-                                         base=float(w.sum()))
+            depths, G = self._plan_positions(S, costs, remaining)
         self._G = G
         if (not depths.any() and self.probe and self._probes < PROBE_ROUNDS
                 and self._pool.verified < self.calibration_prior + max(n, PROBE_TOKENS)):
@@ -156,6 +153,14 @@ class Goodput(Policy):
             self._s = np.ones(n)
             depths = np.where(depths > 0, np.minimum(depths + self.extend, rowcap), 0)
         return depths
+
+    def _plan_positions(self, S, costs, remaining):
+        """plan_by_position on slot survivals S, weighted by the drain's weights where it drains; ties toward
+        the rows with more tokens left, so no row falls behind the batch. Returns (depths, goodput)."""
+        w = self._w
+        if w is None:
+            return plan_by_position(S, costs, self._G, tie=remaining)
+        return plan_by_position(S * w[:, None], costs, self._G, tie=remaining, nested=True, base=float(w.sum()))
 
     def _probe(self, view, S, costs, rowcap):
         """No row drafts, and the draft's calibration rests on few verified tokens (fewer than max(batch,
@@ -168,12 +173,7 @@ class Goodput(Policy):
         up = 1.0 + self.probe * math.sqrt(max(1.0 - A / V, 0.0) / max(A, 1e-9))
         hi = np.minimum(S * up ** np.arange(1, S.shape[1] + 1), 0.999)   # slot j: j draft tokens' survival
         hi[np.arange(S.shape[1])[None, :] >= rowcap[:, None]] = 0.0
-        w = self._w
-        if w is None:
-            depths, _ = plan_by_position(hi, costs, self._G, tie=view.remaining)
-        else:
-            depths, _ = plan_by_position(hi * w[:, None], costs, self._G, tie=view.remaining, nested=True,
-                                         base=float(w.sum()))
+        depths, _ = self._plan_positions(hi, costs, view.remaining)
         self._s = np.ones(view.batch_size)
         self._probes += int(depths.any())
         return np.minimum(depths, 1)

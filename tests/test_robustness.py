@@ -243,10 +243,11 @@ def test_cost_calibration_recovers_a_known_scale_and_fixed_cost_from_noisy_measu
     assert cal.params(other) == (1.0, 0.0)          # untouched phase: the cost model as is
 
 
-def _verify_step(pred, measured):
+def _verify_step(pred, measured, forwards=0, draft_pred=0.0, draft_measured=0.0):
+    """What CostCalibration.observe reads of a view: the step's predicted and measured verify (and draft)."""
     from types import SimpleNamespace
-    return SimpleNamespace(measured_verify_s=measured, predicted_verify_s=pred, draft_forwards=0, measured_draft_s=0.0,
-                           predicted_draft_s=0.0)
+    return SimpleNamespace(measured_verify_s=measured, predicted_verify_s=pred, draft_forwards=forwards,
+                           measured_draft_s=draft_measured, predicted_draft_s=draft_pred)
 
 
 def test_cost_calibration_learns_padded_verifies_and_not_a_ragged_engines_constant_cost():
@@ -289,11 +290,8 @@ def test_cost_calibration_leaves_out_a_draft_that_resumes_after_idle_steps():
     """A draft that resumes after steps without drafts also catches up the tokens it skipped: that step's draft
     seconds say nothing of a draft position's cost and stay out of the draft fit (after a step that drafted,
     the same seconds go in)."""
-    from types import SimpleNamespace
-
     def step(forwards, measured_draft):
-        return SimpleNamespace(measured_verify_s=10e-3, predicted_verify_s=10e-3, draft_forwards=forwards,
-                               predicted_draft_s=1e-3 * forwards, measured_draft_s=measured_draft)
+        return _verify_step(10e-3, 10e-3, forwards, 1e-3 * forwards, measured_draft)
 
     resumed, continued = CostCalibration(), CostCalibration()
     for cal in (resumed, continued):
