@@ -248,6 +248,28 @@ def test_goodput_probes_at_most_probe_rounds_steps_a_run():
     assert drafted == [14] * PROBE_ROUNDS + [0] * 3
 
 
+def test_goodput_row_calibration_prices_a_confident_wrong_row_by_its_own_outcomes():
+    """Two rows whose draft says 0.1 for every token: row 0's drafts are always rejected, row 1's always
+    accepted (the shipped tiny pair at batch 2 came close: 11 of 51 against 38 of 38). The batch-wide
+    calibration prices them alike; row_calibration gives each its own, once their outcomes spread beyond
+    what one calibration explains. Rows whose outcomes agree keep the batch-wide calibration exactly."""
+    def run(outcomes, z, steps=20):
+        p = Goodput(row_calibration=z)
+        for _ in range(steps):
+            v = make_view(2, requests_left=5)
+            p.plan(v)
+            p.observe(drafting(v, [1, 1], conf=0.1), np.array(outcomes))
+        p.plan(make_view(2, requests_left=5))
+        return p
+
+    split = run([0, 1], 5.0)
+    assert split._cal[0] < 0.5 * split._pool.calibration < split._cal[1]
+    assert split._a[0] < 0.5 * split._a[1]
+    for p in (run([0, 1], 0.0), run([1, 1], 5.0), run([0, 1], 5.0, steps=2)):   # off; alike; too few tokens
+        assert p._cal.tolist() == [p._pool.calibration] * 2
+        assert p._a[0] == p._a[1]
+
+
 def test_goodput_compute_bound_verify_makes_it_shallower():
     p = Goodput(use_confidence=False)
     p._pool = _pool(0.8)
