@@ -166,6 +166,10 @@ def pad_extra(costs, drafted: np.ndarray) -> float:
     return float(v[min(n * k, v.size - 1)] - v[min(int(drafted.sum()), v.size - 1)])
 
 
+_UPPER3 = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))   # a symmetric 3 x 3 matrix's upper triangle
+_AT3 = ((0, 1, 2), (1, 3, 4), (2, 4, 5))                      # where entry (a, b) of it lies in that list
+
+
 class CostCalibration:
     """Online correction of the cost model from what the steps really cost (the view's measured_* and
     predicted_* fields, read in observe). Per phase, measured = scale x predicted + fixed x count, with
@@ -188,8 +192,9 @@ class CostCalibration:
         # per phase: decayed sums of [x1 x1, x1 x2, x2 x2, x1 y, x2 y, weight], x = (predicted, count)
         self._sums = {ph: np.zeros(6) for ph in self.PHASES}
         self._fit = {ph: (1.0, 0.0) for ph in self.PHASES}
-        # verify with the padding feature (observe's `pad`): decayed X'X, X'y, weight for x = (predicted, 1, pad)
-        self._pad_xx, self._pad_xy, self._pad_yy, self._pad_w = np.zeros((3, 3)), np.zeros(3), 0.0, 0.0
+        # verify with the padding feature (observe's `pad`): decayed X'X (its upper triangle, row by row), X'y,
+        # y'y and weight for x = (predicted, 1, pad); plain floats: the fit runs every step, on 3 features
+        self._pad_xx, self._pad_xy, self._pad_yy, self._pad_w = [0.0] * 6, [0.0] * 3, 0.0, 0.0
         self.pad = 0.0   # seconds per second of padded verify growth (0: the engine packs ragged forwards)
         self._pad_fit = None   # (scale, fixed) of the verify fit with the padding term, where it is taken
         self._drafted_last = True   # whether the last step observed drafted (a run's first draft resumes nothing)
@@ -247,46 +252,63 @@ class CostCalibration:
         there let a padded 70B verify at batch 200 pass for a 30 ms fixed cost in the verify-only fit, which
         then priced drafts as nearly free (c83 of robustness draw 2035, 0.950 of `none`)."""
         keep = math.exp(-1.0 / self.memory)
-        x = np.array([predicted, 1.0, pad])
-        self._pad_xx = self._pad_xx * keep + np.outer(x, x)
-        self._pad_xy = self._pad_xy * keep + x * measured
+        x = (predicted, 1.0, pad)
+        self._pad_xx = [v * keep + x[a] * x[b] for v, (a, b) in zip(self._pad_xx, _UPPER3)]
+        self._pad_xy = [v * keep + x[a] * measured for a, v in enumerate(self._pad_xy)]
         self._pad_yy = self._pad_yy * keep + measured * measured
         self._pad_w = self._pad_w * keep + 1.0
         self.pad, self._pad_fit = 0.0, None
-        if self._pad_w < 4.0 or self._pad_xx[2, 2] <= 0.0:
+        xx = self._pad_xx
+        if self._pad_w < 4.0 or xx[5] <= 0.0:
             return
-        A = self._pad_xx + np.diag(np.diag(self._pad_xx)) * 1e-9
-        fit = self._pad_solve(A, [0, 1, 2])
+        A = list(xx)
+        for d in (0, 3, 5):   # a hair of ridge on the diagonal
+            A[d] = A[d] + A[d] * 1e-9
+        fit = self._pad_solve(A, (0, 1, 2))
         if fit is not None and fit[0][1] < 0.0:   # keep the physical sign: refit with no fixed part
-            fit = self._pad_solve(A, [0, 2])
+            fit = self._pad_solve(A, (0, 2))
         if fit is None:
             return
         coef, se = fit
-        try:   # without the padding term: what it must improve on, by at least 1 % of a step's cost (RMS)
-            rss2 = self._rss(np.linalg.solve(A[:2, :2], self._pad_xy[:2]), [0, 1])
-        except np.linalg.LinAlgError:
+        plain = self._pad_solve(A, (0, 1))   # without the padding term: what it must improve on, by at least
+        if plain is None:                    # 1 % of a step's cost (RMS)
             return
-        gain = (rss2 - self._rss(coef, [0, 1, 2])) / self._pad_w >= (0.01 * self._pad_xy[1] / self._pad_w) ** 2
+        gain = (self._rss(plain[0]) - self._rss(coef)) / self._pad_w >= (0.01 * self._pad_xy[1] / self._pad_w) ** 2
         if gain and coef[0] > 0.0 and coef[2] > 3.0 * se and coef[2] > 0.02 * coef[0]:
             self.pad = float(min(coef[2], coef[0]))
             self._pad_fit = (float(coef[0]), float(coef[1]))
 
-    def _pad_solve(self, A: np.ndarray, idx: list) -> tuple[np.ndarray, float] | None:
-        """Least squares of the padding fit on the features idx (the others at 0): the three coefficients
-        and the padding coefficient's standard error; None where singular."""
-        try:
-            inv = np.linalg.inv(A[np.ix_(idx, idx)])
-        except np.linalg.LinAlgError:
-            return None
-        coef = np.zeros(3)
-        coef[idx] = inv @ self._pad_xy[idx]
+    def _pad_solve(self, A: list, idx: tuple) -> tuple[list, float] | None:
+        """Least squares of the padding fit on the features idx (the others at 0), A the (ridged) upper triangle
+        of X'X: the three coefficients and the last feature's standard error; None where singular."""
+        coef = [0.0, 0.0, 0.0]
+        y = self._pad_xy
+        if len(idx) == 3:
+            a00, a01, a02, a11, a12, a22 = A
+            c00, c01, c02 = a11 * a22 - a12 * a12, a02 * a12 - a01 * a22, a01 * a12 - a02 * a11
+            c11, c12, c22 = a00 * a22 - a02 * a02, a01 * a02 - a00 * a12, a00 * a11 - a01 * a01
+            det = a00 * c00 + a01 * c01 + a02 * c02
+            if det == 0.0:
+                return None
+            coef = [(c00 * y[0] + c01 * y[1] + c02 * y[2]) / det, (c01 * y[0] + c11 * y[1] + c12 * y[2]) / det,
+                    (c02 * y[0] + c12 * y[1] + c22 * y[2]) / det]
+            last = c22 / det
+        else:
+            i, j = idx
+            aii, aij, ajj = A[_AT3[i][i]], A[_AT3[i][j]], A[_AT3[j][j]]
+            det = aii * ajj - aij * aij
+            if det == 0.0:
+                return None
+            coef[i], coef[j] = (ajj * y[i] - aij * y[j]) / det, (aii * y[j] - aij * y[i]) / det
+            last = aii / det
         dof = self._pad_w - len(idx)
-        return coef, math.sqrt(self._rss(coef, idx) / dof * max(inv[-1, -1], 0.0))
+        return coef, math.sqrt(self._rss(coef) / dof * max(last, 0.0))
 
-    def _rss(self, coef: np.ndarray, idx: list) -> float:
-        """Residual sum of squares of the padding fit on the features idx at coefficients coef."""
-        xx, xy, c = self._pad_xx[np.ix_(idx, idx)], self._pad_xy[idx], coef[idx]
-        return max(self._pad_yy - 2.0 * c @ xy + c @ xx @ c, 0.0)
+    def _rss(self, coef: list) -> float:
+        """Residual sum of squares of the padding fit at coefficients coef (a feature left out has 0)."""
+        xx, xy = self._pad_xx, self._pad_xy
+        quad = sum(coef[a] * coef[b] * xx[k] * (1.0 if a == b else 2.0) for k, (a, b) in enumerate(_UPPER3))
+        return max(self._pad_yy - 2.0 * (coef[0] * xy[0] + coef[1] * xy[1] + coef[2] * xy[2]) + quad, 0.0)
 
     def verify_scale(self) -> float:
         """The verify's scale: how many seconds one predicted second of verify really costs (the padded fit's
