@@ -135,9 +135,11 @@ class Goodput(Policy):
         cal = self._pool.calibration
         out = np.full(st.shape[0], cal)
         z = self.row_calibration
+        if not z or st.shape[0] < 2:
+            return out
         acc, vc, ver = st[:, 0], st[:, 4], st[:, 5]
         rows = np.flatnonzero((ver > 0) & (vc > 0))
-        if not z or rows.size < 2:
+        if rows.size < 2:
             return out
         acc, vc, ver = acc[rows], vc[rows], ver[rows]
         e = cal * vc
@@ -323,34 +325,35 @@ class Goodput(Policy):
 
     def observe(self, view, accepted):
         drafted = view.drafted
+        if self.cost == "calibrated":
+            self._calib.observe(view, pad_extra(self._costs, drafted))
+        if not drafted.any():   # nothing drafted, nothing learned of the draft (every sum below would add 0)
+            return
         st = self._seq.align(view.request_ids)
         rej = (accepted < drafted).astype(float)
+        ver = np.minimum(drafted, accepted + 1)   # verified drafts: the accepted ones and the first rejected
         conf = view.confidences
         if conf is not None and conf.shape[1]:
             cols = np.arange(conf.shape[1])[None, :]
             c = np.where(np.isnan(conf), 0.0, conf)
             csum = (c * (cols < drafted[:, None])).sum(axis=1)
-            verified = cols < np.minimum(drafted, accepted + 1)[:, None]
+            verified = cols < ver[:, None]
             vrow = (c * verified).sum(axis=1)
             vconf = float(vrow.sum())
         else:
             csum = vrow = np.zeros(view.batch_size)
             vconf = 0.0
-        if drafted.any():
-            self._dbar = float(drafted[drafted > 0].mean())
+        self._dbar = float(drafted[drafted > 0].mean())
         st[:, 0] += accepted
         st[:, 1] += rej
         st[:, 2] += csum
         st[:, 3] += drafted
         st[:, 4] += vrow
-        st[:, 5] += np.minimum(drafted, accepted + 1)
-        if drafted.any():
-            self._pool.add(np.exp(-float(drafted.sum()) / self.pool_memory), accepted.sum(), rej.sum(), csum.sum(),
-                           drafted.sum(), vconf, np.minimum(drafted, accepted + 1).sum())
-            if conf is not None and conf.shape[1]:
-                self._pool.positions.add(verified, cols < accepted[:, None], self._a)
-        if self.cost == "calibrated":
-            self._calib.observe(view, pad_extra(self._costs, drafted))
+        st[:, 5] += ver
+        self._pool.add(np.exp(-float(drafted.sum()) / self.pool_memory), accepted.sum(), rej.sum(), csum.sum(),
+                       drafted.sum(), vconf, ver.sum())
+        if conf is not None and conf.shape[1]:
+            self._pool.positions.add(verified, cols < accepted[:, None], self._a)
 
 
 class _Pool:

@@ -160,13 +160,22 @@ class CostModel:
         seconds = flops = 0.0
         a, b = self._df
         cnt, csum = cnt.tolist(), csum.tolist()
+        ns, cs, fs = [], [], []
         for p in range(len(cnt)):
             n = float(cnt[p])
             c = float(csum[p]) + p * n
-            f = a * n + b * (c + n)
-            seconds += self._time(which, n, f, c, n)
+            ns.append(n)
+            cs.append(c)
+            fs.append(a * n + b * (c + n))
+        for t, f in zip(self._position_times(which, ns, fs, cs), fs):
+            seconds += t
             flops += f
         return seconds, flops
+
+    def _position_times(self, which: str, n: list, flops: list, ctx_tokens: list) -> list:
+        """_time of each draft position's forward (n[p] rows, one token each): one call per position here;
+        TableCost looks them all up at once."""
+        return [self._time(which, x, f, c, x) for x, f, c in zip(n, flops, ctx_tokens)]
 
     def _time(self, which: str, tokens: float, flops: float, ctx_tokens: float, seqs: int) -> float:
         raise NotImplementedError
@@ -410,6 +419,11 @@ class TableCost(CostModel):
     def _time(self, which, tokens, flops, ctx_tokens, seqs):
         n = max(float(seqs), 1.0)
         return self.lookup(which, n, tokens / n, ctx_tokens / n)
+
+    def _position_times(self, which, n, flops, ctx_tokens):
+        """_time of every position in one lookups() call, with _time's arithmetic per point (the same bits)."""
+        nf = np.maximum(np.array(n, float), 1.0)
+        return self.lookups(which, nf, np.array(n, float) / nf, np.array(ctx_tokens, float) / nf).tolist()
 
     def verify_times(self, ctx: np.ndarray, totals: np.ndarray) -> np.ndarray:
         """The base class's table, every point looked up in one call. The arithmetic is the base class's
