@@ -357,7 +357,9 @@ def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | No
     n, K = S.shape
     key = np.zeros(n) if tie is None else -np.asarray(tie, float)
     order = np.lexsort((np.broadcast_to(key[:, None], S.shape), -S), axis=0)   # rows ranked per position
-    if nested:
+    if n <= _SMALL:
+        column = _SmallColumns(S, order, nested)
+    elif nested:
         column = _NestedColumns(S, order)
     else:
         C = np.zeros((n + 1, K))
@@ -383,9 +385,52 @@ def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | No
     depths = np.zeros(n, np.int64)
     rows = np.arange(n)
     for p, m in enumerate(ms):
-        rows = column.rows(p, len(rows), m) if nested else order[:m, p]
+        rows = column.rows(p, len(rows), m) if nested or n <= _SMALL else order[:m, p]
         depths[rows] += 1
     return depths, best_g
+
+
+_SMALL = 16   # batches up to this many rows search in plain floats (_SmallColumns)
+
+
+class _SmallColumns:
+    """Both kinds of column (the plain one and _NestedColumns) in Python floats, for small batches, where
+    numpy's per-call cost is most of the search: the same sums in the same order, so the same plan."""
+
+    def __init__(self, S, order, nested):
+        self.S, self.order, self.nested = S.tolist(), order.T.tolist(), nested
+        self.n = len(self.S)
+        self._chosen = None
+        if not nested:
+            self.C = [self._cumulative(p, o) for p, o in enumerate(self.order)]
+
+    def _cumulative(self, p, rows):
+        c, acc, S = [0.0], 0.0, self.S
+        for i in rows:
+            acc += S[i][p]
+            c.append(acc)
+        return c
+
+    def __call__(self, p, prev):
+        if not self.nested:
+            return self.C[p]
+        if p == 0:
+            self._chosen = [True] * self.n
+        chosen = self._chosen
+        self._last = [i for i in self.order[p] if chosen[i]][:prev]
+        return self._cumulative(p, self._last)
+
+    def choose(self, m):
+        self._chosen = [False] * self.n
+        for i in self._last[:m]:
+            self._chosen[i] = True
+
+    def rows(self, p, prev, m):
+        if not self.nested:
+            return self.order[p][:m]
+        self(p, prev)
+        self.choose(m)
+        return self._last[:m]
 
 
 class _NestedColumns:
@@ -438,6 +483,8 @@ def _by_position(column, K, G, costs, n, base):
             tdraft += dp
             x += 1
         return ms, e, v[x] + tdraft
+    if isinstance(column, _SmallColumns):
+        return _by_position_small(column, K, G, costs, n, base)
     for p in range(K):
         c = column(p, prev)
         dp = dr[:prev + 1]
@@ -456,6 +503,32 @@ def _by_position(column, K, G, costs, n, base):
         x += m
         prev = m
     return ms, e, ver[x] + tdraft
+
+
+def _by_position_small(column, K, G, costs, n, base):
+    """_by_position's loop in Python floats (_SmallColumns): the same arithmetic, element by element."""
+    ms, x, e, tdraft, prev = [], 0, base, 0.0, n
+    v, d = costs.verify.tolist(), costs.draft.tolist()
+    pad = costs.pad.tolist() if costs.pad is not None else None
+    for p in range(K):
+        c = column(p, prev)
+        vx, pp = v[x], (pad[p] if pad is not None else None)
+        m, best, dm = 0, None, d[0]
+        for j in range(prev + 1):
+            dj = d[j] + pp if pp is not None and j else d[j]
+            g = c[j] - G * (dj + v[x + j] - vx)
+            if best is None or g > best:   # the first of equal maxima, as np.argmax
+                m, best, dm = j, g, dj
+        if m == 0 or best <= 0:
+            break
+        if column.nested:
+            column.choose(m)
+        ms.append(m)
+        e += c[m]
+        tdraft += dm
+        x += m
+        prev = m
+    return ms, e, v[x] + tdraft
 
 
 def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarray | None = None,
