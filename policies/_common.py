@@ -369,8 +369,9 @@ def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | No
     g_none = base / costs.verify[0]
     G = max(g_none, G0)
     best_g, ms = g_none, []
+    search = _by_position_small if n <= _SMALL else _by_position
     for _ in range(5):
-        cand, e, t = _by_position(column, K, G, costs, n, base)
+        cand, e, t = search(column, K, G, costs, n, base)
         if not cand:
             if G <= g_none:
                 break
@@ -471,20 +472,6 @@ def _by_position(column, K, G, costs, n, base):
     ms, x, e, tdraft, prev = [], 0, base, 0.0, n
     ver, dr, pad = costs.verify, costs.draft, costs.pad
     nested = isinstance(column, _NestedColumns)
-    if n == 1 and not nested:   # one row (batch 1): the same arithmetic in floats, a few times faster
-        d1, v = float(dr[1]), ver.tolist()
-        for p in range(K):
-            c1 = float(column(p, 1)[1])
-            dp = d1 + float(pad[p]) if pad is not None else d1
-            if not c1 - G * (dp + v[x + 1] - v[x]) > 0:   # m = 0 has gain 0
-                break
-            ms.append(1)
-            e += c1
-            tdraft += dp
-            x += 1
-        return ms, e, v[x] + tdraft
-    if isinstance(column, _SmallColumns):
-        return _by_position_small(column, K, G, costs, n, base)
     for p in range(K):
         c = column(p, prev)
         dp = dr[:prev + 1]
@@ -506,7 +493,8 @@ def _by_position(column, K, G, costs, n, base):
 
 
 def _by_position_small(column, K, G, costs, n, base):
-    """_by_position's loop in Python floats (_SmallColumns): the same arithmetic, element by element."""
+    """_by_position's loop in Python floats (_SmallColumns, batches up to _SMALL rows, batch 1 included): the
+    same arithmetic, element by element."""
     ms, x, e, tdraft, prev = [], 0, base, 0.0, n
     v, d = costs.verify.tolist(), costs.draft.tolist()
     pad = costs.pad.tolist() if costs.pad is not None else None
@@ -571,6 +559,12 @@ def _expected_tokens(acceptance, ks: np.ndarray, factors: np.ndarray | None = No
 
 PROBE_TOKENS = 64   # evidence is thin while it rests on fewer verified drafts than max(batch, this) ...
 PROBE_ROUNDS = 4    # ... and a run probes at most this many steps
+
+
+def may_probe(probes: int, evidence: float, prior: float, batch: int) -> bool:
+    """The probe gate of goodput, batch_scaled and confidence: fewer than PROBE_ROUNDS probe steps so far, and
+    the evidence (verified drafts, `prior` pseudo-tokens included) below prior + max(batch, PROBE_TOKENS)."""
+    return probes < PROBE_ROUNDS and evidence < prior + max(batch, PROBE_TOKENS)
 
 
 class CostAwareDepth:
@@ -641,9 +635,8 @@ class CostAwareDepth:
             k = uniform_depth(a, costs, kmax, view.remaining, shrunk_rates(st[:, 0], st[:, 1], a), f)[0]
         else:
             k = uniform_depth(a, costs, kmax, factors=f)[0]
-        if (k == 0 and self.probe and self._probes < PROBE_ROUNDS
-                and self._pool.sum() < self.prior_tokens + max(view.batch_size, PROBE_TOKENS)):   # thin evidence:
-            # would a draft pay at a level `probe` standard errors higher? then try one
+        if k == 0 and self.probe and may_probe(self._probes, self._pool.sum(), self.prior_tokens, view.batch_size):
+            # thin evidence: would a draft pay at a level `probe` standard errors higher? then try one
             hi = min(level + self.probe * math.sqrt(level * (1.0 - level) / trials), 0.999)
             k = int(uniform_depth(np.full(view.batch_size, hi), costs, kmax, factors=f)[0] > 0)
             self._probes += k

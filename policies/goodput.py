@@ -5,8 +5,8 @@ import numpy as np
 from specdepth.errors import as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
-from ._common import (PROBE_ROUNDS, PROBE_TOKENS, CostCalibration, PerRequest, PositionFactors, StepCost,
-                      best_prefix, pad_extra, plan_by_position, row_cost)
+from ._common import (CostCalibration, PerRequest, PositionFactors, StepCost, best_prefix, may_probe, pad_extra,
+                      plan_by_position, row_cost)
 
 
 class Goodput(Policy):
@@ -180,8 +180,7 @@ class Goodput(Policy):
         else:
             depths, G = self._plan_positions(S, costs, remaining)
         self._G = G
-        if (not depths.any() and self.probe and self._probes < PROBE_ROUNDS
-                and self._pool.verified < self.calibration_prior + max(n, PROBE_TOKENS)):
+        if not depths.any() and self.probe and may_probe(self._probes, self._pool.verified, self.calibration_prior, n):
             return self._probe(view, S, costs, rowcap)
         if self.use_confidence:
             self._s = np.ones(n)
