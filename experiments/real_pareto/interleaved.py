@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+import sys
 import tempfile
 
 from hydra import compose, initialize_config_dir
@@ -41,12 +42,16 @@ def main(argv=None):
             for b in batches:
                 for i, v in enumerate(a.variants):
                     pol, *over = v.split(":")
-                    cfg = compose("config", overrides=["experiment=real_pareto", f"pol={pol}", "hydra.mode=RUN",
-                                                       f"workload.batch_size={b}", "resume=false", *over])
-                    if a.gc_freeze:
-                        gc.collect()
-                        gc.freeze()
-                    s = run(cfg, f"{tmp}/b{b}_{i}")
+                    try:
+                        cfg = compose("config", overrides=["experiment=real_pareto", f"pol={pol}", "hydra.mode=RUN",
+                                                           f"workload.batch_size={b}", "resume=false", *over])
+                        if a.gc_freeze:
+                            gc.collect()
+                            gc.freeze()
+                        s = run(cfg, f"{tmp}/b{b}_{i}")
+                    except Exception as e:   # one line naming the variant, not a traceback
+                        sys.exit(f"interleaved.py: variant {v!r} at batch {b}: {type(e).__name__}: "
+                                 f"{str(e).splitlines()[0] if str(e) else ''}")
                     res.setdefault((b, v), []).append([s[f] for f in FIELDS] + [s["time_s"] - s["prefill_time_s"]])
     print("| batch | variant | verify s | draft s | overhead s | decode s | decode / first |")
     print("|---:|---|---:|---:|---:|---:|---:|")
