@@ -159,10 +159,11 @@ class PositionFactors:
 def pad_extra(costs, drafted: np.ndarray) -> float:
     """What a verify would cost more than the ragged prediction if every row were padded to the deepest
     row's drafts (StepCost tables, uncorrected; 0 when the rows drafted alike)."""
-    n, v = drafted.size, costs.verify
-    if n == 0:
-        return 0.0
+    n = drafted.size
     k = int(drafted.max(initial=0))
+    if n == 0 or k == 0:   # nothing drafted: nothing to pad (and a plan that drafts nothing may build no tables)
+        return 0.0
+    v = costs.verify
     return float(v[min(n * k, v.size - 1)] - v[min(int(drafted.sum()), v.size - 1)])
 
 

@@ -414,6 +414,25 @@ def test_every_policy_config_runs_on_the_simulator(base_cfg, policy):
         assert s[0] == s[1] > 0                      # drafted == accepted: it never drafts a rejected token
 
 
+@pytest.mark.parametrize("policy", [p for p in POLICY_CONFIGS if p != "fixed"])
+def test_every_adaptive_policy_runs_where_the_token_cap_leaves_no_room(policy):
+    """engine.max_num_batched_tokens = the full batch: one token per row, no room for a draft while the batch is
+    full, from the first step (goodput once failed here: its observe read step-time tables its plan never built)."""
+    cfg = compose("workload=closed", "workload.batch_size=6", "workload.output_len=24", "workload.prompt_len=64",
+                  "acceptance=confidence", "engine.max_num_batched_tokens=6", f"policy={policy}")
+    res = build(cfg)["engine"].run()
+    assert sum(r[2] for r in res.requests) == 6 * 24
+    assert all(s[4] == 0 for s in res.steps if s[2] == 6)   # a full batch (batch_size) drafts nothing
+    assert max(s[7] for s in res.steps) <= 6                 # verify_tokens
+
+
+def test_goodput_with_max_depth_zero_is_no_speculation(base_cfg):
+    none = _with(base_cfg)["engine"].run()
+    res = _with(base_cfg, "goodput", **{"policy.max_depth": 0})["engine"].run()
+    assert sum(s[4] for s in res.steps) == 0   # the drafted column
+    assert len(res.steps) == len(none.steps)
+
+
 def test_zoo_configs_are_listed():
     for name in ("disable_by_batch", "batch_table", "heuristic", "ema", "goodput", "oracle", "bandit"):
         assert name in POLICY_CONFIGS
