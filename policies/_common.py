@@ -568,6 +568,37 @@ def may_probe(probes: int, evidence: float, prior: float, batch: int) -> bool:
     return probes < PROBE_ROUNDS and evidence < prior + max(batch, PROBE_TOKENS)
 
 
+class IdleReplan:
+    """Plans that draft nothing, kept without replanning (`idle_replan` of goodput, batch_scaled, confidence): after
+    a plan that drafts nothing, the next 1, then 2, 4, ... (at most `most`) steps draft nothing too without a new
+    plan, while the batch holds the same requests; a plan that drafts, or a change of rows, ends it at once.
+
+        if self._idle.skip(view): return zeros     # in plan, first
+        ...; self._idle.record(view, bool(depths.any()))
+
+    A plan is Python on the engine's critical path, ~0.2-0.6 ms a step: on the real backend with the shipped pair on
+    this CPU, where no draft pays past batch 4, that was most of what these policies lost to `none`
+    (experiments/real_pareto). The simulator does not charge a policy's time, so there it can only cost: up to
+    `most` steps late to resume drafting while no request joins or leaves (0 = plan every step)."""
+
+    def __init__(self, most: int):
+        self.most = most
+        self._ids, self._run, self._left = None, 0, 0   # the idle batch's requests, the window, steps left in it
+
+    def skip(self, view) -> bool:
+        if self._left and np.array_equal(view.request_ids, self._ids):
+            self._left -= 1
+            return True
+        return False
+
+    def record(self, view, drafts: bool) -> None:
+        if not self.most or drafts:
+            self._run = self._left = 0
+            return
+        self._run = min(max(2 * self._run, 1), self.most)
+        self._left, self._ids = self._run, np.array(view.request_ids)
+
+
 class CostAwareDepth:
     """`uniform_depth` with the view's cost model corrected online: `depth(view, kmax)` in plan,
     `observe(view, accepted)` in observe (batch_scaled and confidence use it).
@@ -601,10 +632,11 @@ class CostAwareDepth:
     experiments/robustness)."""
 
     def __init__(self, drain: bool = True, prior: float = 0.7, prior_tokens: float = 10.0, memory: float = 2000.0,
-                 probe: float = 2.0, positions: bool = True):
+                 probe: float = 2.0, positions: bool = True, idle_replan: int = 0):
         self.drain = drain
         self.prior, self.prior_tokens, self.memory, self.probe = prior, prior_tokens, memory, probe
         self.positions = positions
+        self.idle_replan = idle_replan
         self.reset()
 
     def reset(self):
@@ -615,6 +647,7 @@ class CostAwareDepth:
         self._pos = PositionFactors()
         self._level = None   # the level the last depth was priced at
         self._probes = 0   # probe steps so far
+        self._idle = IdleReplan(self.idle_replan)
 
     def level(self, view) -> tuple[float, float]:
         """The batch's acceptance level (see the class) and the trials it rests on (pseudo-tokens included)."""
@@ -626,6 +659,13 @@ class CostAwareDepth:
     def depth(self, view, kmax: int) -> int:
         if kmax <= 0:
             return 0
+        if self._idle.skip(view):
+            return 0
+        k = self._depth(view, kmax)
+        self._idle.record(view, k > 0)
+        return k
+
+    def _depth(self, view, kmax: int) -> int:
         costs = self._calib.correct(self._costs.update(view, kmax))
         level, trials = self.level(view)
         self._level = level
@@ -689,12 +729,14 @@ class CostAwarePolicy(Policy):
     on. The subclass sets its own parameters, then calls this __init__ with the shared ones (it validates
     them and resets)."""
 
-    def __init__(self, max_depth: int, use_budget: bool, drain: bool, probe: float = 2.0, positions: bool = True):
+    def __init__(self, max_depth: int, use_budget: bool, drain: bool, probe: float = 2.0, positions: bool = True,
+                 idle_replan: int = 8):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.use_budget = bool(use_budget)
         self.drain = as_bool(drain, "policy.drain")
         self.probe = as_float(probe, "policy.probe", min=0)
         self.positions = as_bool(positions, "policy.positions")
+        self.idle_replan = as_int(idle_replan, "policy.idle_replan", min=0)
         self.reset()
 
     def cap(self, view) -> int:
@@ -702,7 +744,8 @@ class CostAwarePolicy(Policy):
         return min(self.max_depth, view.max_depth)
 
     def reset(self):
-        self._depth = CostAwareDepth(self.drain, probe=self.probe, positions=self.positions)
+        self._depth = CostAwareDepth(self.drain, probe=self.probe, positions=self.positions,
+                                     idle_replan=self.idle_replan)
 
     def observe(self, view, accepted):
         self._depth.observe(view, accepted)

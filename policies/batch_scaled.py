@@ -21,14 +21,16 @@ class BatchScaled(CostAwarePolicy):
     the batch soonest (its slowest row decides; `_common.uniform_depth`). `probe` (standard errors, 0 = off):
     where the level says no draft pays but a level that many standard errors higher says one would, draft
     one token per row to learn the level (`_common.CostAwareDepth`). `positions` (default on): the level is
-    corrected per draft position (`_common.PositionFactors`: later drafts that fail more often than the first)."""
+    corrected per draft position (`_common.PositionFactors`: later drafts that fail more often than the first).
+    `idle_replan` (steps, 0 = off): a depth of 0 is kept without replanning for the next 1, 2, 4, ... (at most
+    idle_replan) steps while the batch holds the same requests (`_common.IdleReplan`)."""
 
     name = "batch_scaled"
     depth_param = "max_depth"
 
     def __init__(self, max_depth: int = 8, min_depth: int = 0, use_budget: bool = False, drain: bool = True,
-                 probe: float = 2.0, positions: bool = True):
-        super().__init__(max_depth, use_budget, drain, probe, positions)
+                 probe: float = 2.0, positions: bool = True, idle_replan: int = 8):
+        super().__init__(max_depth, use_budget, drain, probe, positions, idle_replan)
         self.min_depth = as_int(min_depth, "policy.min_depth", min=0, max=self.max_depth)
 
     def plan(self, view):

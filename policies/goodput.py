@@ -5,8 +5,8 @@ import numpy as np
 from specdepth.errors import as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
-from ._common import (CostCalibration, PerRequest, PositionFactors, StepCost, best_prefix, may_probe, pad_extra,
-                      plan_by_position, row_cost)
+from ._common import (CostCalibration, IdleReplan, PerRequest, PositionFactors, StepCost, best_prefix, may_probe,
+                      pad_extra, plan_by_position, row_cost)
 
 
 class Goodput(Policy):
@@ -57,6 +57,8 @@ class Goodput(Policy):
     `row_calibration` (standard errors, 0 = off): where the rows' outcomes spread more than one calibration of
     the draft's confidence explains, each row is priced by its own calibration, shrunk toward the batch's
     (`_row_calibration`).
+    `idle_replan` (steps, 0 = off): a plan that drafts nothing is kept without replanning for the next 1, 2, 4, ...
+    (at most idle_replan) steps while the batch holds the same requests (`_common.IdleReplan`).
     `drain_after` > 0 also drains once the batch has shrunk below its largest size and no request joined
     for that many steps (a guess at the end of an online stream; off by default: on the development draw it
     raised the worst closed-batch cell but hurt TPOT on poisson cells).
@@ -70,7 +72,7 @@ class Goodput(Policy):
                  ranking: str = "position", cost: str = "calibrated", cost_memory: float = 200.0,
                  drain: bool = True, drain_after: int = 0, position_prior: float = 20.0, position_optimism: float = 2.0,
                  drain_value: str = "time", calibration_prior: float = 1.0, probe: float = 2.0,
-                 row_calibration: float = 5.0):
+                 row_calibration: float = 5.0, idle_replan: int = 8):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
         self.prior_strength = as_float(prior_strength, "policy.prior_strength", min=0)
@@ -88,6 +90,7 @@ class Goodput(Policy):
         self.calibration_prior = as_float(calibration_prior, "policy.calibration_prior", min=0, min_open=True)
         self.probe = as_float(probe, "policy.probe", min=0)
         self.row_calibration = as_float(row_calibration, "policy.row_calibration", min=0)
+        self.idle_replan = as_int(idle_replan, "policy.idle_replan", min=0)
         self._seq = PerRequest(6)   # accepted, rejections, sum of confidences, drafted; verified confidence, tokens
         self.reset()
 
@@ -107,6 +110,7 @@ class Goodput(Policy):
         self._dbar = None   # mean drafts of the rows drafted last step
         self._probes = 0   # probe steps so far (_probe)
         self._row_cost = {}   # c1 of _time_weights per (batch, context bucket, cost model)
+        self._idle = IdleReplan(self.idle_replan)   # plans that draft nothing, kept (`idle_replan`)
 
     # ---- estimates --------------------------------------------------------------------------------
     def _alpha(self, view) -> np.ndarray:
@@ -167,6 +171,14 @@ class Goodput(Policy):
         if K <= 0:
             self._G = 0.0
             return np.zeros(n, np.int64)
+        if self._idle.skip(view):
+            self._quiet += 1   # _drain_weights' count of steps since a request joined (no new row: the ids are equal)
+            return np.zeros(n, np.int64)
+        depths = self._plan(view, n, K)
+        self._idle.record(view, bool(depths.any()))
+        return depths
+
+    def _plan(self, view, n, K):
         self._a = a = self._alpha(view)
         remaining = view.remaining
         rowcap = np.clip(remaining - 1, 0, K)

@@ -13,8 +13,9 @@ from specdepth.app import CONF_DIR, build
 from specdepth.engine import Engine, EngineConfig, Step, engine_rows
 from specdepth.errors import ConfigError
 from specdepth.executor import Executor
-from specdepth.policies import (EMA, Bandit, BatchTable, DisableByBatch, FixedDepth, Goodput, Heuristic,
-                                Oracle)
+from specdepth.policies import (EMA, Bandit, BatchScaled, BatchTable, ConfidenceThreshold, DisableByBatch,
+                                FixedDepth, Goodput, Heuristic, Oracle)
+from specdepth.policies._common import IdleReplan
 from specdepth.policies.goodput import _Pool
 from specdepth.policy import StepView
 from specdepth.workload import Request
@@ -216,6 +217,43 @@ def test_goodput_no_drafting_when_drafts_are_expensive():
     p = Goodput()
     p._pool = _pool(0.3)
     assert p.plan(make_view(4, cost=LinearCost(v0=5e-3, d0=5e-3))).tolist() == [0, 0, 0, 0]
+
+
+def test_idle_replan_keeps_a_plan_without_drafts_for_1_2_4_steps_while_the_rows_stay():
+    """After a plan that drafts nothing, the next 1, 2, 4, then at most `most` steps are not replanned while the
+    batch holds the same requests; a change of rows replans at once, and a plan that drafts starts over."""
+    idle = IdleReplan(4)
+    v = make_view(3, ids=[5, 6, 7])
+    planned = []
+    for step in range(20):
+        if not idle.skip(v):
+            planned.append(step)
+            idle.record(v, False)
+    assert planned == [0, 2, 5, 10, 15]               # then windows of 1, 2, 4, 4 steps without a plan
+    assert not idle.skip(make_view(3, ids=[5, 6, 8]))   # another request: replan
+    idle.record(v, True)                                # a plan that drafts: no window
+    assert not idle.skip(v)
+    off = IdleReplan(0)
+    off.record(v, False)
+    assert not off.skip(v)
+
+
+@pytest.mark.parametrize("policy", [Goodput, BatchScaled, ConfidenceThreshold])
+def test_policies_skip_replanning_while_no_draft_pays(policy):
+    """Where drafts are too dear to pay, goodput, batch_scaled and confidence plan nothing, and with idle_replan
+    they compute that plan on only a few of the steps (the same depths: all zero); idle_replan=0 on every step."""
+    cost = LinearCost(v0=5e-3, d0=5e-3)
+    for most, plans in ((8, 6), (0, 30)):
+        p = policy(idle_replan=most, probe=0)
+        inner = p if policy is Goodput else p._depth
+        name = "_plan" if policy is Goodput else "_depth"
+        calls = []
+        real = getattr(inner, name)
+        setattr(inner, name, lambda *a, _r=real: calls.append(1) or _r(*a))
+        v = make_view(4, cost=cost, requests_left=5)
+        for _ in range(30):
+            assert p.plan(v).tolist() == [0, 0, 0, 0]
+        assert len(calls) == plans, (policy.__name__, most)
 
 
 @pytest.mark.parametrize("requests_left", [0, 5])

@@ -137,16 +137,25 @@ class StepView:
     def _verified(self) -> bool:
         return self._s.row_accepted is not None
 
-    def _predicted(self):
+    def _predicted(self, which: int):
+        """view.cost's seconds for this step's shapes (0: the draft forwards, 1: the verify), each computed once,
+        when first read (a step that drafted nothing has no draft forward: 0 s, no cost-model call)."""
         if not self._verified():
-            return None, None
+            return None
         if self._pred is None:
+            self._pred = [None, None]
+        t = self._pred[which]
+        if t is None:
             ctx, d = self.context_lens, self._s.row_drafted
-            self._pred = (float(self._cost.draft_positions(ctx, d)[0]), float(self._cost.verify_time(ctx, d)))
-        return self._pred
+            if which == 1:
+                t = float(self._cost.verify_time(ctx, d))
+            else:
+                t = float(self._cost.draft_positions(ctx, d)[0]) if d.any() else 0.0
+            self._pred[which] = t
+        return t
 
-    predicted_draft_s = property(lambda self: self._predicted()[0])
-    predicted_verify_s = property(lambda self: self._predicted()[1])
+    predicted_draft_s = property(lambda self: self._predicted(0))
+    predicted_verify_s = property(lambda self: self._predicted(1))
 
 
 def _ro_or_none(a):
