@@ -57,9 +57,14 @@ class StepCost:
     Built at the batch's mean context (KV reads and attention are sums over the batch, so the mean is
     nearly exact) on a grid of x and m, interpolated in between (a roofline is piecewise linear). Tables
     are cached per (batch size, depth cap, mean context in 2% buckets), `cache` of them at most.
+    A cost that pads every forward to its deepest row (`cost.pad_ragged`: the simulator's true cost with
+    backend.pad_ragged) pays for the positions opened, not for the drafts: then verify[x] is the verify without
+    drafts for any x, and pad[p] what opening position p adds (every row one token deeper), as
+    CostCalibration.correct prices a padded engine. (Spreading x drafts evenly over the rows, as above, would
+    price x < n drafts at no verify cost at all: the padded query is the deepest row's, a whole token.)
     """
 
-    pad = None   # the cost model's tables have no padded-verify term (CostCalibration.correct may add one)
+    pad = None   # None: no padded-verify term (CostCalibration.correct may add one)
 
     def __init__(self, cache: int = 512):
         self.key = None
@@ -78,21 +83,28 @@ class StepCost:
         self.key = key
         hit = self._tables.get(key)
         if hit is not None:
-            self.verify, self.draft = hit
+            self.verify, self.draft, self.pad = hit
             return self
         if len(self._tables) >= self.cache:
             self._tables.clear()
         X = n * kmax
         xs = _grid(X)
         ms = _grid(n)
-        if hasattr(cost, "verify_times"):   # a CostModel: the whole table in one call
-            vt, dt = cost.verify_times(ctx, xs), cost.draft_times(cbar, ms)
+        self.pad = None
+        if getattr(cost, "pad_ragged", False):   # padded: the deepest row's depth p sets the verify
+            V = np.array([cost.verify_time(ctx, np.full(n, p, np.int64)) for p in range(kmax + 1)])
+            xs, vt, self.pad = np.array([0.0, float(X)]), np.full(2, V[0]), np.diff(V)
+        elif hasattr(cost, "verify_times"):   # a CostModel: the whole table in one call
+            vt = cost.verify_times(ctx, xs)
         else:
             vt = np.array([cost.verify_time(ctx, np.full(n, x / n)) for x in xs])
+        if hasattr(cost, "draft_times"):
+            dt = cost.draft_times(cbar, ms)
+        else:
             dt = np.array([cost.draft_time(np.full(int(m), cbar)) if m else 0.0 for m in ms])
         self.verify = np.interp(np.arange(X + 1), xs, vt) if xs.size != X + 1 else vt
         self.draft = np.interp(np.arange(n + 1), ms, dt) if ms.size != n + 1 else dt
-        self._tables[key] = (self.verify, self.draft)
+        self._tables[key] = (self.verify, self.draft, self.pad)
         return self
 
 

@@ -462,6 +462,39 @@ def test_accept_prob_is_read_only_and_matches_the_acceptance_model():
     assert np.allclose(seen[0][:, :3], [0.9, 0.45, 0.225])
 
 
+def test_the_true_cost_of_a_padded_engine_is_priced_by_the_deepest_row():
+    """backend.pad_ragged: a verify costs what one with every row as deep as the deepest costs, whatever the number
+    of drafts. The true-cost tables (StepCost of view.true_cost, used by oracle_expected and goodput cost=clock)
+    price a plan by the positions it opens: verify[x] is the verify without drafts, pad[p] what opening position p
+    adds. (Spread evenly over the rows, x < n drafts once cost nothing: the padded query was truncated to one
+    token, and oracle_expected drafted every row but two at batch 349, 0.62 of `none`: c191 of draw 2040.)"""
+    from specdepth.policies._common import StepCost
+    seen = []
+
+    class Peek(Policy):
+        requires_true_cost = True
+
+        def plan(self, view):
+            if not seen:
+                costs = StepCost().update(view, 4, view.true_cost)
+                ctx, n = view.context_lens, view.batch_size
+                none = view.true_cost.verify_time(ctx, np.zeros(n))
+                assert np.allclose(costs.verify, none) and costs.pad.shape == (4,)
+                ragged = np.zeros(n, np.int64)
+                ragged[0] = 3                                      # one row 3 deep: all padded to 4 tokens
+                assert costs.verify[3] + costs.pad[:3].sum() == pytest.approx(view.true_cost.verify_time(ctx, ragged))
+                assert costs.pad[0] > 0
+                seen.append(costs)
+            return np.zeros(view.batch_size, np.int64)
+
+    parts = build(cfg("engine.progress=false", "workload.batch_size=64", "workload.output_len=4",
+                      "backend.pad_ragged=true", "hardware=a100_80g", "model=llama3_8b"))
+    eng = parts["engine"]
+    eng.policy = Peek()
+    eng.run()
+    assert seen
+
+
 def test_decay_acceptance_falls_with_the_draft_position(tmp_path):
     from sdtest import run_sim
     s = run_sim(tmp_path, "policy=fixed", "policy.depth=3", "acceptance=decay", "acceptance.first=0.9",

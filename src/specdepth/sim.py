@@ -157,6 +157,9 @@ class ClockCost:
     def __init__(self, ex: SimExecutor):
         self._ex = ex
         self.target, self.draft = ex.cost.target, ex.cost.draft
+        # True: every forward is padded to its deepest row (backend.pad_ragged), so a verify costs what one with
+        # every row as deep as the deepest costs, whatever the number of drafts (policies' StepCost prices it so)
+        self.pad_ragged = ex.pad_ragged
 
     def verify_time(self, ctx, depths):
         ex = self._ex
