@@ -133,6 +133,8 @@ ROWS = [
     ("4", "policy=goodput policy.probe=-0.5", "policy.probe must be >= 0"),
     ("4", "policy=goodput policy.calibration_prior=0", "policy.calibration_prior"),
     ("4", "policy=goodput policy.row_calibration=-3", "policy.row_calibration must be >= 0"),
+    ("4", "policy=goodput policy.idle_replan=-1", "policy.idle_replan must be >= 0"),
+    ("4", "policy=confidence policy.idle_replan=2.5", "policy.idle_replan"),
     ("4", "policy=batch_scaled policy.drain=1", "policy.drain must be true or false"),
     ("4", "policy=confidence policy.drain=yes", "policy.drain must be true or false"),
     ("4", "policy=batch_scaled policy.probe=-1", "policy.probe must be >= 0"),
