@@ -673,11 +673,11 @@ class CostAwareDepth:
             return 0
         if self._idle.skip(view):
             return 0
-        k = self._depth(view, kmax)
+        k = self._best_depth(view, kmax)
         self._idle.record(view, k > 0)
         return k
 
-    def _depth(self, view, kmax: int) -> int:
+    def _best_depth(self, view, kmax: int) -> int:
         costs = self._calib.correct(self._costs.update(view, kmax))
         level, trials = self.level(view)
         self._level = level

@@ -246,7 +246,7 @@ def test_policies_skip_replanning_while_no_draft_pays(policy):
     for most, plans in ((8, 6), (0, 30)):
         p = policy(idle_replan=most, probe=0)
         inner = p if policy is Goodput else p._depth
-        name = "_plan" if policy is Goodput else "_depth"
+        name = "_plan" if policy is Goodput else "_best_depth"
         calls = []
         real = getattr(inner, name)
         setattr(inner, name, lambda *a, _r=real: calls.append(1) or _r(*a))
