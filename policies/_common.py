@@ -549,6 +549,10 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
     e = _expected_tokens(acceptance, ks, factors)   # [k, row] expected tokens per step
     n = e.shape[1]
     T = costs.verify[np.minimum(n * ks, costs.verify.size - 1)] + ks * costs.draft[n]
+    pad = getattr(costs, "pad", None)
+    if pad is not None and len(pad):   # what opening positions 0..k-1 adds (PolicyTime, a padded verify)
+        opened = np.concatenate([[0.0], np.cumsum(pad)])
+        T = T + opened[np.minimum(ks, opened.size - 1)]
     if remaining is None:
         g = e.sum(axis=1) / T
     else:
@@ -611,6 +615,45 @@ class IdleReplan:
         self._left, self._ids = self._run, np.array(view.request_ids)
 
 
+class PolicyTime:
+    """A policy's own seconds per step, where a step pays them (view.measured_policy_s: the plan and keep_drafting
+    hooks' wall time on backend=hf; 0 on the simulator unless engine.charge_policy_time), averaged with forgetting
+    (`memory` steps) separately over steps that drafted and steps that did not. `apply(tables)` prices them: the
+    idle steps' seconds are added to every plan's verify, and what a drafting step costs more (its plan, which
+    `IdleReplan` cannot skip, and keep_drafting) to opening draft position 0 (`pad[0]`), so drafts must also pay
+    for the policy's own Python. Where nothing was measured (the simulator) the tables are returned as they are.
+
+        pt = PolicyTime(); pt.observe(view)   # in observe
+        tables = pt.apply(tables)              # before planning
+    """
+
+    def __init__(self, memory: float = 50.0):
+        self.memory = float(memory)
+        self.drafting = self.idle = None   # averaged seconds per step; None before the first such step
+
+    def observe(self, view) -> None:
+        t = view.measured_policy_s
+        if not t:   # not paid (0.0), or before verification (None)
+            return
+        if view.draft_forwards:
+            self.drafting = t if self.drafting is None else self.drafting + (t - self.drafting) / self.memory
+        else:
+            self.idle = t if self.idle is None else self.idle + (t - self.idle) / self.memory
+
+    def apply(self, costs):
+        if self.drafting is None and self.idle is None:
+            return costs
+        idle = self.idle or 0.0
+        extra = max((idle if self.drafting is None else self.drafting) - idle, 0.0)
+        if costs.pad is None:   # one more (zero) position than the tables hold: keep_drafting's clamp lands on 0
+            k = (costs.verify.size - 1) // max(costs.draft.size - 1, 1)
+            pad = np.zeros(k + 1)
+        else:
+            pad = np.array(costs.pad, float)
+        pad[0] += extra
+        return Tables(costs.verify + idle, costs.draft, pad)
+
+
 class CostAwareDepth:
     """`uniform_depth` with the view's cost model corrected online: `depth(view, kmax)` in plan,
     `observe(view, accepted)` in observe (batch_scaled and confidence use it).
@@ -644,11 +687,12 @@ class CostAwareDepth:
     experiments/robustness)."""
 
     def __init__(self, drain: bool = True, prior: float = 0.7, prior_tokens: float = 10.0, memory: float = 2000.0,
-                 probe: float = 2.0, positions: bool = True, idle_replan: int = 0):
+                 probe: float = 2.0, positions: bool = True, idle_replan: int = 0, policy_time: bool = False):
         self.drain = drain
         self.prior, self.prior_tokens, self.memory, self.probe = prior, prior_tokens, memory, probe
         self.positions = positions
         self.idle_replan = idle_replan
+        self.policy_time = policy_time
         self.reset()
 
     def reset(self):
@@ -660,6 +704,7 @@ class CostAwareDepth:
         self._level = None   # the level the last depth was priced at
         self._probes = 0   # probe steps so far
         self._idle = IdleReplan(self.idle_replan)
+        self._ptime = PolicyTime()
 
     def level(self, view) -> tuple[float, float]:
         """The batch's acceptance level (see the class) and the trials it rests on (pseudo-tokens included)."""
@@ -679,6 +724,8 @@ class CostAwareDepth:
 
     def _best_depth(self, view, kmax: int) -> int:
         costs = self._calib.correct(self._costs.update(view, kmax))
+        if self.policy_time:
+            costs = self._ptime.apply(costs)
         level, trials = self.level(view)
         self._level = level
         a = np.full(view.batch_size, level)
@@ -697,6 +744,8 @@ class CostAwareDepth:
 
     def observe(self, view, accepted=None) -> None:
         self._calib.observe(view)
+        if self.policy_time:
+            self._ptime.observe(view)
         if accepted is None:
             return
         drafted = view.drafted
@@ -742,13 +791,14 @@ class CostAwarePolicy(Policy):
     them and resets)."""
 
     def __init__(self, max_depth: int, use_budget: bool, drain: bool, probe: float = 2.0, positions: bool = True,
-                 idle_replan: int = 8):
+                 idle_replan: int = 8, policy_time: bool = True):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.use_budget = bool(use_budget)
         self.drain = as_bool(drain, "policy.drain")
         self.probe = as_float(probe, "policy.probe", min=0)
         self.positions = as_bool(positions, "policy.positions")
         self.idle_replan = as_int(idle_replan, "policy.idle_replan", min=0)
+        self.policy_time = as_bool(policy_time, "policy.policy_time")
         self.reset()
 
     def cap(self, view) -> int:
@@ -757,7 +807,7 @@ class CostAwarePolicy(Policy):
 
     def reset(self):
         self._depth = CostAwareDepth(self.drain, probe=self.probe, positions=self.positions,
-                                     idle_replan=self.idle_replan)
+                                     idle_replan=self.idle_replan, policy_time=self.policy_time)
 
     def observe(self, view, accepted):
         self._depth.observe(view, accepted)

@@ -23,14 +23,16 @@ class BatchScaled(CostAwarePolicy):
     one token per row to learn the level (`_common.CostAwareDepth`). `positions` (default on): the level is
     corrected per draft position (`_common.PositionFactors`: later drafts that fail more often than the first).
     `idle_replan` (steps, 0 = off): a depth of 0 is kept without replanning for the next 1, 2, 4, ... (at most
-    idle_replan) steps while the batch holds the same requests (`_common.IdleReplan`)."""
+    idle_replan) steps while the batch holds the same requests (`_common.IdleReplan`). `policy_time` (default
+    on): where a step pays the policy's own time (backend=hf), a depth > 0 also pays what a drafting step's plan
+    costs more than an idle step's (`_common.PolicyTime`)."""
 
     name = "batch_scaled"
     depth_param = "max_depth"
 
     def __init__(self, max_depth: int = 8, min_depth: int = 0, use_budget: bool = False, drain: bool = True,
-                 probe: float = 2.0, positions: bool = True, idle_replan: int = 8):
-        super().__init__(max_depth, use_budget, drain, probe, positions, idle_replan)
+                 probe: float = 2.0, positions: bool = True, idle_replan: int = 8, policy_time: bool = True):
+        super().__init__(max_depth, use_budget, drain, probe, positions, idle_replan, policy_time)
         self.min_depth = as_int(min_depth, "policy.min_depth", min=0, max=self.max_depth)
 
     def plan(self, view):

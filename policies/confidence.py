@@ -23,17 +23,19 @@ and the budget's hard limit lost up to 15 % to fixed depth 1 at large batch): wh
     (its slowest row decides; `_common.uniform_depth`). `probe` as `batch_scaled`: where the cap is 0 at the
     level but not at a level `probe` standard errors higher, one token per row, to learn the level.
     `positions` as `batch_scaled`: the cap's level corrected per draft position. `idle_replan` as `batch_scaled`:
-    a cap of 0 is kept without replanning for a few steps while the batch holds the same requests.
+    a cap of 0 is kept without replanning for a few steps while the batch holds the same requests. `policy_time`
+    as `batch_scaled`: where a step pays the policy's own time, a cap > 0 also pays a drafting step's extra.
     """
 
     name = "confidence"
     depth_param = "max_depth"
 
     def __init__(self, threshold: float = 0.3, max_depth: int = 8, use_budget: bool = False, cost_aware: bool = True,
-                 drain: bool = True, probe: float = 2.0, positions: bool = True, idle_replan: int = 8):
+                 drain: bool = True, probe: float = 2.0, positions: bool = True, idle_replan: int = 8,
+                 policy_time: bool = True):
         self.threshold = as_float(threshold, "policy.threshold", min=0, max=1)
         self.cost_aware = bool(cost_aware)
-        super().__init__(max_depth, use_budget, drain, probe, positions, idle_replan)
+        super().__init__(max_depth, use_budget, drain, probe, positions, idle_replan, policy_time)
 
     def plan(self, view):
         n = view.batch_size

@@ -5,8 +5,8 @@ import numpy as np
 from specdepth.errors import as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
-from ._common import (CostCalibration, IdleReplan, PerRequest, PositionFactors, StepCost, best_prefix, may_probe,
-                      pad_extra, plan_by_position, row_cost)
+from ._common import (CostCalibration, IdleReplan, PerRequest, PolicyTime, PositionFactors, StepCost, best_prefix,
+                      may_probe, pad_extra, plan_by_position, row_cost)
 
 
 class Goodput(Policy):
@@ -59,6 +59,9 @@ class Goodput(Policy):
     (`_row_calibration`).
     `idle_replan` (steps, 0 = off): a plan that drafts nothing is kept without replanning for the next 1, 2, 4, ...
     (at most idle_replan) steps while the batch holds the same requests (`_common.IdleReplan`).
+    `policy_time` (default on): where a step pays the policy's own time (backend=hf's wall clock), that time is
+    priced too (`_common.PolicyTime`): per step, and what a drafting step's plan and keep_drafting cost more
+    than an idle step's, on opening the first draft position.
     `drain_after` > 0 also drains once the batch has shrunk below its largest size and no request joined
     for that many steps (a guess at the end of an online stream; off by default: on the development draw it
     raised the worst closed-batch cell but hurt TPOT on poisson cells).
@@ -72,7 +75,7 @@ class Goodput(Policy):
                  ranking: str = "position", cost: str = "calibrated", cost_memory: float = 200.0,
                  drain: bool = True, drain_after: int = 0, position_prior: float = 20.0, position_optimism: float = 2.0,
                  drain_value: str = "time", calibration_prior: float = 1.0, probe: float = 2.0,
-                 row_calibration: float = 5.0, idle_replan: int = 8):
+                 row_calibration: float = 5.0, idle_replan: int = 8, policy_time: bool = True):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
         self.prior_strength = as_float(prior_strength, "policy.prior_strength", min=0)
@@ -91,6 +94,7 @@ class Goodput(Policy):
         self.probe = as_float(probe, "policy.probe", min=0)
         self.row_calibration = as_float(row_calibration, "policy.row_calibration", min=0)
         self.idle_replan = as_int(idle_replan, "policy.idle_replan", min=0)
+        self.policy_time = as_bool(policy_time, "policy.policy_time")
         self._seq = PerRequest(6)   # accepted, rejections, sum of confidences, drafted; verified confidence, tokens
         self.reset()
 
@@ -111,6 +115,7 @@ class Goodput(Policy):
         self._probes = 0   # probe steps so far (_probe)
         self._row_cost = {}   # c1 of _time_weights per (batch, context bucket, cost model)
         self._idle = IdleReplan(self.idle_replan)   # plans that draft nothing, kept (`idle_replan`)
+        self._ptime = PolicyTime()   # its own time per step, where a step pays it (`policy_time`)
 
     # ---- estimates --------------------------------------------------------------------------------
     def _alpha(self, view) -> np.ndarray:
@@ -161,8 +166,8 @@ class Goodput(Policy):
         (cost=calibrated), as is (cost=model), or the clock's own (cost=clock, simulator)."""
         costs = self._costs.update(view, K, view.true_cost if self.cost == "clock" else None)
         if self.cost == "calibrated":
-            return self._calib.correct(costs)
-        return costs
+            costs = self._calib.correct(costs)
+        return self._ptime.apply(costs) if self.policy_time else costs
 
     # ---- hooks ------------------------------------------------------------------------------------
     def plan(self, view):
@@ -336,6 +341,8 @@ class Goodput(Policy):
 
     def observe(self, view, accepted):
         drafted = view.drafted
+        if self.policy_time:
+            self._ptime.observe(view)
         if self.cost == "calibrated":
             self._calib.observe(view, pad_extra(self._costs, drafted))
         if not drafted.any():   # nothing drafted, nothing learned of the draft (every sum below would add 0)

@@ -135,6 +135,8 @@ ROWS = [
     ("4", "policy=goodput policy.row_calibration=-3", "policy.row_calibration must be >= 0"),
     ("4", "policy=goodput policy.idle_replan=-1", "policy.idle_replan must be >= 0"),
     ("4", "policy=confidence policy.idle_replan=2.5", "policy.idle_replan"),
+    ("4", "policy=goodput policy.policy_time=sometimes", "policy.policy_time must be true or false"),
+    ("4", "policy=batch_scaled policy.policy_time=2", "policy.policy_time must be true or false"),
     ("4", "policy=batch_scaled policy.drain=1", "policy.drain must be true or false"),
     ("4", "policy=confidence policy.drain=yes", "policy.drain must be true or false"),
     ("4", "policy=batch_scaled policy.probe=-1", "policy.probe must be >= 0"),

@@ -3,7 +3,9 @@ predicted step costs, depth_changes_per_request, acceptance=decay, and the robus
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -423,6 +425,59 @@ def test_view_measured_and_predicted_step_costs_on_the_simulator(switches, extra
         assert md == step[10] and mv == step[11]            # what the clock charged: steps.csv draft_s, verify_s
         assert mv == pytest.approx(pv + extra_verify, rel=1e-3)   # predicted at context_lens: +1 token per row
         assert md == pytest.approx(pd + extra_position * fw, rel=1e-3)
+
+
+class Slow(Policy):
+    """Sleeps 3 ms in plan, drafts 2 tokens a row, records view.measured_policy_s and the step's index."""
+
+    def plan(self, view):
+        assert view.measured_policy_s is None               # known after verification only
+        time.sleep(0.003)
+        return np.full(view.batch_size, 2, np.int64)
+
+    def observe(self, view, accepted):
+        with pytest.raises(AttributeError):
+            view.measured_policy_s = 0.0
+        self.seen = getattr(self, "seen", []) + [view.measured_policy_s]
+
+
+@pytest.mark.parametrize("backend", [(), ("engine.charge_policy_time=true",),
+                                     ("backend=hf", "model=tiny_pair", "workload.prompt_len=16")])
+def test_view_measured_policy_s_is_the_policy_time_a_step_pays(backend):
+    """In observe, measured_policy_s is what this step's plan and keep_drafting took where a step pays it (the
+    wall clock of backend=hf; the simulator with engine.charge_policy_time), 0.0 where the clock does not."""
+    parts = build(cfg("engine.progress=false", "workload.batch_size=2", "workload.output_len=12", *backend))
+    eng = parts["engine"]
+    eng.policy = rec = Slow()
+    res = eng.run()
+    assert len(rec.seen) == len(res.steps)
+    if not backend:
+        assert rec.seen == [0.0] * len(res.steps)
+        return
+    for t, step in zip(rec.seen, res.steps):
+        assert 0.003 <= t <= step[13]                       # within the step's overhead_s (observe's time too)
+
+
+def test_policy_time_prices_the_plan_a_drafting_step_pays_on_opening_the_first_position():
+    from specdepth.policies._common import PolicyTime, Tables
+    pt = PolicyTime(memory=1.0)
+    tab = Tables(np.array([10e-3, 10e-3, 11e-3, 12e-3, 13e-3]), np.array([0.0, 1e-3, 1.5e-3]))
+    assert pt.apply(tab) is tab                               # nothing measured (the simulator): as it is
+    pt.observe(SimpleNamespace(measured_policy_s=0.0, draft_forwards=2))
+    assert pt.apply(tab) is tab                               # 0.0: not paid
+    pt.observe(SimpleNamespace(measured_policy_s=4e-4, draft_forwards=2))
+    pt.observe(SimpleNamespace(measured_policy_s=1e-4, draft_forwards=0))
+    out = pt.apply(tab)
+    assert np.allclose(out.verify, tab.verify + 1e-4) and np.array_equal(out.draft, tab.draft)
+    assert np.allclose(out.pad, [3e-4, 0.0, 0.0])             # what a drafting step costs more, at position 0
+    # goodput at the break-even: drafts without its own time priced, none with 5 ms of plan per drafting step
+    from specdepth.policies import Goodput
+    from test_policies_zoo import LinearCost, _pool, make_view
+    for drafting, drafts in ((None, True), (5e-3, False)):
+        p = Goodput(probe=0, idle_replan=0)
+        p._pool = _pool(0.7)
+        p._ptime.drafting, p._ptime.idle = drafting, (None if drafting is None else 0.0)
+        assert bool(p.plan(make_view(4, cost=LinearCost(v0=10e-3, d0=2e-3), requests_left=5)).any()) == drafts
 
 
 def test_depth_changes_per_request_in_summary(tmp_path):

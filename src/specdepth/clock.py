@@ -19,10 +19,12 @@ class Clock:
             raise ValueError(f"clock kind must be 'model' or 'wall', got {kind!r}")
         self.wall = kind == "wall"
         self.charge = bool(charge_policy) and not self.wall
+        # whether a step pays the policy's time: inside the wall clock, or charged to a model clock
+        self.pays_policy = self.wall or self.charge
         self.now = 0.0
-        self.policy_s = 0.0   # policy time charged in the current step (model clock with charge_policy)
+        self.policy_s = 0.0   # the policy's hooks' time in the current step, where a step pays it (else 0)
         self._t0 = self._step_t0 = self._step_start = 0.0
-        if not self.charge:
+        if not self.pays_policy:
             self.call = _call   # nothing to measure: the hook is called as it is
 
     def start(self) -> None:
@@ -41,7 +43,8 @@ class Clock:
         return self.now
 
     def call(self, fn, *args):
-        """Run a policy hook; with charge_policy its measured time is charged to the step."""
+        """Run a policy hook and measure its time (policy_s; a model clock with charge_policy charges it to the
+        step, a wall clock has it inside already)."""
         t = time.perf_counter()
         try:
             return fn(*args)

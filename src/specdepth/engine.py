@@ -256,7 +256,8 @@ class Engine:
         self._hooks = {h: getattr(self.policy, h) for h in ("reset", "plan", "keep_drafting", "observe")}
         self._oracle, self._accept_prob = self.policy.requires_oracle, self.policy.requires_accept_prob
         self.view = StepView(self.rows, self.budget, cfg.max_depth, cfg.max_num_batched_tokens, self.cost,
-                             cfg.acceptance_prior, ex.true_cost() if self.policy.requires_true_cost else None)
+                             cfg.acceptance_prior, ex.true_cost() if self.policy.requires_true_cost else None,
+                             self.clock)
         self._has_keep, self._has_obs = _overrides(self.policy, "keep_drafting"), _overrides(self.policy, "observe")
         recorder = cfg.record_trace or ex.record_trace
         self._trace = TraceRecorder() if recorder else None

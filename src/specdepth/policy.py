@@ -47,6 +47,9 @@ class StepView:
       predicted_draft_s   float   what `cost` predicts for the same draft forwards (at context_lens)
       predicted_verify_s  float   what `cost` predicts for the same verify forward
       draft_forwards      int     draft forwards (positions) run this step
+      measured_policy_s   float   seconds the policy's own plan and keep_drafting hooks took this step, where a
+                                  step pays them: wall time on backend=hf; on the simulator only with
+                                  engine.charge_policy_time, else 0.0 (its clock does not charge them)
     Scalars: step, now_s, batch_size, requests_left (requests of the run's workload not admitted yet, arrived
     or still to arrive: 0 means no request will join the batch again, as in offline batch inference, where
     an engine knows its whole input; a closed batch from its first step, any workload after its last
@@ -58,13 +61,14 @@ class StepView:
     """
 
     __slots__ = ("_rows", "_s", "_budget", "_max_depth", "_max_tokens", "_cost", "_prior", "_hptr", "_pred",
-                 "_true_cost")
+                 "_true_cost", "_clock")
 
     def __init__(self, rows, token_budget: int, max_depth: int, max_num_batched_tokens: int, cost,
-                 prior: float = 0.7, true_cost=None):
+                 prior: float = 0.7, true_cost=None, clock=None):
         self._rows, self._budget, self._max_depth, self._max_tokens, self._cost, self._prior = (
             rows, token_budget, max_depth, max_num_batched_tokens, cost, prior)
         self._true_cost = true_cost
+        self._clock = clock   # the engine's Clock (measured_policy_s); None: 0.0
         self._s = None
         self._hptr = 0
         self._pred = None
@@ -133,6 +137,8 @@ class StepView:
     measured_draft_s = property(lambda self: self._s.draft_s if self._verified() else None)
     measured_verify_s = property(lambda self: self._s.verify_s if self._verified() else None)
     draft_forwards = property(lambda self: self._s.draft_forwards if self._verified() else None)
+    measured_policy_s = property(lambda self: (float(self._clock.policy_s) if self._clock is not None else 0.0)
+                                 if self._verified() else None)
 
     def _verified(self) -> bool:
         return self._s.row_accepted is not None
