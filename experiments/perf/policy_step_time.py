@@ -9,6 +9,9 @@ padded verifies and small per-step / per-position overheads.
 Each cell runs twice (the first run loads the compiled kernels) and the second is timed with
 time.perf_counter around the three hooks. Prints microseconds per step per hook. On the real backend a step
 of this pair takes ~5 ms at batch 1, so 0.5 ms of policy time is ~10 % of it.
+`--real`: the same on the real backend itself, experiment=real_pareto's cell (model=tiny_pair, backend=hf, its
+closed batch of 64-token prompts and 128-token outputs), where the decisions, and so the hooks' work, follow
+the measured step times.
 """
 from __future__ import annotations
 
@@ -55,6 +58,7 @@ def main(argv=None):
     ap.add_argument("--policies", default="goodput,batch_scaled,confidence")
     ap.add_argument("--batch", default="1,8,32")
     ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--real", action="store_true", help="experiment=real_pareto's cell on backend=hf")
     a = ap.parse_args(argv)
     GlobalHydra.instance().clear()
     print("| policy | batch | steps | " + " | ".join(f"{h} (us/step)" for h in HOOKS) + " | total (us/step) |")
@@ -62,7 +66,9 @@ def main(argv=None):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         for pol in a.policies.split(","):
             for b in (int(x) for x in a.batch.split(",")):
-                steps, spent = timed(compose("config", overrides=cell(pol, b, a.seed)))
+                over = (["experiment=real_pareto", f"pol={pol}", f"workload.batch_size={b}", f"seed={a.seed}"]
+                        if a.real else cell(pol, b, a.seed))
+                steps, spent = timed(compose("config", overrides=over))
                 per = [spent[h] / steps * 1e6 for h in HOOKS]
                 print(f"| {pol} | {b} | {steps} | " + " | ".join(f"{x:.0f}" for x in per) + f" | {sum(per):.0f} |")
 
