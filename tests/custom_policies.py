@@ -101,3 +101,18 @@ class RaisesIn(Policy):
 
     def observe(self, view, accepted):
         self._maybe("observe")
+
+
+class InterruptedInCallback(Policy):
+    """Ctrl-C as it lands while numba compiles a kernel: inside a ctypes callback, where Python cannot raise it
+    (it prints "Exception ignored ..." and goes on), then the compiled code fails on what the callback left
+    undone, as numba's "RuntimeError: no compiled object yet"."""
+
+    def plan(self, view):
+        import ctypes
+
+        def interrupt():
+            raise KeyboardInterrupt
+
+        ctypes.CFUNCTYPE(None)(interrupt)()
+        raise RuntimeError("no compiled object yet (the interrupted callback's work)")

@@ -355,6 +355,17 @@ def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path):
     assert result_files(tmp_path) == [] and not (tmp_path / "run").exists()
 
 
+def test_ctrl_c_inside_a_callback_from_compiled_code_is_still_an_interrupt(tmp_path):
+    """A Ctrl-C during a kernel's first compilation (fresh clone, cold numba cache) lands in llvmlite's ctypes
+    callback: Python cannot raise it there, and what fails after it is its doing. One line, exit 130, nothing left
+    (once an "unexpected error" with the ignored exception's traceback, exit 1: CI on a fresh clone)."""
+    p = cli("policy=none", "~policy.depth", "policy._target_=custom_policies.InterruptedInCallback",
+            "hydra.run.dir=run", cwd=tmp_path, env_extra={"PYTHONPATH": str(ROOT / "tests")})
+    assert p.returncode == 130, p.stderr
+    assert "interrupted" in p.stderr and "Traceback" not in p.stdout + p.stderr
+    assert result_files(tmp_path) == [] and not (tmp_path / "run").exists()
+
+
 def test_summary_of_a_refusal_is_not_json(tmp_path):
     """A refused run writes no summary.json that a report could mistake for a result."""
     code, out = _main(["policy=fixed", "engine.max_depth=2", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)

@@ -264,6 +264,9 @@ def _task(cfg: DictConfig):
     try:
         summary = run(cfg, run_dir)
     except SpecdepthError as e:
+        if _SWALLOWED[0]:   # a Ctrl-C that could not be raised (_unraisable) made this fail
+            _discard_run_dir(run_dir)
+            raise KeyboardInterrupt from None
         if _debug() and not multirun:
             _discard_run_dir(run_dir)
             raise
@@ -285,12 +288,28 @@ def _task(cfg: DictConfig):
 
 
 def _interrupted(e: BaseException) -> bool:
+    if _SWALLOWED[0]:   # a Ctrl-C that Python could not raise (_unraisable): what failed after it is its doing
+        return True
     seen = 0
     while e is not None and seen < 20:
         if isinstance(e, KeyboardInterrupt):
             return True
         e, seen = e.__cause__ or e.__context__, seen + 1
     return False
+
+
+_SWALLOWED = [False]   # a KeyboardInterrupt reached sys.unraisablehook during this command
+
+
+def _unraisable(u) -> None:
+    """sys.unraisablehook of the `specdepth` command. A Ctrl-C that lands in a callback from compiled code
+    (numba compiling a kernel on its first use, inside llvmlite's ctypes callback) cannot propagate: Python
+    prints "Exception ignored ..." with a traceback and the code goes on, to fail on what the callback left
+    undone ("RuntimeError: no compiled object yet"). Remember it, quietly; main() then reports the interrupt."""
+    if u.exc_type is not None and issubclass(u.exc_type, KeyboardInterrupt):
+        _SWALLOWED[0] = True
+        return
+    sys.__unraisablehook__(u)
 
 
 def _debug() -> bool:
@@ -313,12 +332,17 @@ def main():
     os.environ["_SPECDEPTH_FULL_ERROR"] = "1" if debug else ""
     os.environ["HYDRA_FULL_ERROR"] = "1"   # Hydra re-raises; the errors are reported here
     sweeps.last_failures.clear()
+    _SWALLOWED[0] = False
+    hook, sys.unraisablehook = sys.unraisablehook, _unraisable
     try:
         _task()
     except KeyboardInterrupt:
         print(_INTERRUPTED, file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     except _INPUT_ERRORS as e:
+        if _SWALLOWED[0]:
+            print(_INTERRUPTED, file=sys.stderr, flush=True)
+            raise SystemExit(130) from None
         if debug:
             raise
         print(f"specdepth: error: {_input_error(e)}", file=sys.stderr, flush=True)
@@ -333,6 +357,7 @@ def main():
               f"(HYDRA_FULL_ERROR=1 shows the traceback)", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     finally:
+        sys.unraisablehook = hook
         os.environ.pop("_SPECDEPTH_FULL_ERROR", None)
         if saved is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
