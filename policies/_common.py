@@ -202,8 +202,9 @@ class CostCalibration:
         self.reset()
 
     def reset(self):
-        # per phase: decayed sums of [x1 x1, x1 x2, x2 x2, x1 y, x2 y, weight], x = (predicted, count)
-        self._sums = {ph: np.zeros(6) for ph in self.PHASES}
+        # per phase: decayed sums of [x1 x1, x1 x2, x2 x2, x1 y, x2 y, weight], x = (predicted, count); plain floats
+        # (every step, six numbers: numpy's per-call cost was most of it; the same arithmetic, the same bits)
+        self._sums = {ph: [0.0] * 6 for ph in self.PHASES}
         self._fit = {ph: (1.0, 0.0) for ph in self.PHASES}
         # verify with the padding feature (observe's `pad`): decayed X'X (its upper triangle, row by row), X'y,
         # y'y and weight for x = (predicted, 1, pad); plain floats: the fit runs every step, on 3 features
@@ -213,9 +214,9 @@ class CostCalibration:
         self._drafted_last = True   # whether the last step observed drafted (a run's first draft resumes nothing)
 
     def update(self, phase: str, predicted: float, count: float, measured: float) -> None:
-        s = self._sums[phase]
-        s *= math.exp(-1.0 / self.memory)
-        s += (predicted * predicted, predicted * count, count * count, predicted * measured, count * measured, 1.0)
+        keep = math.exp(-1.0 / self.memory)
+        x = (predicted * predicted, predicted * count, count * count, predicted * measured, count * measured, 1.0)
+        s = self._sums[phase] = [v * keep + d for v, d in zip(self._sums[phase], x)]
         self._fit[phase] = self._solve(s)
 
     def _solve(self, s):
