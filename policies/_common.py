@@ -88,21 +88,22 @@ class StepCost:
         if len(self._tables) >= self.cache:
             self._tables.clear()
         X = n * kmax
-        xs = _grid(X)
         ms = _grid(n)
         self.pad = None
         if getattr(cost, "pad_ragged", False):   # padded: the deepest row's depth p sets the verify
             V = np.array([cost.verify_time(ctx, np.full(n, p, np.int64)) for p in range(kmax + 1)])
-            xs, vt, self.pad = np.array([0.0, float(X)]), np.full(2, V[0]), np.diff(V)
-        elif hasattr(cost, "verify_times"):   # a CostModel: the whole table in one call
-            vt = cost.verify_times(ctx, xs)
+            self.verify, self.pad = np.full(X + 1, V[0]), np.diff(V)
         else:
-            vt = np.array([cost.verify_time(ctx, np.full(n, x / n)) for x in xs])
+            xs = _grid(X)
+            if hasattr(cost, "verify_times"):   # a CostModel: the whole table in one call
+                vt = cost.verify_times(ctx, xs)
+            else:
+                vt = np.array([cost.verify_time(ctx, np.full(n, x / n)) for x in xs])
+            self.verify = np.interp(np.arange(X + 1), xs, vt) if xs.size != X + 1 else vt
         if hasattr(cost, "draft_times"):
             dt = cost.draft_times(cbar, ms)
         else:
             dt = np.array([cost.draft_time(np.full(int(m), cbar)) if m else 0.0 for m in ms])
-        self.verify = np.interp(np.arange(X + 1), xs, vt) if xs.size != X + 1 else vt
         self.draft = np.interp(np.arange(n + 1), ms, dt) if ms.size != n + 1 else dt
         self._tables[key] = (self.verify, self.draft, self.pad)
         return self
@@ -550,7 +551,7 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
     e = _expected_tokens(acceptance, ks, factors)   # [k, row] expected tokens per step
     n = e.shape[1]
     T = costs.verify[np.minimum(n * ks, costs.verify.size - 1)] + ks * costs.draft[n]
-    pad = getattr(costs, "pad", None)
+    pad = costs.pad
     if pad is not None and len(pad):   # what opening positions 0..k-1 adds (PolicyTime, a padded verify)
         opened = np.concatenate([[0.0], np.cumsum(pad)])
         T = T + opened[np.minimum(ks, opened.size - 1)]

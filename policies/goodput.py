@@ -176,8 +176,8 @@ class Goodput(Policy):
         if K <= 0:
             self._G = 0.0
             return np.zeros(n, np.int64)
+        self._track_joins(view)
         if self._idle.skip(view):
-            self._quiet += 1   # _drain_weights' count of steps since a request joined (no new row: the ids are equal)
             return np.zeros(n, np.int64)
         depths = self._plan(view, n, K)
         self._idle.record(view, bool(depths.any()))
@@ -228,18 +228,21 @@ class Goodput(Policy):
         self._probes += int(depths.any())
         return np.minimum(depths, 1)
 
-    def _drain_weights(self, view, S):
-        """Draining (`drain`: no request is left to join; `drain_after`: the batch has shrunk below its largest
-        size and no new request joined for that many steps), the batch ends when its slowest row does, and a
-        token of a row that will finish long before it shortens nothing: a row's tokens are worth its
-        expected remaining steps / the slowest row's (remaining / expected tokens per step). None while
-        requests may still join (plain goodput)."""
+    def _track_joins(self, view):
+        """For `drain_after`: the newest request seen, the steps since one joined, the largest batch so far."""
         top = int(view.request_ids.max(initial=-1))
         if top > self._max_id:
             self._max_id, self._quiet = top, 0
         else:
             self._quiet += 1
         self._max_n = max(self._max_n, view.batch_size)
+
+    def _drain_weights(self, view, S):
+        """Draining (`drain`: no request is left to join; `drain_after`: the batch has shrunk below its largest
+        size and no new request joined for that many steps), the batch ends when its slowest row does, and a
+        token of a row that will finish long before it shortens nothing: a row's tokens are worth its
+        expected remaining steps / the slowest row's (remaining / expected tokens per step). None while
+        requests may still join (plain goodput)."""
         if view.batch_size < 2 or not (self.drain and view.requests_left == 0) and (
                 not self.drain_after or self._quiet < self.drain_after or view.batch_size >= self._max_n):
             return None   # (one row: the weights would be 1, plain goodput's plan, without the nested search)

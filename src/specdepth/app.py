@@ -264,7 +264,7 @@ def _task(cfg: DictConfig):
     try:
         summary = run(cfg, run_dir)
     except SpecdepthError as e:
-        if _SWALLOWED[0]:   # a Ctrl-C that could not be raised (_unraisable) made this fail
+        if _interrupted(e):   # a Ctrl-C that could not be raised (_unraisable) made this fail
             _discard_run_dir(run_dir)
             raise KeyboardInterrupt from None
         if _debug() and not multirun:
@@ -340,7 +340,7 @@ def main():
         print(_INTERRUPTED, file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     except _INPUT_ERRORS as e:
-        if _SWALLOWED[0]:
+        if _interrupted(e):
             print(_INTERRUPTED, file=sys.stderr, flush=True)
             raise SystemExit(130) from None
         if debug:
