@@ -428,7 +428,7 @@ def test_view_measured_and_predicted_step_costs_on_the_simulator(switches, extra
 
 
 class Slow(Policy):
-    """Sleeps 3 ms in plan, drafts 2 tokens a row, records view.measured_policy_s and the step's index."""
+    """Sleeps 3 ms in plan, drafts 2 tokens a row, records view.measured_policy_s in observe."""
 
     def plan(self, view):
         assert view.measured_policy_s is None               # known after verification only

@@ -61,6 +61,8 @@ def main(argv=None):
     ap.add_argument("--real", action="store_true", help="experiment=real_pareto's cell on backend=hf")
     a = ap.parse_args(argv)
     GlobalHydra.instance().clear()
+    print("Cell: experiment=real_pareto on backend=hf, this machine (wall clock)" if a.real else
+          "Cell: simulator, model=tiny_pair, cost=table (experiments/fidelity/profile.csv), closed batch")
     print("| policy | batch | steps | " + " | ".join(f"{h} (us/step)" for h in HOOKS) + " | total (us/step) |")
     print("|---|---:|---:|" + "---:|" * (len(HOOKS) + 1))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
