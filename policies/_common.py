@@ -580,10 +580,111 @@ PROBE_TOKENS = 64   # evidence is thin while it rests on fewer verified drafts t
 PROBE_ROUNDS = 4    # ... and a run probes at most this many steps
 
 
+def thin_evidence(evidence: float, prior: float, batch: int) -> bool:
+    """The evidence (verified drafts, `prior` pseudo-tokens included) below prior + max(batch, PROBE_TOKENS)."""
+    return evidence < prior + max(batch, PROBE_TOKENS)
+
+
 def may_probe(probes: int, evidence: float, prior: float, batch: int) -> bool:
     """The probe gate of goodput, batch_scaled and confidence: fewer than PROBE_ROUNDS probe steps so far, and
-    the evidence (verified drafts, `prior` pseudo-tokens included) below prior + max(batch, PROBE_TOKENS)."""
-    return probes < PROBE_ROUNDS and evidence < prior + max(batch, PROBE_TOKENS)
+    thin evidence (`thin_evidence`)."""
+    return probes < PROBE_ROUNDS and thin_evidence(evidence, prior, batch)
+
+
+def catch_up_s(view, drafting: np.ndarray, cost=None, padded: bool = False) -> float:
+    """Seconds the draft's catch-up tokens add to a step's first draft forward over the rows `drafting` (bool
+    mask): each row feeds its view.draft_lag tokens there instead of the 1-2 of a row that drafted the step
+    before (its last draft and the bonus token), as `cost.draft_forward` prices them (default view.cost; the
+    simulator's true cost pads as its clock does). `padded`: the engine pads every row of a forward to the
+    largest context and query, so one lagging row makes every drafting row feed that many tokens. 0 where no
+    drafting row lags more than 2 tokens."""
+    lag = view.draft_lag[drafting]
+    if lag.size == 0 or int(lag.max()) <= 2:
+        return 0.0
+    cost = view.cost if cost is None else cost
+    ctx = np.maximum(view.context_lens[drafting] - lag, 0)
+    q0 = np.minimum(lag, 2)
+    if padded:
+        n = lag.size
+        ctx, lag, q0 = np.full(n, ctx.max()), np.full(n, lag.max()), np.full(n, q0.max())
+    return max(float(cost.draft_forward(ctx, lag)[0]) - float(cost.draft_forward(ctx, q0)[0]), 0.0)
+
+
+def catch_up_pays(view, drafting: np.ndarray, gain_s: float, steps: float, cost=None, padded: bool = False,
+                  free_s: float = 0.0) -> bool:
+    """Whether drafting the rows `drafting` this step is worth the draft's catch-up (`catch_up_s`). A row that
+    lags has not drafted for a while; its first draft forward feeds every token it skipped, once, and drafting
+    then costs what it did before. A per-step plan cannot price that (it would charge a whole catch-up to one
+    step's gain, and never resume) and one that ignores it resumed where a few steps' gain did not pay for it
+    (c191 of robustness draw 2040: a batch of 349 at acceptance 0.3 whose tail resumed drafting, 2.6-3.5 % of
+    the run's time spent catching up). So the catch-up is paid when what drafting saves per step (`gain_s`
+    seconds, against not drafting) over the steps it is expected to go on (`steps`) covers it, or when it costs
+    at most `free_s` (e.g. one idle step, what a probe may cost: a plan that drafts after a few idle steps
+    resumes, instead of leaving its rows idle for good because their lag, and so the price of resuming, only
+    grows while they wait; c75 of robustness draw 2038, a stream of batch 301 near the break-even: 1 % lost).
+    True where no drafting row lags (the common case: one comparison)."""
+    c = catch_up_s(view, drafting, cost, padded)
+    return c <= free_s or gain_s * steps >= c
+
+
+def catch_up_rows(view, late: np.ndarray, budget_s: float, order: np.ndarray, cost=None,
+                  padded: bool = False) -> np.ndarray:
+    """The rows of `late` (bool mask) to catch up this step while the acceptance estimate rests on thin evidence:
+    the first ones in `order` (row indices, best first) whose catch-up (`catch_up_s`) costs at most
+    `budget_s` (e.g. one idle step, as a probe may cost), none where one row costs more. A resumption priced at an
+    estimate that has seen no verified draft (a large batch that never drafted until its tail) is a guess: at
+    that budget a few rows' drafts, once verified, tell whether resuming the others pays (c191 of robustness draw
+    2040: resumed at the prior's 0.7, the rows accepted 0.3, and drafting stopped after one step that spent 1.9 %
+    of the run catching up). Returns a bool mask."""
+    rows = np.asarray(order)[late[np.asarray(order)]]
+    out = np.zeros(late.size, bool)
+    lo, hi = 0, rows.size   # the largest prefix within budget (catch-up grows with the rows it feeds)
+    while lo < hi:
+        m = (lo + hi + 1) // 2
+        mask = np.zeros(late.size, bool)
+        mask[rows[:m]] = True
+        if catch_up_s(view, mask, cost, padded) <= budget_s:
+            lo = m
+        else:
+            hi = m - 1
+    out[rows[:lo]] = True
+    return out
+
+
+class CatchUpPadding:
+    """Whether the engine pads the draft's catch-up, learnt from the steps that paid one: a padded engine feeds every
+    row of the draft's first forward the largest lag among them (backend=hf right-pads its draft input; the
+    simulator with backend.pad_ragged), a ragged one each row its own. A policy whose verify fit cannot tell
+    (batch_scaled and confidence plan one depth for every row, so padding never shows in their verify) priced the
+    catch-up of rows with mixed lags ragged, and on a padded engine paid up to 4 x more than it planned (c191 of
+    robustness draw 2040). `planned(view, drafting)` in plan records both prices of the step's catch-up;
+    `observe(view, calibration)` compares what the draft forwards cost beyond the calibrated price of the step's
+    positions with them, where they differ (by more than 25 %). `padded`: the verdict, None until then.
+
+        pad = CatchUpPadding(); pad.planned(view, depths > 0)   # in plan, the final depths
+        pad.observe(view, calib)                                # in observe
+        padded = pad.padded if pad.padded is not None else default
+    """
+
+    def __init__(self):
+        self.padded = None
+        self._est = None
+
+    def planned(self, view, drafting: np.ndarray, cost=None) -> None:
+        self._est = None
+        if drafting.any() and int(view.draft_lag[drafting].max()) > 2:
+            self._est = (catch_up_s(view, drafting, cost, False), catch_up_s(view, drafting, cost, True))
+
+    def observe(self, view, calib) -> None:
+        est, self._est = self._est, None
+        if est is None or not view.draft_forwards:
+            return
+        ragged, padded = est
+        if padded <= 1.25 * ragged:   # the two prices agree (rows that lag alike): nothing to learn
+            return
+        sd, cd = calib.params("draft")
+        extra = view.measured_draft_s - (sd * view.predicted_draft_s + cd * view.draft_forwards)
+        self.padded = extra > math.sqrt(ragged * padded)   # nearer the padded price (geometric midpoint)
 
 
 class IdleReplan:
@@ -686,11 +787,17 @@ class CostAwareDepth:
     `positions` (default on): the level is corrected per draft position by `PositionFactors` (accepted /
     expected tokens at each position, over all requests, forgetting like the level's pool): a draft whose
     later guesses fail more often than its first is not priced at its average rate (the `decay` cells of
-    experiments/robustness)."""
+    experiments/robustness).
+    `catch_up`: rows whose draft lags (view.draft_lag: they did not draft for a while) draft at a depth > 0 only
+    if its gain over the steps it is expected to go on pays for the draft's catch-up, or that costs at most one
+    idle step (`_catch_up`); on thin evidence, and in a probe, only as many of them as one idle step's time
+    catches up. Whether the engine pads the catch-up is learnt from the catch-ups paid (`CatchUpPadding`)."""
 
     def __init__(self, drain: bool = True, prior: float = 0.7, prior_tokens: float = 10.0, memory: float = 2000.0,
-                 probe: float = 2.0, positions: bool = True, idle_replan: int = 0, policy_time: bool = False):
+                 probe: float = 2.0, positions: bool = True, idle_replan: int = 0, policy_time: bool = False,
+                 catch_up: bool = False):
         self.drain = drain
+        self.catch_up = catch_up
         self.prior, self.prior_tokens, self.memory, self.probe = prior, prior_tokens, memory, probe
         self.positions = positions
         self.idle_replan = idle_replan
@@ -707,6 +814,8 @@ class CostAwareDepth:
         self._probes = 0   # probe steps so far
         self._idle = IdleReplan(self.idle_replan)
         self._ptime = PolicyTime()
+        self.held = None   # rows not to draft this step (`_catch_up`), or None
+        self._pad = CatchUpPadding()
 
     def level(self, view) -> tuple[float, float]:
         """The batch's acceptance level (see the class) and the trials it rests on (pseudo-tokens included)."""
@@ -716,12 +825,15 @@ class CostAwareDepth:
         return min((float(st[:, 0].sum()) + P * self._pool[0] / self._pool.sum()) / trials, 0.999), trials
 
     def depth(self, view, kmax: int) -> int:
+        self.held = None
         if kmax <= 0:
             return 0
         if self._idle.skip(view):
             return 0
         k = self._best_depth(view, kmax)
         self._idle.record(view, k > 0)
+        if self.catch_up:
+            self._pad.planned(view, np.full(view.batch_size, k > 0) if self.held is None else ~self.held & (k > 0))
         return k
 
     def _best_depth(self, view, kmax: int) -> int:
@@ -734,17 +846,66 @@ class CostAwareDepth:
         f = self._pos.factor(kmax) if self.positions else None
         if self.drain and view.requests_left == 0:
             st = self._seq.align(view.request_ids)
-            k = uniform_depth(a, costs, kmax, view.remaining, shrunk_rates(st[:, 0], st[:, 1], a), f)[0]
+            rest = (view.remaining, shrunk_rates(st[:, 0], st[:, 1], a), f)
         else:
-            k = uniform_depth(a, costs, kmax, factors=f)[0]
+            rest = (None, None, f)
+        k, g = uniform_depth(a, costs, kmax, *rest)
+        if k and self.catch_up:
+            k = self._catch_up(view, k, g, a, costs, rest, level, f)
         if k == 0 and self.probe and may_probe(self._probes, self._pool.sum(), self.prior_tokens, view.batch_size):
             # thin evidence: would a draft pay at a level `probe` standard errors higher? then try one
             hi = min(level + self.probe * math.sqrt(level * (1.0 - level) / trials), 0.999)
             k = int(uniform_depth(np.full(view.batch_size, hi), costs, kmax, factors=f)[0] > 0)
+            late = view.draft_lag > 2
+            if k and self.catch_up and late.any():   # a probe catches up at most one idle step's worth of rows
+                ok = catch_up_rows(view, late, float(costs.verify[0]), np.argsort(-view.remaining, kind="stable"),
+                                   padded=self._padded())
+                self.held = late & ~ok
+                k = int(not self.held.all())
             self._probes += k
         return k
 
+    def _catch_up(self, view, k, g, a, costs, rest, level, f) -> int:
+        """`catch_up`: where rows' draft lags, they draft at depth k > 0 if its gain per step (verify[0] x (g_k /
+        g_0 - 1) seconds) over the steps it is expected to go on (draining: till the batch ends, its longest row's
+        remaining steps; else the lagging rows' mean) pays for their catch-up (`catch_up_pays`); on thin
+        evidence (`thin_evidence`) only those with the most tokens left whose catch-up costs at most one idle
+        step (`catch_up_rows`). The lagging rows that do not are `held` (a bool mask, else None); the others draft
+        k (0 where all are held)."""
+        n = view.batch_size
+        late = view.draft_lag > 2
+        if not late.any():
+            return k
+        g0 = uniform_depth(a, costs, 0, *rest)[1]
+        t0 = float(costs.verify[0])
+        rem = view.remaining
+        e = float(_expected_tokens(np.array([level]), np.array([k]), f)[0, 0])
+        steps = float(rem.max() if rest[0] is not None else rem[late].mean()) / e   # draining: till the batch ends
+        args = (None, self._padded())
+        if not catch_up_pays(view, np.ones(n, bool), t0 * max(g / g0 - 1.0, 0.0), steps, *args, free_s=t0):
+            ok = np.zeros(n, bool)
+        elif thin_evidence(float(self._pool.sum()), self.prior_tokens, n):
+            ok = catch_up_rows(view, late, t0, np.argsort(-rem, kind="stable"), *args)
+        else:
+            return k
+        self.held = late & ~ok
+        return k if not self.held.all() else 0
+
+    def _padded(self) -> bool:
+        """Price the catch-up padded: as learnt from earlier catch-ups (`CatchUpPadding`), else as the verify fit
+        says."""
+        p = self._pad.padded
+        return bool(self._calib.pad) if p is None else p
+
+    def hold(self, depths: np.ndarray, floor: int = 0) -> np.ndarray:
+        """depths with the rows `held` this step (`_catch_up`) at `floor` (e.g. a policy's min_depth)."""
+        if self.held is not None and self.held.any():
+            depths = np.where(self.held, np.minimum(depths, floor), depths)
+        return depths
+
     def observe(self, view, accepted=None) -> None:
+        if self.catch_up:
+            self._pad.observe(view, self._calib)
         self._calib.observe(view)
         if self.policy_time:
             self._ptime.observe(view)
@@ -793,7 +954,7 @@ class CostAwarePolicy(Policy):
     them and resets)."""
 
     def __init__(self, max_depth: int, use_budget: bool, drain: bool, probe: float = 2.0, positions: bool = True,
-                 idle_replan: int = 8, policy_time: bool = True):
+                 idle_replan: int = 8, policy_time: bool = True, catch_up: bool = True):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.use_budget = bool(use_budget)
         self.drain = as_bool(drain, "policy.drain")
@@ -801,6 +962,7 @@ class CostAwarePolicy(Policy):
         self.positions = as_bool(positions, "policy.positions")
         self.idle_replan = as_int(idle_replan, "policy.idle_replan", min=0)
         self.policy_time = as_bool(policy_time, "policy.policy_time")
+        self.catch_up = as_bool(catch_up, "policy.catch_up")
         self.reset()
 
     def cap(self, view) -> int:
@@ -809,7 +971,8 @@ class CostAwarePolicy(Policy):
 
     def reset(self):
         self._depth = CostAwareDepth(self.drain, probe=self.probe, positions=self.positions,
-                                     idle_replan=self.idle_replan, policy_time=self.policy_time)
+                                     idle_replan=self.idle_replan, policy_time=self.policy_time,
+                                     catch_up=self.catch_up)
 
     def observe(self, view, accepted):
         self._depth.observe(view, accepted)

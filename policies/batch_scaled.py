@@ -25,14 +25,17 @@ class BatchScaled(CostAwarePolicy):
     `idle_replan` (steps, 0 = off): a depth of 0 is kept without replanning for the next 1, 2, 4, ... (at most
     idle_replan) steps while the batch holds the same requests (`_common.IdleReplan`). `policy_time` (default
     on): where a step pays the policy's own time (backend=hf), a depth > 0 also pays what a drafting step's plan
-    costs more than an idle step's (`_common.PolicyTime`)."""
+    costs more than an idle step's (`_common.PolicyTime`). `catch_up` (default on): rows whose draft lags
+    (view.draft_lag: they did not draft for a while) draft only if the depth's gain pays for the draft's catch-up,
+    else they are held at 0 (`_common.CostAwareDepth`)."""
 
     name = "batch_scaled"
     depth_param = "max_depth"
 
     def __init__(self, max_depth: int = 8, min_depth: int = 0, use_budget: bool = False, drain: bool = True,
-                 probe: float = 2.0, positions: bool = True, idle_replan: int = 8, policy_time: bool = True):
-        super().__init__(max_depth, use_budget, drain, probe, positions, idle_replan, policy_time)
+                 probe: float = 2.0, positions: bool = True, idle_replan: int = 8, policy_time: bool = True,
+                 catch_up: bool = True):
+        super().__init__(max_depth, use_budget, drain, probe, positions, idle_replan, policy_time, catch_up)
         self.min_depth = as_int(min_depth, "policy.min_depth", min=0, max=self.max_depth)
 
     def plan(self, view):
@@ -41,4 +44,4 @@ class BatchScaled(CostAwarePolicy):
         if self.use_budget:   # the budget caps the depth, but never below 1: the cost rule decides on 1
             k = min(k, max(1, view.verify_tokens_free // n))
         k = self._depth.depth(view, k)
-        return fit_token_cap(np.full(n, max(self.min_depth, k), dtype=np.int64), view)
+        return fit_token_cap(self._depth.hold(np.full(n, max(self.min_depth, k), dtype=np.int64), self.min_depth), view)

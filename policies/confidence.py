@@ -25,6 +25,7 @@ and the budget's hard limit lost up to 15 % to fixed depth 1 at large batch): wh
     `positions` as `batch_scaled`: the cap's level corrected per draft position. `idle_replan` as `batch_scaled`:
     a cap of 0 is kept without replanning for a few steps while the batch holds the same requests. `policy_time`
     as `batch_scaled`: where a step pays the policy's own time, a cap > 0 also pays a drafting step's extra.
+    `catch_up` as `batch_scaled`: a cap > 0 after idle steps only if it pays for the draft's catch-up.
     """
 
     name = "confidence"
@@ -32,10 +33,10 @@ and the budget's hard limit lost up to 15 % to fixed depth 1 at large batch): wh
 
     def __init__(self, threshold: float = 0.3, max_depth: int = 8, use_budget: bool = False, cost_aware: bool = True,
                  drain: bool = True, probe: float = 2.0, positions: bool = True, idle_replan: int = 8,
-                 policy_time: bool = True):
+                 policy_time: bool = True, catch_up: bool = True):
         self.threshold = as_float(threshold, "policy.threshold", min=0, max=1)
         self.cost_aware = bool(cost_aware)
-        super().__init__(max_depth, use_budget, drain, probe, positions, idle_replan, policy_time)
+        super().__init__(max_depth, use_budget, drain, probe, positions, idle_replan, policy_time, catch_up)
 
     def plan(self, view):
         n = view.batch_size
@@ -43,6 +44,8 @@ and the budget's hard limit lost up to 15 % to fixed depth 1 at large batch): wh
         if self.cost_aware:
             k = self._depth.depth(view, k)
         depths = np.full(n, k, dtype=np.int64)
+        if self.cost_aware:
+            depths = self._depth.hold(depths)   # rows held back from a catch-up (`catch_up`)
         if self.use_budget:
             free = view.verify_tokens_free
             if free < n:  # not everyone gets a draft: the likeliest to be accepted do

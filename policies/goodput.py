@@ -5,8 +5,9 @@ import numpy as np
 from specdepth.errors import as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
-from ._common import (CostCalibration, IdleReplan, PerRequest, PolicyTime, PositionFactors, StepCost, best_prefix,
-                      may_probe, pad_extra, plan_by_position, row_cost)
+from ._common import (CatchUpPadding, CostCalibration, IdleReplan, PerRequest, PolicyTime, PositionFactors, StepCost,
+                      best_prefix, catch_up_pays, catch_up_rows, may_probe, pad_extra, plan_by_position, row_cost,
+                      thin_evidence)
 
 
 class Goodput(Policy):
@@ -62,6 +63,11 @@ class Goodput(Policy):
     `policy_time` (default on): where a step pays the policy's own time (backend=hf's wall clock), that time is
     priced too (`_common.PolicyTime`): per step, and what a drafting step's plan and keep_drafting cost more
     than an idle step's, on opening the first draft position.
+    `catch_up` (default on): a plan that drafts rows whose draft has fallen behind (view.draft_lag: rows that did
+    not draft for a while; backend=hf, or the simulator with backend.draft_catch_up) drafts them only if its gain
+    over their expected remaining steps pays for feeding the draft the tokens it skipped, or that costs at most one
+    idle step (`_catch_up`); on thin evidence, and in a probe, only as many of them as one idle step's time catches
+    up. Whether the engine pads the catch-up is learnt from the catch-ups paid (`_common.CatchUpPadding`).
     `drain_after` > 0 also drains once the batch has shrunk below its largest size and no request joined
     for that many steps (a guess at the end of an online stream; off by default: on the development draw it
     raised the worst closed-batch cell but hurt TPOT on poisson cells).
@@ -75,7 +81,8 @@ class Goodput(Policy):
                  ranking: str = "position", cost: str = "calibrated", cost_memory: float = 200.0,
                  drain: bool = True, drain_after: int = 0, position_prior: float = 20.0, position_optimism: float = 2.0,
                  drain_value: str = "time", calibration_prior: float = 1.0, probe: float = 2.0,
-                 row_calibration: float = 5.0, idle_replan: int = 8, policy_time: bool = True):
+                 row_calibration: float = 5.0, idle_replan: int = 8, policy_time: bool = True,
+                 catch_up: bool = True):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
         self.prior_strength = as_float(prior_strength, "policy.prior_strength", min=0)
@@ -95,6 +102,7 @@ class Goodput(Policy):
         self.row_calibration = as_float(row_calibration, "policy.row_calibration", min=0)
         self.idle_replan = as_int(idle_replan, "policy.idle_replan", min=0)
         self.policy_time = as_bool(policy_time, "policy.policy_time")
+        self.catch_up = as_bool(catch_up, "policy.catch_up")
         self._seq = PerRequest(6)   # accepted, rejections, sum of confidences, drafted; verified confidence, tokens
         self.reset()
 
@@ -116,6 +124,7 @@ class Goodput(Policy):
         self._row_cost = {}   # c1 of _time_weights per (batch, context bucket, cost model)
         self._idle = IdleReplan(self.idle_replan)   # plans that draft nothing, kept (`idle_replan`)
         self._ptime = PolicyTime()   # its own time per step, where a step pays it (`policy_time`)
+        self._pad = CatchUpPadding()   # whether the engine pads the draft's catch-up (`catch_up`)
 
     # ---- estimates --------------------------------------------------------------------------------
     def _alpha(self, view) -> np.ndarray:
@@ -181,6 +190,8 @@ class Goodput(Policy):
             return np.zeros(n, np.int64)
         depths = self._plan(view, n, K)
         self._idle.record(view, bool(depths.any()))
+        if self.catch_up and self.cost != "clock":
+            self._pad.planned(view, depths > 0)
         return depths
 
     def _plan(self, view, n, K):
@@ -197,6 +208,8 @@ class Goodput(Policy):
         else:
             depths, G = self._plan_positions(S, costs, remaining)
         self._G = G
+        if self.catch_up and depths.any():
+            depths = self._catch_up(view, depths, S, costs, remaining)
         if not depths.any() and self.probe and may_probe(self._probes, self._pool.verified, self.calibration_prior, n):
             return self._probe(view, S, costs, rowcap)
         if self.use_confidence:
@@ -212,6 +225,51 @@ class Goodput(Policy):
             return plan_by_position(S, costs, self._G, tie=remaining)
         return plan_by_position(S * w[:, None], costs, self._G, tie=remaining, nested=True, base=float(w.sum()))
 
+    def _catch_up_args(self, view):
+        """(cost, padded) that catch_up_pays prices the draft's catch-up with: the clock's true cost (cost=clock),
+        else view.cost as it is, padded as an earlier catch-up showed (`CatchUpPadding`), else where the calibration
+        found the engine pads its verify (cost=calibrated). Not times the
+        calibrated draft scale: that also holds the fixed seconds of each draft position (weights, launches, the
+        engine's own), which a catch-up does not multiply (c78 of robustness draw 2040: scale 2.1 with 1.5 ms per
+        position the cost model missed; the catch-up cost what view.cost predicted, 36 ms)."""
+        if self.cost == "clock":
+            return view.true_cost, False
+        if self._pad.padded is not None:   # learnt from an earlier catch-up
+            return view.cost, self._pad.padded
+        return view.cost, self.cost == "calibrated" and bool(self._calib.pad)
+
+    def _catch_up(self, view, depths, S, costs, remaining):
+        """`catch_up`: the plan drafts rows whose draft lags (view.draft_lag; they have not drafted for a while).
+        Their catch-up is paid if the plan's gain per step (verify[0] x (G / G_none - 1) seconds) over the steps
+        it is expected to go on (remaining / expected tokens per step: draining, the batch's longest, till the
+        run ends; else the lagging rows' mean) covers it (`_common.catch_up_pays`); else they do not draft, and
+        the others are planned without them. Where the acceptance estimate rests on thin evidence
+        (`_common.thin_evidence`, the probe's rule) only the rows with the most tokens left whose catch-up costs
+        at most one idle step resume (`_common.catch_up_rows`)."""
+        drafting = depths > 0
+        lag = view.draft_lag
+        late = drafting & (lag > 2)
+        if not late.any():
+            return depths
+        w = self._w
+        base = float(view.batch_size) if w is None else float(w.sum())
+        t0 = float(costs.verify[0])
+        gain = t0 * max(self._G * t0 / base - 1.0, 0.0)
+        cols = np.arange(S.shape[1])[None, :]
+        e = 1.0 + (S * (cols < depths[:, None])).sum(axis=1)
+        steps = float((remaining / e).max() if w is not None else (remaining[late] / e[late]).mean())
+        args = self._catch_up_args(view)
+        if not catch_up_pays(view, drafting, gain, steps, *args, free_s=t0):
+            drop = lag > 2   # every lagging row, not only the plan's: the replan would pick others
+        elif thin_evidence(self._pool.verified, self.calibration_prior, view.batch_size):
+            drop = (lag > 2) & ~catch_up_rows(view, late, t0, np.argsort(-remaining, kind="stable"), *args)
+        else:
+            return depths
+        S = S.copy()
+        S[drop] = 0.0
+        depths, self._G = self._plan_positions(S, costs, remaining)
+        return depths
+
     def _probe(self, view, S, costs, rowcap):
         """No row drafts, and the draft's calibration rests on few verified tokens (fewer than max(batch,
         PROBE_TOKENS); at most PROBE_ROUNDS probe steps a run): would a draft pay at a calibration `probe`
@@ -224,6 +282,11 @@ class Goodput(Policy):
         hi = np.minimum(S * up ** np.arange(1, S.shape[1] + 1), 0.999)   # slot j: j draft tokens' survival
         hi[np.arange(S.shape[1])[None, :] >= rowcap[:, None]] = 0.0
         depths, _ = self._plan_positions(hi, costs, view.remaining)
+        late = (depths > 0) & (view.draft_lag > 2)
+        if self.catch_up and late.any():   # a probe catches up at most one idle step's worth of rows
+            ok = catch_up_rows(view, late, float(costs.verify[0]), np.argsort(-view.remaining, kind="stable"),
+                               *self._catch_up_args(view))
+            depths[late & ~ok] = 0
         self._s = np.ones(view.batch_size)
         self._probes += int(depths.any())
         return np.minimum(depths, 1)
@@ -346,6 +409,8 @@ class Goodput(Policy):
         drafted = view.drafted
         if self.policy_time:
             self._ptime.observe(view)
+        if self.catch_up and self.cost != "clock":
+            self._pad.observe(view, self._calib)
         if self.cost == "calibrated":
             self._calib.observe(view, pad_extra(self._costs, drafted))
         if not drafted.any():   # nothing drafted, nothing learned of the draft (every sum below would add 0)

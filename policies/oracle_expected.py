@@ -1,9 +1,9 @@
 import numpy as np
 
-from specdepth.errors import as_int
+from specdepth.errors import as_bool, as_int
 from specdepth.policy import Policy
 
-from ._common import StepCost, plan_by_position
+from ._common import StepCost, catch_up_pays, plan_by_position
 
 
 class OracleExpected(Policy):
@@ -19,14 +19,19 @@ class OracleExpected(Policy):
     probabilities rank rows differently at different positions, and the search is a greedy over nested
     row sets (not exact). It is myopic (one step at a time), so it is not a bound on end-to-end throughput
     either: `goodput` can beat it in a cell, e.g. through the tail of a closed batch.
+    `catch_up` (default on): the draft's catch-up tokens after idle steps (backend.draft_catch_up) are part of the
+    true cost, which the per-step tables do not hold: rows whose draft lags draft only if the plan's expected gain
+    over their expected remaining steps pays for them (`_common.catch_up_pays`, priced with the true cost), as
+    goodput does.
     """
 
     name = "oracle_expected"
     requires_accept_prob = True
     requires_true_cost = True
 
-    def __init__(self, max_depth: int = 16):
+    def __init__(self, max_depth: int = 16, catch_up: bool = True):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
+        self.catch_up = as_bool(catch_up, "policy.catch_up")
         self.reset()
 
     def reset(self):
@@ -43,4 +48,14 @@ class OracleExpected(Policy):
         S[np.arange(K)[None, :] >= np.clip(remaining - 1, 0, K)[:, None]] = 0.0
         costs = self._costs.update(view, K, view.true_cost)
         depths, self._G = plan_by_position(S, costs, self._G, tie=remaining, nested=True)
+        late = depths > 0
+        late &= view.draft_lag > 2
+        if self.catch_up and late.any():
+            t0 = float(costs.verify[0])
+            e = 1.0 + (S * (np.arange(K)[None, :] < depths[:, None])).sum(axis=1)
+            steps = float((remaining[late] / e[late]).mean())
+            if not catch_up_pays(view, depths > 0, t0 * max(self._G * t0 / n - 1.0, 0.0), steps, view.true_cost,
+                                 free_s=t0):
+                S[view.draft_lag > 2] = 0.0   # every lagging row (the replan would pick others)
+                depths, self._G = plan_by_position(S, costs, self._G, tie=remaining, nested=True)
         return depths

@@ -611,3 +611,108 @@ def test_runner_job_config_resolves_exactly_as_the_cli_composes_it():
         slow = cfg("experiment=robustness", f"pol={pol}", "~cell", f"+cell={flow(cell_node(cell))}")
         slow_yaml = OmegaConf.to_yaml(slow, resolve=True)
         assert OmegaConf.to_yaml(job_config(cell, pol), resolve=True) == slow_yaml
+
+
+# ---- the draft's catch-up ---------------------------------------------------------------------------------
+
+class LagRecorder(Policy):
+    """Drafts 2 tokens a row on even steps, none on odd ones; records (draft_lag, drafted, accepted) per step."""
+
+    def plan(self, view):
+        lag = view.draft_lag
+        with pytest.raises(ValueError):
+            lag[0] = 5
+        self.lag = np.array(lag)
+        return np.full(view.batch_size, 2 if view.step % 2 == 0 else 0, np.int64)
+
+    def observe(self, view, accepted):
+        self.seen = getattr(self, "seen", []) + [(view.request_ids.copy(), self.lag, view.drafted.copy(),
+                                                  np.array(accepted))]
+
+
+@pytest.mark.parametrize("backend", [("backend.draft_catch_up=true",), (),
+                                     ("backend=hf", "model=tiny_pair", "workload.prompt_len=16")])
+def test_view_draft_lag_counts_the_tokens_the_drafts_cache_lacks(backend):
+    """1 after admission and after a step with a rejection, 2 after a step whose drafts were all accepted, one more
+    per step without drafts: what backend=hf feeds the draft (and the simulator charges with
+    backend.draft_catch_up); 1 for every row where the clock charges one token (the simulator's default)."""
+    parts = build(cfg("engine.progress=false", "workload.batch_size=2", "workload.output_len=14", *backend))
+    eng = parts["engine"]
+    eng.policy = rec = LagRecorder()
+    eng.run()
+    expect, grew = {}, False
+    for ids, lag, drafted, accepted in rec.seen:
+        for i, rid in enumerate(ids.tolist()):
+            if not backend:
+                assert lag[i] == 1
+                continue
+            assert lag[i] == expect.get(rid, 1)
+            grew |= lag[i] > 2
+            expect[rid] = 1 + (accepted[i] == drafted[i]) if drafted[i] else lag[i] + 1
+    assert grew or not backend
+
+
+def _lag_view(lag, ctx, cost):
+    lag = np.asarray(lag, np.int64)
+    return SimpleNamespace(draft_lag=lag, context_lens=np.asarray(ctx, np.int64), cost=cost)
+
+
+def test_catch_up_is_priced_once_against_the_gain_of_the_steps_it_enables():
+    from specdepth.policies._common import catch_up_pays, catch_up_rows, catch_up_s
+    cost = build(cfg("hardware=h100_sxm", "model=llama3_8b"))["engine"].cost
+    rows = np.ones(64, bool)
+    synced = _lag_view(np.full(64, 2), np.full(64, 1000), cost)
+    assert catch_up_s(synced, rows) == 0.0 and catch_up_pays(synced, rows, 0.0, 0.0)   # nothing to catch up
+    late = _lag_view(np.r_[np.full(63, 1), 400], np.full(64, 1000), cost)
+    c = catch_up_s(late, rows)
+    assert c > 0
+    assert catch_up_s(late, rows, padded=True) > 10 * c        # padded: every row feeds the lagging row's 400
+    assert not catch_up_pays(late, rows, gain_s=c / 20, steps=10)   # 10 steps of gain do not pay for it
+    assert catch_up_pays(late, rows, gain_s=c / 20, steps=30)
+    many = _lag_view(np.full(64, 300), np.full(64, 1000), cost)
+    order = np.arange(64)[::-1]
+    first = lambda m: np.isin(np.arange(64), order[:m])   # noqa: E731
+    budget = catch_up_s(many, first(8))
+    ok = catch_up_rows(many, rows, budget, order)
+    m = int(ok.sum())                                           # the longest prefix of the order within the budget
+    assert m >= 8 and (ok == first(m)).all() and catch_up_s(many, first(m + 1)) > budget
+    assert not catch_up_rows(many, rows, 0.5 * catch_up_s(many, first(1)), order).any()
+
+
+def test_adaptive_policies_do_not_resume_drafting_where_the_catch_up_costs_more_than_it_saves():
+    """c191 of robustness draw 2040: a closed batch of 349 at acceptance 0.3 with the draft's catch-up charged,
+    where drafting pays only in the tail, if at all, and resuming it there first feeds the draft every token it
+    skipped (~40 ms, 10 steps' worth). With `catch_up` the policies spend less time drafting and finish sooner."""
+    cell = ("+cell={hardware: 'b200', model: 'qwen2_5_7b', tp: 1, batch: 349, seed: 1201689932, acceptance: "
+            "{_target_: 'specdepth.acceptance.Beta', mean: 0.304, concentration: 27.64}, workload: {_target_: "
+            "'specdepth.workload.Closed', batch_size: 349, prompt_len: 65, output_len: {dist: 'uniform', low: 171, "
+            "high: 515}}, backend: {step_overhead_s: 0.000352, position_overhead_s: 0.000477, pad_ragged: true, "
+            "draft_catch_up: true}}")
+    for pol in ("goodput", "batch_scaled", "confidence"):
+        on, _ = _run("experiment=robustness", f"pol={pol}", "~cell", cell)
+        off, _ = _run("experiment=robustness", f"pol={pol}", "~cell", cell, f"policies.{pol}.catch_up=false")
+        draft_s = [sum(s[10] for s in r.steps) for r in (on, off)]
+        assert draft_s[0] < 0.5 * draft_s[1], pol
+        assert on.steps[-1][1] + on.steps[-1][14] < off.steps[-1][1] + off.steps[-1][14], pol
+
+
+def test_catch_up_padding_is_learnt_from_what_a_catch_up_cost():
+    """Rows with mixed lags: a padded engine feeds every row the largest lag. What the draft forwards cost beyond
+    the calibrated price of the step's positions tells which (and rows that lag alike teach nothing)."""
+    from specdepth.policies._common import CatchUpPadding, catch_up_s
+    cost = build(cfg("hardware=h100_sxm", "model=llama3_8b"))["engine"].cost
+    rows = np.ones(64, bool)
+    mixed = _lag_view(np.r_[np.full(60, 3), np.full(4, 300)], np.full(64, 1000), cost)
+    ragged, padded = catch_up_s(mixed, rows), catch_up_s(mixed, rows, padded=True)
+    assert padded > 3 * ragged
+    calib = CostCalibration()
+    for paid, expect in ((padded, True), (ragged, False), (1.1 * padded, True)):
+        pad = CatchUpPadding()
+        pad.planned(mixed, rows)
+        pad.observe(SimpleNamespace(draft_forwards=2, predicted_draft_s=1e-3, measured_draft_s=1e-3 + paid), calib)
+        assert pad.padded is expect
+    alike = _lag_view(np.full(64, 300), np.full(64, 1000), cost)
+    pad = CatchUpPadding()
+    pad.planned(alike, rows)
+    pad.observe(SimpleNamespace(draft_forwards=2, predicted_draft_s=1e-3, measured_draft_s=1.0), calib)
+    assert pad.padded is None

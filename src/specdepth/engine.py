@@ -257,7 +257,7 @@ class Engine:
         self._oracle, self._accept_prob = self.policy.requires_oracle, self.policy.requires_accept_prob
         self.view = StepView(self.rows, self.budget, cfg.max_depth, cfg.max_num_batched_tokens, self.cost,
                              cfg.acceptance_prior, ex.true_cost() if self.policy.requires_true_cost else None,
-                             self.clock)
+                             self.clock, ex.draft_lag)
         self._has_keep, self._has_obs = _overrides(self.policy, "keep_drafting"), _overrides(self.policy, "observe")
         recorder = cfg.record_trace or ex.record_trace
         self._trace = TraceRecorder() if recorder else None

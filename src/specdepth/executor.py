@@ -88,6 +88,13 @@ class Executor(ABC):
         raise BackendError(f"backend {self.name!r} cannot reveal acceptance probabilities; "
                            "oracle_expected runs on the simulator only (backend=sim)")
 
+    def draft_lag(self) -> np.ndarray | None:
+        """Tokens each row's draft KV cache lacks, int [rows]: what the row's next draft forward feeds before its
+        first draft (view.draft_lag). 1 after admission and after a step whose drafts were not all accepted, 2
+        after one whose drafts all were (the last draft and the bonus token), one more for every step the row
+        did not draft. None where the executor charges one token per row whatever the history."""
+        return None
+
     def true_cost(self):
         """A cost model (view.cost's methods) of what this backend's clock really charges
         (policies with requires_true_cost)."""

@@ -225,6 +225,10 @@ class HFExecutor(Executor):
         if self.timing is not None:
             self.timing.begin_step(K)
 
+    def draft_lag(self):
+        r = self.rows
+        return r.hf_length - r.hf_dlen   # known tokens the draft's cache lacks (_draft_tokens feeds them)
+
     def peek_accepted(self, k):
         return super().peek_accepted(k) if self.timing is None else self.timing.peek(k)
 

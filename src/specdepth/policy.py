@@ -30,6 +30,12 @@ class StepView:
                                   counts decayed by engine.acceptance_decay per step it drafted
       recent_accepted     int64   [batch_size, history] accepted drafts in recent steps, newest first, -1 = none
       recent_drafted      int64   [batch_size, history] drafts proposed in those steps, newest first, -1 = none
+      draft_lag           int64   tokens the draft's KV cache lacks, which the row's first draft forward of a
+                                  step feeds before drafting: 1 after admission or a step with a rejection, 2
+                                  after a step whose drafts were all accepted, one more per step the row did not
+                                  draft (backend=hf; the simulator with backend.draft_catch_up). 1 for every row
+                                  where the executor charges one token whatever the history (the simulator's
+                                  default). Price it with `_common.catch_up_s`.
     During drafting (keep_drafting) and in observe:
       depths              int64   this step's plan
       drafted             int64   drafts proposed so far this step
@@ -61,14 +67,15 @@ class StepView:
     """
 
     __slots__ = ("_rows", "_s", "_budget", "_max_depth", "_max_tokens", "_cost", "_prior", "_hptr", "_pred",
-                 "_true_cost", "_clock")
+                 "_true_cost", "_clock", "_lag")
 
     def __init__(self, rows, token_budget: int, max_depth: int, max_num_batched_tokens: int, cost,
-                 prior: float = 0.7, true_cost=None, clock=None):
+                 prior: float = 0.7, true_cost=None, clock=None, lag=None):
         self._rows, self._budget, self._max_depth, self._max_tokens, self._cost, self._prior = (
             rows, token_budget, max_depth, max_num_batched_tokens, cost, prior)
         self._true_cost = true_cost
         self._clock = clock   # the engine's Clock (measured_policy_s); None: 0.0
+        self._lag = lag       # the executor's draft_lag (a callable returning an array, or None); None: ones
         self._s = None
         self._hptr = 0
         self._pred = None
@@ -126,6 +133,11 @@ class StepView:
     @property
     def recent_drafted(self):
         return self._recent(self._rows.ring_drafted)
+
+    @property
+    def draft_lag(self):
+        lag = self._lag() if self._lag is not None else None
+        return _ro(np.ones(self._rows.n, np.int64) if lag is None else np.asarray(lag, np.int64))
 
     # ---- this step --------------------------------------------------------------------------------
     depths = property(lambda self: _ro_or_none(self._s.depths))

@@ -98,6 +98,9 @@ class SimExecutor(Executor):
     def true_cost(self):
         return ClockCost(self)
 
+    def draft_lag(self):
+        return self.rows.sim_lag if self.catch_up else None   # without draft_catch_up the clock charges 1 token
+
     def begin_step(self, depths, kmax):
         self._kmax = kmax
         self.outcomes.begin_step(kmax)
@@ -151,8 +154,9 @@ class SimExecutor(Executor):
 class ClockCost:
     """What this simulator's clock charges, with view.cost's methods (the `true cost` of oracle_expected and
     `goodput cost=clock`): the clock's cost model (backend.clock_profile, else the run's), padded forwards
-    (backend.pad_ragged) and the fixed seconds per step (with the verify) and per draft position. Not
-    modelled: the draft's catch-up tokens (backend.draft_catch_up), which depend on each row's history."""
+    (backend.pad_ragged) and the fixed seconds per step (with the verify) and per draft position. The draft's
+    catch-up tokens (backend.draft_catch_up) depend on each row's history: the tables do not hold them; a policy
+    prices them from view.draft_lag with `draft_forward` (`_common.catch_up_s`)."""
 
     def __init__(self, ex: SimExecutor):
         self._ex = ex
@@ -164,6 +168,11 @@ class ClockCost:
     def verify_time(self, ctx, depths):
         ex = self._ex
         return ex._forward("target", np.asarray(ctx), np.asarray(depths) + 1)[0] + ex.step_overhead_s
+
+    def draft_forward(self, ctx, q=None):
+        """One draft forward as the clock charges it (padded where the engine pads), without the per-position
+        overhead: (seconds, flops)."""
+        return self._ex._forward("draft", np.asarray(ctx), None if q is None else np.asarray(q))
 
     def draft_time(self, ctx):
         ex = self._ex
