@@ -228,10 +228,10 @@ class Goodput(Policy):
     def _catch_up_args(self, view):
         """(cost, padded) that catch_up_pays prices the draft's catch-up with: the clock's true cost (cost=clock),
         else view.cost as it is, padded as an earlier catch-up showed (`CatchUpPadding`), else where the calibration
-        found the engine pads its verify (cost=calibrated). Not times the
-        calibrated draft scale: that also holds the fixed seconds of each draft position (weights, launches, the
-        engine's own), which a catch-up does not multiply (c78 of robustness draw 2040: scale 2.1 with 1.5 ms per
-        position the cost model missed; the catch-up cost what view.cost predicted, 36 ms)."""
+        found the engine pads its verify (cost=calibrated). Not times the calibrated draft scale: that also holds
+        the fixed seconds of each draft position (weights, launches, the engine's own), which a catch-up does not
+        multiply (c78 of robustness draw 2040: scale 2.1 with 1.5 ms per position the cost model missed; the
+        catch-up cost what view.cost predicted, 36 ms)."""
         if self.cost == "clock":
             return view.true_cost, False
         if self._pad.padded is not None:   # learnt from an earlier catch-up
@@ -242,10 +242,10 @@ class Goodput(Policy):
         """`catch_up`: the plan drafts rows whose draft lags (view.draft_lag; they have not drafted for a while).
         Their catch-up is paid if the plan's gain per step (verify[0] x (G / G_none - 1) seconds) over the steps
         it is expected to go on (remaining / expected tokens per step: draining, the batch's longest, till the
-        run ends; else the lagging rows' mean) covers it (`_common.catch_up_pays`); else they do not draft, and
-        the others are planned without them. Where the acceptance estimate rests on thin evidence
-        (`_common.thin_evidence`, the probe's rule) only the rows with the most tokens left whose catch-up costs
-        at most one idle step resume (`_common.catch_up_rows`)."""
+        run ends; else the lagging rows' mean) covers it, or it costs at most one idle step (verify[0];
+        `_common.catch_up_pays`); else no lagging row drafts, and the others are planned without them. Where the
+        acceptance estimate rests on thin evidence (`_common.thin_evidence`, the probe's rule) only the rows with
+        the most tokens left whose catch-up costs at most one idle step resume (`_common.catch_up_rows`)."""
         drafting = depths > 0
         lag = view.draft_lag
         late = drafting & (lag > 2)
