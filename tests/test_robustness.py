@@ -625,6 +625,7 @@ class LagRecorder(Policy):
 
     def plan(self, view):
         lag = view.draft_lag
+        assert lag.shape == (view.batch_size,)
         with pytest.raises(ValueError):
             lag[0] = 5
         self.lag = np.array(lag)
@@ -641,7 +642,8 @@ def test_view_draft_lag_counts_the_tokens_the_drafts_cache_lacks(backend):
     """1 after admission and after a step with a rejection, 2 after a step whose drafts were all accepted, one more
     per step without drafts: what backend=hf feeds the draft (and the simulator charges with
     backend.draft_catch_up); 1 for every row where the clock charges one token (the simulator's default)."""
-    parts = build(cfg("engine.progress=false", "workload.batch_size=2", "workload.output_len=14", *backend))
+    parts = build(cfg("engine.progress=false", "workload.batch_size=3", "engine.max_batch_size=2",
+                      "workload.output_len=14", *backend))   # the third request joins when a row leaves
     eng = parts["engine"]
     eng.policy = rec = LagRecorder()
     eng.run()
