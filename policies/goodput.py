@@ -82,7 +82,7 @@ class Goodput(Policy):
                  drain: bool = True, drain_after: int = 0, position_prior: float = 20.0, position_optimism: float = 2.0,
                  drain_value: str = "time", calibration_prior: float = 1.0, probe: float = 2.0,
                  row_calibration: float = 5.0, idle_replan: int = 8, policy_time: bool = True,
-                 catch_up: bool = True):
+                 catch_up: bool = True, sticky_pad: bool = True):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
         self.prior_strength = as_float(prior_strength, "policy.prior_strength", min=0)
@@ -103,6 +103,7 @@ class Goodput(Policy):
         self.idle_replan = as_int(idle_replan, "policy.idle_replan", min=0)
         self.policy_time = as_bool(policy_time, "policy.policy_time")
         self.catch_up = as_bool(catch_up, "policy.catch_up")
+        self.sticky_pad = as_bool(sticky_pad, "policy.sticky_pad")
         self._seq = PerRequest(6)   # accepted, rejections, sum of confidences, drafted; verified confidence, tokens
         self.reset()
 
@@ -113,7 +114,7 @@ class Goodput(Policy):
     def reset(self):
         self._seq.reset()
         self._costs = StepCost()
-        self._calib = CostCalibration(memory=self.cost_memory)
+        self._calib = CostCalibration(memory=self.cost_memory, sticky=self.sticky_pad)
         self._pool = _Pool(self.position_prior, self.position_optimism, cal_accepted=self.calibration_prior,
                            cal_conf=self.calibration_prior)
         self._G = 0.0

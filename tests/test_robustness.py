@@ -302,6 +302,31 @@ def test_cost_calibration_learns_padded_verifies_and_not_a_ragged_engines_consta
     assert ragged.correct(costs).pad is None
 
 
+def test_cost_calibration_keeps_a_padding_term_the_recent_steps_cannot_tell_about():
+    """Found while the plans padded, the padding term stays through many steps that pad nothing (every row drafted
+    alike: the padding feature is 0, so the data cannot tell), with the scale and fixed part refitted; without
+    `sticky` it is dropped once forgetting leaves too little evidence. Steps whose padding costs nothing (the
+    engine stopped padding) drop it either way."""
+    rng = np.random.default_rng(11)
+    cals = {"sticky": CostCalibration(memory=100.0), "plain": CostCalibration(memory=100.0, sticky=False),
+            "contradicted": CostCalibration(memory=100.0)}
+    for _ in range(300):
+        pred, pad = rng.uniform(10e-3, 30e-3), rng.uniform(0.0, 15e-3)
+        for cal in cals.values():
+            cal.observe(_verify_step(pred, (1.1 * pred + 2e-3 + 0.8 * pad) * (1 + rng.normal(0, 0.01))), pad)
+    assert all(c.pad == pytest.approx(0.8, rel=0.1) for c in cals.values())
+    for _ in range(1000):
+        pred, pad = rng.uniform(10e-3, 30e-3), rng.uniform(0.0, 15e-3)
+        noise = 1 + rng.normal(0, 0.01)
+        for name in ("sticky", "plain"):   # nothing padded: the feature is 0
+            cals[name].observe(_verify_step(pred, (1.1 * pred + 2e-3) * noise), 0.0)
+        cals["contradicted"].observe(_verify_step(pred, (1.1 * pred + 2e-3) * noise), pad)   # padding is free
+    assert cals["sticky"].pad == pytest.approx(0.8, rel=0.1)
+    assert cals["sticky"].verify_scale() == pytest.approx(1.1, rel=0.05)
+    assert cals["plain"].pad == 0.0
+    assert cals["contradicted"].pad == 0.0
+
+
 def test_cost_calibration_learns_padding_where_the_cost_model_overstates_the_fixed_cost():
     """The cost model charges a fixed part per step the engine does not pay (the fit's fixed part comes out
     negative): the padding term is still taken, from the fit with no fixed part (physical signs), not
