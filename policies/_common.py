@@ -194,6 +194,8 @@ class CostCalibration:
 
         cal = CostCalibration(); cal.observe(view)   # in observe()
         tables = cal.correct(costs)                   # corrected StepCost tables (.verify, .draft)
+
+    `sticky` (default on): a padding term found earlier is kept while the recent steps cannot tell (`_keep_pad`).
     """
 
     PHASES = ("draft", "verify")

@@ -68,6 +68,8 @@ class Goodput(Policy):
     over their expected remaining steps pays for feeding the draft the tokens it skipped, or that costs at most one
     idle step (`_catch_up`); on thin evidence, and in a probe, only as many of them as one idle step's time catches
     up. Whether the engine pads the catch-up is learnt from the catch-ups paid (`_common.CatchUpPadding`).
+    `sticky_pad` (default on): a padded verify the calibration found is kept while the recent steps cannot tell
+    (every row drafted alike, so nothing was padded), until the data contradict it (`CostCalibration._keep_pad`).
     `drain_after` > 0 also drains once the batch has shrunk below its largest size and no request joined
     for that many steps (a guess at the end of an online stream; off by default: on the development draw it
     raised the worst closed-batch cell but hurt TPOT on poisson cells).
