@@ -304,7 +304,7 @@ class CostCalibration:
         if gain and coef[0] > 0.0 and coef[2] > 3.0 * se and coef[2] > 0.02 * coef[0]:
             self.pad = float(min(coef[2], coef[0]))
             self._pad_fit = (float(coef[0]), float(coef[1]))
-        elif self.sticky and not coef[2] + 3.0 * se < prev:   # the data do not say the padding went away
+        elif not coef[2] + 3.0 * se < prev:   # the data do not say the padding went away
             self._keep_pad(A, prev)
 
     def _keep_pad(self, A: list, prev: float) -> None:
@@ -315,7 +315,7 @@ class CostCalibration:
         the padded position (c69 of robustness draw 2042: 0.944 of fixed depth 1, against 1.003 with the true
         cost). The scale and fixed part are refitted with the padding held at prev; the term goes only where
         the data put it more than three standard errors below prev (above), or the refit has no positive scale."""
-        if prev <= 0.0:
+        if not self.sticky or prev <= 0.0:
             return
         y0, y1 = self._pad_xy[0] - prev * A[2], self._pad_xy[1] - prev * A[4]
         det = A[0] * A[3] - A[1] * A[1]
