@@ -661,16 +661,30 @@ def catch_up_pays(view, drafting: np.ndarray, gain_s: float, steps: float, cost=
     return c <= free_s or gain_s * steps >= c
 
 
-def catch_up_rows(view, late: np.ndarray, budget_s: float, order: np.ndarray, cost=None,
-                  padded: bool = False) -> np.ndarray:
+def plan_pays_catch_up(view, depths: np.ndarray, late: np.ndarray, S: np.ndarray, G: float, base: float, costs,
+                       till_end: bool = False, cost=None, padded: bool = False) -> bool:
+    """`catch_up_pays` for a plan of `plan_by_position` (goodput, oracle_expected): `depths`, its goodput G over
+    `base` (the value of the step without drafts), S its slot survivals, `late` the drafting rows whose draft
+    lags. The plan saves verify[0] x (G / G_none - 1) seconds a step against not drafting, G_none = base /
+    verify[0], for the steps drafting is expected to go on: the lagging rows' mean remaining / expected tokens per
+    step, or the longest row's (`till_end`: draining, the run ends with it). One idle step's catch-up is free."""
+    t0 = float(costs.verify[0])
+    e = 1.0 + (S * (np.arange(S.shape[1])[None, :] < depths[:, None])).sum(axis=1)
+    rem = view.remaining
+    steps = float((rem / e).max() if till_end else (rem[late] / e[late]).mean())
+    return catch_up_pays(view, depths > 0, t0 * max(G * t0 / base - 1.0, 0.0), steps, cost, padded, free_s=t0)
+
+
+def catch_up_rows(view, late: np.ndarray, budget_s: float, cost=None, padded: bool = False) -> np.ndarray:
     """The rows of `late` (bool mask) to catch up this step while the acceptance estimate rests on thin evidence:
-    the first ones in `order` (row indices, best first) whose catch-up (`catch_up_s`) costs at most
+    the ones with the most tokens left (view.remaining; ties by row) whose catch-up (`catch_up_s`) costs at most
     `budget_s` (e.g. one idle step, as a probe may cost), none where one row costs more. A resumption priced at an
     estimate that has seen no verified draft (a large batch that never drafted until its tail) is a guess: at
     that budget a few rows' drafts, once verified, tell whether resuming the others pays (c191 of robustness draw
     2040: resumed at the prior's 0.7, the rows accepted 0.3, and drafting stopped after one step that spent 1.9 %
     of the run catching up). Returns a bool mask."""
-    rows = np.asarray(order)[late[np.asarray(order)]]
+    order = np.argsort(-view.remaining, kind="stable")
+    rows = order[late[order]]
     out = np.zeros(late.size, bool)
     lo, hi = 0, rows.size   # the largest prefix within budget (catch-up grows with the rows it feeds)
     while lo < hi:
@@ -894,8 +908,7 @@ class CostAwareDepth:
             k = int(uniform_depth(np.full(view.batch_size, hi), costs, kmax, factors=f)[0] > 0)
             late = view.draft_lag > 2
             if k and self.catch_up and late.any():   # a probe catches up at most one idle step's worth of rows
-                ok = catch_up_rows(view, late, float(costs.verify[0]), np.argsort(-view.remaining, kind="stable"),
-                                   padded=self._padded())
+                ok = catch_up_rows(view, late, float(costs.verify[0]), padded=self._padded())
                 self.held = late & ~ok
                 k = int(not self.held.all())
             self._probes += k
@@ -921,7 +934,7 @@ class CostAwareDepth:
         if not catch_up_pays(view, np.ones(n, bool), t0 * max(g / g0 - 1.0, 0.0), steps, *args, free_s=t0):
             ok = np.zeros(n, bool)
         elif thin_evidence(float(self._pool.sum()), self.prior_tokens, n):
-            ok = catch_up_rows(view, late, t0, np.argsort(-rem, kind="stable"), *args)
+            ok = catch_up_rows(view, late, t0, *args)
         else:
             return k
         self.held = late & ~ok

@@ -6,8 +6,8 @@ from specdepth.errors import as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
 from ._common import (CatchUpPadding, CostCalibration, IdleReplan, PerRequest, PolicyTime, PositionFactors, StepCost,
-                      best_prefix, catch_up_pays, catch_up_rows, may_probe, pad_extra, plan_by_position, row_cost,
-                      thin_evidence)
+                      best_prefix, catch_up_rows, may_probe, pad_extra, plan_by_position, plan_pays_catch_up,
+                      row_cost, thin_evidence)
 
 
 class Goodput(Policy):
@@ -249,23 +249,17 @@ class Goodput(Policy):
         `_common.catch_up_pays`); else no lagging row drafts, and the others are planned without them. Where the
         acceptance estimate rests on thin evidence (`_common.thin_evidence`, the probe's rule) only the rows with
         the most tokens left whose catch-up costs at most one idle step resume (`_common.catch_up_rows`)."""
-        drafting = depths > 0
         lag = view.draft_lag
-        late = drafting & (lag > 2)
+        late = (depths > 0) & (lag > 2)
         if not late.any():
             return depths
         w = self._w
         base = float(view.batch_size) if w is None else float(w.sum())
-        t0 = float(costs.verify[0])
-        gain = t0 * max(self._G * t0 / base - 1.0, 0.0)
-        cols = np.arange(S.shape[1])[None, :]
-        e = 1.0 + (S * (cols < depths[:, None])).sum(axis=1)
-        steps = float((remaining / e).max() if w is not None else (remaining[late] / e[late]).mean())
         args = self._catch_up_args(view)
-        if not catch_up_pays(view, drafting, gain, steps, *args, free_s=t0):
+        if not plan_pays_catch_up(view, depths, late, S, self._G, base, costs, w is not None, *args):
             drop = lag > 2   # every lagging row, not only the plan's: the replan would pick others
         elif thin_evidence(self._pool.verified, self.calibration_prior, view.batch_size):
-            drop = (lag > 2) & ~catch_up_rows(view, late, t0, np.argsort(-remaining, kind="stable"), *args)
+            drop = (lag > 2) & ~catch_up_rows(view, late, float(costs.verify[0]), *args)
         else:
             return depths
         S = S.copy()
@@ -287,8 +281,7 @@ class Goodput(Policy):
         depths, _ = self._plan_positions(hi, costs, view.remaining)
         late = (depths > 0) & (view.draft_lag > 2)
         if self.catch_up and late.any():   # a probe catches up at most one idle step's worth of rows
-            ok = catch_up_rows(view, late, float(costs.verify[0]), np.argsort(-view.remaining, kind="stable"),
-                               *self._catch_up_args(view))
+            ok = catch_up_rows(view, late, float(costs.verify[0]), *self._catch_up_args(view))
             depths[late & ~ok] = 0
         self._s = np.ones(view.batch_size)
         self._probes += int(depths.any())

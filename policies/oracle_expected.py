@@ -3,7 +3,7 @@ import numpy as np
 from specdepth.errors import as_bool, as_int
 from specdepth.policy import Policy
 
-from ._common import StepCost, catch_up_pays, plan_by_position
+from ._common import StepCost, plan_by_position, plan_pays_catch_up
 
 
 class OracleExpected(Policy):
@@ -48,14 +48,11 @@ class OracleExpected(Policy):
         S[np.arange(K)[None, :] >= np.clip(remaining - 1, 0, K)[:, None]] = 0.0
         costs = self._costs.update(view, K, view.true_cost)
         depths, self._G = plan_by_position(S, costs, self._G, tie=remaining, nested=True)
-        late = depths > 0
-        late &= view.draft_lag > 2
-        if self.catch_up and late.any():
-            t0 = float(costs.verify[0])
-            e = 1.0 + (S * (np.arange(K)[None, :] < depths[:, None])).sum(axis=1)
-            steps = float((remaining[late] / e[late]).mean())
-            if not catch_up_pays(view, depths > 0, t0 * max(self._G * t0 / n - 1.0, 0.0), steps, view.true_cost,
-                                 free_s=t0):
-                S[view.draft_lag > 2] = 0.0   # every lagging row (the replan would pick others)
-                depths, self._G = plan_by_position(S, costs, self._G, tie=remaining, nested=True)
+        if not self.catch_up:
+            return depths
+        lag = view.draft_lag
+        late = (depths > 0) & (lag > 2)
+        if late.any() and not plan_pays_catch_up(view, depths, late, S, self._G, n, costs, cost=view.true_cost):
+            S[lag > 2] = 0.0   # every lagging row (the replan would pick others)
+            depths, self._G = plan_by_position(S, costs, self._G, tie=remaining, nested=True)
         return depths

@@ -686,7 +686,8 @@ def test_view_draft_lag_counts_the_tokens_the_drafts_cache_lacks(backend):
 
 def _lag_view(lag, ctx, cost):
     lag = np.asarray(lag, np.int64)
-    return SimpleNamespace(draft_lag=lag, context_lens=np.asarray(ctx, np.int64), cost=cost)
+    return SimpleNamespace(draft_lag=lag, context_lens=np.asarray(ctx, np.int64), cost=cost,
+                           remaining=np.arange(lag.size))   # the most tokens left: the last row
 
 
 def test_catch_up_is_priced_once_against_the_gain_of_the_steps_it_enables():
@@ -705,10 +706,10 @@ def test_catch_up_is_priced_once_against_the_gain_of_the_steps_it_enables():
     order = np.arange(64)[::-1]
     first = lambda m: np.isin(np.arange(64), order[:m])   # noqa: E731
     budget = catch_up_s(many, first(8))
-    ok = catch_up_rows(many, rows, budget, order)
+    ok = catch_up_rows(many, rows, budget)   # in order of remaining tokens, most first
     m = int(ok.sum())                                           # the longest prefix of the order within the budget
     assert m >= 8 and (ok == first(m)).all() and catch_up_s(many, first(m + 1)) > budget
-    assert not catch_up_rows(many, rows, 0.5 * catch_up_s(many, first(1)), order).any()
+    assert not catch_up_rows(many, rows, 0.5 * catch_up_s(many, first(1))).any()
 
 
 _C94 = ("+cell={hardware: 'h200', model: 'llama3_8b', tp: 1, batch: 222, seed: 367930034, acceptance: {_target_: "
