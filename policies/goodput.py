@@ -70,6 +70,9 @@ class Goodput(Policy):
     up. Whether the engine pads the catch-up is learnt from the catch-ups paid (`_common.CatchUpPadding`).
     `sticky_pad` (default on): a padded verify the calibration found is kept while the recent steps cannot tell
     (every row drafted alike, so nothing was padded), until the data contradict it (`CostCalibration._keep_pad`).
+    `cautious_pad` (default on): where the steps cannot rule out a padded verify (the same rows drafted alike every
+    step, so padding and a fixed cost per step explain them equally well), plan as if the engine pads, until the
+    data say it does not (`CostCalibration._doubt`).
     `drain_after` > 0 also drains once the batch has shrunk below its largest size and no request joined
     for that many steps (a guess at the end of an online stream; off by default: on the development draw it
     raised the worst closed-batch cell but hurt TPOT on poisson cells).
@@ -84,7 +87,7 @@ class Goodput(Policy):
                  drain: bool = True, drain_after: int = 0, position_prior: float = 20.0, position_optimism: float = 2.0,
                  drain_value: str = "time", calibration_prior: float = 1.0, probe: float = 2.0,
                  row_calibration: float = 5.0, idle_replan: int = 8, policy_time: bool = True,
-                 catch_up: bool = True, sticky_pad: bool = True):
+                 catch_up: bool = True, sticky_pad: bool = True, cautious_pad: bool = True):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
         self.prior_strength = as_float(prior_strength, "policy.prior_strength", min=0)
@@ -106,6 +109,7 @@ class Goodput(Policy):
         self.policy_time = as_bool(policy_time, "policy.policy_time")
         self.catch_up = as_bool(catch_up, "policy.catch_up")
         self.sticky_pad = as_bool(sticky_pad, "policy.sticky_pad")
+        self.cautious_pad = as_bool(cautious_pad, "policy.cautious_pad")
         self._seq = PerRequest(6)   # accepted, rejections, sum of confidences, drafted; verified confidence, tokens
         self.reset()
 
@@ -116,7 +120,8 @@ class Goodput(Policy):
     def reset(self):
         self._seq.reset()
         self._costs = StepCost()
-        self._calib = CostCalibration(memory=self.cost_memory, sticky=self.sticky_pad)
+        self._calib = CostCalibration(memory=self.cost_memory, sticky=self.sticky_pad,
+                                      cautious=self.cautious_pad)
         self._pool = _Pool(self.position_prior, self.position_optimism, cal_accepted=self.calibration_prior,
                            cal_conf=self.calibration_prior)
         self._G = 0.0

@@ -285,10 +285,11 @@ def test_cost_calibration_learns_padded_verifies_and_not_a_ragged_engines_consta
     """A padded engine (every row verifies as many tokens as the deepest row) pays the `pad` feature
     (padded - ragged prediction) on top of the ragged prediction: the fit finds its weight, and the corrected
     tables charge it per opened position (Tables.pad). A ragged engine with a constant per-step cost, its
-    padding feature barely varying (the case that once fooled a ridge fit), gets no padding term."""
+    padding feature barely varying (the case that once fooled a ridge fit), gets no padding term unless the
+    calibration is `cautious` (the next test)."""
     from policies._common import StepCost
     rng = np.random.default_rng(5)
-    padded, ragged = CostCalibration(memory=300.0), CostCalibration(memory=300.0)
+    padded, ragged = CostCalibration(memory=300.0), CostCalibration(memory=300.0, cautious=False)
     for _ in range(400):
         pred, pad = rng.uniform(10e-3, 30e-3), rng.uniform(0.0, 15e-3)
         padded.observe(_verify_step(pred, (1.1 * pred + 2e-3 + 0.8 * pad) * (1 + rng.normal(0, 0.01))), pad)
@@ -305,10 +306,11 @@ def test_cost_calibration_learns_padded_verifies_and_not_a_ragged_engines_consta
 def test_cost_calibration_keeps_a_padding_term_the_recent_steps_cannot_tell_about():
     """Found while the plans padded, the padding term stays through many steps that pad nothing (every row drafted
     alike: the padding feature is 0, so the data cannot tell), with the scale and fixed part refitted; without
-    `sticky` it is dropped once forgetting leaves too little evidence. Steps whose padding costs nothing (the
-    engine stopped padding) drop it either way."""
+    `sticky` (nor `cautious`) it is dropped once forgetting leaves too little evidence. Steps whose padding costs
+    nothing (the engine stopped padding) drop it either way."""
     rng = np.random.default_rng(11)
-    cals = {"sticky": CostCalibration(memory=100.0), "plain": CostCalibration(memory=100.0, sticky=False),
+    cals = {"sticky": CostCalibration(memory=100.0),
+            "plain": CostCalibration(memory=100.0, sticky=False, cautious=False),
             "contradicted": CostCalibration(memory=100.0)}
     for _ in range(300):
         pred, pad = rng.uniform(10e-3, 30e-3), rng.uniform(0.0, 15e-3)
@@ -325,6 +327,32 @@ def test_cost_calibration_keeps_a_padding_term_the_recent_steps_cannot_tell_abou
     assert cals["sticky"].verify_scale() == pytest.approx(1.1, rel=0.05)
     assert cals["plain"].pad == 0.0
     assert cals["contradicted"].pad == 0.0
+
+
+def test_cost_calibration_assumes_padding_the_steps_cannot_rule_out_until_they_do():
+    """The same rows drafted alike every step: the padding feature is constant, so a padded verify and a ragged
+    engine's fixed cost per step explain the steps equally well. `cautious` plans with the padding there (the
+    plan then drafts evenly, which tells them apart: c233 of robustness draw 2044), the plain fit with none.
+    Once steps with other padding come, each engine is told apart: the padded one keeps its term, the ragged
+    one loses it."""
+    rng = np.random.default_rng(13)
+    engines = {"padded": lambda pred, pad: 1.1 * pred + 0.5e-3 + pad, "ragged": lambda pred, pad: 1.1 * pred + 4e-3}
+    cals = {(e, c): CostCalibration(memory=200.0, cautious=c) for e in engines for c in (True, False)}
+    for _ in range(200):
+        pred, noise = rng.uniform(10e-3, 12e-3), 1 + rng.normal(0, 0.005)
+        for (e, _c), cal in cals.items():   # one row drafted two deep every step: the padding feature is 3.5 ms
+            cal.observe(_verify_step(pred, engines[e](pred, 3.5e-3) * noise), 3.5e-3)
+    assert cals["padded", True].pad == pytest.approx(1.0, abs=0.05)
+    assert cals["ragged", True].pad == pytest.approx(1.0, abs=0.05)   # cannot tell: padding assumed
+    assert cals["padded", False].pad == 0.0 and cals["ragged", False].pad == 0.0
+    for _ in range(200):
+        pred, noise = rng.uniform(10e-3, 12e-3), 1 + rng.normal(0, 0.005)
+        for (e, _c), cal in cals.items():   # every row drafted alike: nothing padded
+            cal.observe(_verify_step(pred, engines[e](pred, 0.0) * noise), 0.0)
+    assert cals["padded", True].pad == pytest.approx(1.0, rel=0.1)
+    assert cals["padded", True].verify_scale() == pytest.approx(1.1, rel=0.05)
+    assert cals["ragged", True].pad == 0.0
+    assert cals["padded", False].pad == pytest.approx(1.0, rel=0.1)   # identified from the data alone now
 
 
 def test_cost_calibration_learns_padding_where_the_cost_model_overstates_the_fixed_cost():
