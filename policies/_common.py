@@ -196,6 +196,8 @@ class CostCalibration:
         tables = cal.correct(costs)                   # corrected StepCost tables (.verify, .draft)
 
     `sticky` (default on): a padding term found earlier is kept while the recent steps cannot tell (`_keep_pad`).
+    `cautious` (default on): where no term was found and the steps cannot rule one out, the padding is assumed
+    (`_doubt`).
     """
 
     PHASES = ("draft", "verify")

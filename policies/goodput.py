@@ -301,7 +301,8 @@ class Goodput(Policy):
         return np.minimum(depths, 1)
 
     def _track_joins(self, view):
-        """For `drain_after`: the newest request seen, the steps since one joined, the largest batch so far."""
+        """For `drain_after`: the newest request seen, the steps since one joined, the largest batch so far; for
+        `drain_tail`: whether the batch was closed from the first plan, and a stream's saturation."""
         if self._closed is None:
             self._closed = view.requests_left == 0
         top = int(view.request_ids.max(initial=-1))
@@ -325,7 +326,7 @@ class Goodput(Policy):
         drained (always), or not (never), or (balanced) drained where the batch was full until then (requests
         queued: throughput-bound), and else valued at the mean of the drain's weight and plain goodput's 1. A
         stream that never filled its batch is latency-bound: there the drain made the last requests wait for
-        the slowest one's and raised the TPOT p50 (c163 of robustness draw 2044: 1.128 x the best fixed depth's,
+        the slowest one and raised the TPOT p50 (c163 of robustness draw 2044: 1.128 x the best fixed depth's,
         against 1.032 balanced and 1.036 for `oracle_expected`, which does not drain)."""
         drained = self.drain and view.requests_left == 0 and (self._closed or self.drain_tail != "never")
         if view.batch_size < 2 or not drained and (
