@@ -205,7 +205,7 @@ class CostCalibration:
     def __init__(self, memory: float = 200.0, prior: float = 2.0, sticky: bool = True, cautious: bool = True):
         self.memory, self.prior = float(memory), float(prior)
         self.sticky = bool(sticky)   # keep a padding term the recent steps cannot tell about (`_keep_pad`)
-        self.cautious = bool(cautious)   # assume padding the padded steps cannot rule out (`_update_pad`)
+        self.cautious = bool(cautious)   # assume padding the steps cannot rule out (`_doubt`)
         self.reset()
 
     def reset(self):
@@ -331,8 +331,9 @@ class CostCalibration:
         return 1.0 if upper is None else min(upper, 1.0)
 
     def _keep_pad(self, A: list, prev: float) -> None:
-        """`sticky`: keep a padding term found earlier (prev > 0) where the recent steps cannot tell whether the
-        engine pads: a plan that drafts every row alike pads nothing, so the padding feature stops varying and,
+        """Hold the padding term at prev (> 0: one found earlier, `sticky`, or one the data cannot rule out,
+        `cautious`), the scale and fixed part refitted. Why `sticky`: where the recent steps cannot tell whether the
+        engine pads, a plan that drafts every row alike pads nothing, so the padding feature stops varying and,
         with forgetting, its coefficient's error grows until the test above fails. Dropping it then priced
         partial drafting as cheap on a padded engine, and goodput drafted 60-80 of 109 rows while every row paid
         the padded position (c69 of robustness draw 2042: 0.944 of fixed depth 1, against 1.003 with the true
@@ -734,7 +735,7 @@ class CatchUpPadding:
 
         pad = CatchUpPadding(); pad.planned(view, depths > 0)   # in plan, the final depths
         pad.observe(view, calib)                                # in observe
-        padded = pad.padded if pad.padded is not None else default
+        padded = pad.verdict(default)                           # to price a catch-up
     """
 
     def __init__(self):
@@ -747,6 +748,10 @@ class CatchUpPadding:
         self.caught_up = bool(drafting.any()) and int(view.draft_lag[drafting].max()) > 2
         if self.caught_up:
             self._est = (catch_up_s(view, drafting, cost, False), catch_up_s(view, drafting, cost, True))
+
+    def verdict(self, default: bool) -> bool:
+        """Whether to price a catch-up padded: as learnt, else `default` (e.g. where the verify fit found padding)."""
+        return default if self.padded is None else self.padded
 
     def observe(self, view, calib) -> None:
         est, self._est = self._est, None
@@ -966,8 +971,7 @@ class CostAwareDepth:
     def _padded(self) -> bool:
         """Price the catch-up padded: as learnt from earlier catch-ups (`CatchUpPadding`), else as the verify fit
         says."""
-        p = self._pad.padded
-        return bool(self._calib.pad) if p is None else p
+        return self._pad.verdict(bool(self._calib.pad))
 
     def hold(self, depths: np.ndarray, floor: int = 0) -> np.ndarray:
         """depths with the rows `held` this step (`_catch_up`) at `floor` (e.g. a policy's min_depth)."""

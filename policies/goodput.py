@@ -250,9 +250,7 @@ class Goodput(Policy):
         catch-up cost what view.cost predicted, 36 ms)."""
         if self.cost == "clock":
             return view.true_cost, False
-        if self._pad.padded is not None:   # learnt from an earlier catch-up
-            return view.cost, self._pad.padded
-        return view.cost, self.cost == "calibrated" and bool(self._calib.pad)
+        return view.cost, self._pad.verdict(self.cost == "calibrated" and bool(self._calib.pad))
 
     def _catch_up(self, view, depths, S, costs, remaining):
         """`catch_up`: the plan drafts rows whose draft lags (view.draft_lag; they have not drafted for a while).
