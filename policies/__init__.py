@@ -9,7 +9,9 @@ from .fixed import FixedDepth
 from .goodput import Goodput
 from .heuristic import Heuristic
 from .oracle import Oracle
+from .oracle_causal import OracleCausal
 from .oracle_expected import OracleExpected
 
 __all__ = ["FixedDepth", "BatchScaled", "ConfidenceThreshold", "DisableByBatch", "BatchTable", "Heuristic",
-           "EMA", "Goodput", "Oracle", "OracleExpected", "Bandit"]
+           "EMA", "Goodput", "Oracle", "OracleExpected", "OracleCausal",
+           "Bandit"]

@@ -723,6 +723,36 @@ def catch_up_rows(view, late: np.ndarray, budget_s: float, cost=None, padded: bo
     return out
 
 
+def keep_by_margin(view, position: int, idx: np.ndarray, v, costs, G: float) -> np.ndarray:
+    """keep_drafting's rule for `goodput` and `oracle_causal`: rows idx may draft position + 1, the next slot of
+    each worth v (expected emitted tokens: a float where idx holds one row, else an array); the best-valued m
+    of them draft it, m maximising the value minus G x (the draft forward over m rows + the verify's growth by
+    m tokens, + a position's padding where the verify pads), and none where no m gains. Ties toward more tokens
+    left. Returns the keep mask over the batch."""
+    keep = np.zeros(view.batch_size, bool)
+    x = int(view.drafted.sum())
+    last = costs.verify.size - 1
+    pad = costs.pad
+    if idx.size == 1:   # the same arithmetic, in floats
+        dt = float(costs.draft[1]) + float(costs.verify[min(x + 1, last)]) - float(costs.verify[min(x, last)])
+        if pad is not None and pad.size:
+            dt = dt + float(pad[min(position + 1, pad.size - 1)])
+        keep[int(idx[0])] = v - G * dt > 0
+        return keep
+    order = np.lexsort((-view.remaining[idx], -np.round(v, 6)))   # ties: more tokens left first
+    gain_v = np.cumsum(v[order])
+    mm = np.arange(1, idx.size + 1)
+    xv = np.minimum(x + mm, last)
+    dt = costs.draft[mm] + costs.verify[xv] - costs.verify[min(x, last)]
+    if pad is not None and pad.size:   # a padded verify grows by a position's worth for all rows
+        dt = dt + pad[min(position + 1, pad.size - 1)]
+    gain = gain_v - G * dt
+    best = int(np.argmax(gain))
+    if gain[best] > 0:
+        keep[idx[order[:best + 1]]] = True
+    return keep
+
+
 class CatchUpPadding:
     """Whether the engine pads the draft's catch-up, learnt from the steps that paid one: a padded engine feeds every
     row of the draft's first forward the largest lag among them (backend=hf right-pads its draft input; the

@@ -6,8 +6,8 @@ from specdepth.errors import as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
 from ._common import (CatchUpPadding, CostCalibration, IdleReplan, PerRequest, PolicyTime, PositionFactors, StepCost,
-                      best_prefix, catch_up_rows, may_probe, pad_extra, plan_by_position, plan_pays_catch_up,
-                      row_cost, thin_evidence)
+                      best_prefix, catch_up_rows, keep_by_margin, may_probe, pad_extra, plan_by_position,
+                      plan_pays_catch_up, row_cost, thin_evidence)
 
 
 class Goodput(Policy):
@@ -400,35 +400,16 @@ class Goodput(Policy):
         if idx.size == 0:
             return keep
         f = float(self._pool.positions.factor(position + 2)[-1])
-        costs = self._tab
-        x = int(view.drafted.sum())
         if idx.size == 1:   # one row left to decide (batch 1, a drained tail): the same arithmetic, in floats
             i = int(idx[0])
             v = float(self._s[i]) * min(float(self._a[i]) * f, 0.999)
             if self._w is not None:
                 v = v * float(self._w[i])
-            last = costs.verify.size - 1
-            dt = float(costs.draft[1]) + float(costs.verify[min(x + 1, last)]) - float(costs.verify[min(x, last)])
-            if costs.pad is not None and costs.pad.size:
-                dt = dt + float(costs.pad[min(position + 1, costs.pad.size - 1)])
-            keep[i] = v - self._G * dt > 0
-            return keep
-        v = self._s[idx] * np.minimum(self._a[idx] * f, 0.999)
-        if self._w is not None:
-            v = v * self._w[idx]
-        order = np.lexsort((-view.remaining[idx], -np.round(v, 6)))   # ties: more tokens left first
-        gain_v = np.cumsum(v[order])
-        mm = np.arange(1, idx.size + 1)
-        xv = np.minimum(x + mm, costs.verify.size - 1)
-        dt = costs.draft[mm] + costs.verify[xv] - costs.verify[min(x, costs.verify.size - 1)]
-        pad = costs.pad
-        if pad is not None and pad.size:   # a padded verify grows by a position's worth for all rows
-            dt = dt + pad[min(position + 1, pad.size - 1)]
-        gain = gain_v - self._G * dt
-        best = int(np.argmax(gain))
-        if gain[best] > 0:
-            keep[idx[order[:best + 1]]] = True
-        return keep
+        else:
+            v = self._s[idx] * np.minimum(self._a[idx] * f, 0.999)
+            if self._w is not None:
+                v = v * self._w[idx]
+        return keep_by_margin(view, position, idx, v, self._tab, self._G)
 
     def observe(self, view, accepted):
         drafted = view.drafted

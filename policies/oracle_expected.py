@@ -38,15 +38,19 @@ class OracleExpected(Policy):
         self._costs = StepCost()
         self._G = 0.0
 
+    def _probs(self, view) -> np.ndarray:
+        """The per-token acceptance probabilities the plan values slots by."""
+        return view.accept_prob
+
     def plan(self, view):
         n = view.batch_size
-        K = min(self.max_depth, view.max_depth, (view.max_num_batched_tokens - n) // n)
+        self._K = K = min(self.max_depth, view.max_depth, (view.max_num_batched_tokens - n) // n)
         if K <= 0:
             return np.zeros(n, np.int64)
         remaining = view.remaining
-        S = np.cumprod(view.accept_prob[:, :K], axis=1)
+        S = np.cumprod(self._probs(view)[:, :K], axis=1)
         S[np.arange(K)[None, :] >= np.clip(remaining - 1, 0, K)[:, None]] = 0.0
-        costs = self._costs.update(view, K, view.true_cost)
+        self._tab = costs = self._costs.update(view, K, view.true_cost)
         depths, self._G = plan_by_position(S, costs, self._G, tie=remaining, nested=True)
         if not self.catch_up:
             return depths

@@ -468,14 +468,102 @@ def test_oracle_expected_is_simulator_only_and_needs_probabilities():
     from specdepth.policies import OracleExpected
     sys.path.insert(0, str(Path(__file__).parent))
     from test_policies_zoo import NoOracleExecutor
-    with pytest.raises(ConfigError, match="oracle"):
-        Engine(OracleExpected(), NoOracleExecutor(), None, EngineConfig(), [])
-    res, _ = _run("policy=oracle_expected", "workload.batch_size=2", "workload.output_len=8")
-    assert len(res.requests) == 2
-    with pytest.raises(ConfigError, match="per-token acceptance probability"):
-        from specdepth.acceptance import Trace
+    from specdepth.acceptance import Trace
+    from specdepth.policies import OracleCausal
+    for pol in (OracleExpected, OracleCausal):
+        with pytest.raises(ConfigError, match="oracle"):
+            Engine(pol(), NoOracleExecutor(), None, EngineConfig(), [])
+        res, _ = _run(f"policy={pol.name}", "workload.batch_size=2", "workload.output_len=8")
+        assert len(res.requests) == 2
+    with pytest.raises(ConfigError, match="per-token acceptance probability.*oracle_expected"):
         Trace.probability(None, np.zeros((1, 1)))
+    with pytest.raises(ConfigError, match="per-token acceptance probability.*oracle_causal"):
+        Trace.expected_probability(None, 4)
 
+
+def test_expected_accept_prob_is_the_mean_over_the_confidences_and_read_only():
+    """view.expected_accept_prob: with acceptance=confidence, each row's probability before the draft proposes
+    its tokens, the mean of the realised per-token probabilities (accept_prob = confidence ** calibration) over
+    many tokens; with iid, beta and decay it equals accept_prob (the probability does not depend on the draw)."""
+    seen = []
+
+    class Peek(Policy):
+        requires_accept_prob = True
+
+        def plan(self, view):
+            e = view.expected_accept_prob
+            with pytest.raises(ValueError):
+                e[0, 0] = 1.0
+            seen.append((view.request_ids.copy(), view.accept_prob.copy(), e.copy()))
+            return np.zeros(view.batch_size, np.int64)
+
+    def run(*acc, out=64, batch=64):
+        seen.clear()
+        parts = build(cfg("engine.progress=false", *acc, f"workload.batch_size={batch}",
+                          f"workload.output_len={out}", "engine.max_depth=8"))
+        parts["engine"].policy = Peek()
+        parts["engine"].run()
+        return seen
+
+    for acc in (["acceptance=iid", "acceptance.alpha=0.7"], ["acceptance=beta"],
+                ["acceptance=decay", "acceptance.first=0.9", "acceptance.decay=0.6"]):
+        for _, p, e in run(*acc, out=4):
+            assert np.array_equal(p, e)
+    steps = run("acceptance=confidence", "acceptance.calibration=1.4", "acceptance.spread=2.0", out=400, batch=32)
+    e = steps[0][2]
+    assert np.all(e == e[:, :1]) and np.all((e > 0) & (e < 1))   # one level per row, no look-ahead
+    assert not np.allclose(e, e[0, 0])   # the rows' levels differ (seq_concentration)
+    # the per-token probabilities of every output position (position 0 of each step), averaged over the run
+    real = np.mean([p[:, 0] for _, p, _ in steps], axis=0)   # 399 tokens a row: standard error ~0.015
+    assert np.mean(np.abs(real - e[:, 0])) < 0.03
+    assert abs(real.mean() - e[:, 0].mean()) < 0.01
+
+
+def test_oracle_causal_plans_without_looking_ahead_and_stops_on_what_it_has_seen():
+    """oracle_causal's plan depends only on expected_accept_prob: two views whose per-token probabilities
+    differ only at positions not drafted yet get the same plan; after a drafted token's probability is seen
+    (accept_prob at that position), a row whose survival fell drafts no further. With iid acceptance it
+    decides as oracle_expected does; with acceptance=confidence it cannot beat oracle_expected, which knows
+    the confidences of tokens not drafted yet (summed over seeds)."""
+    from specdepth.policies import OracleCausal
+
+    cost = build(cfg("hardware=h100_sxm", "model=llama3_8b", "engine.progress=false"))["engine"].cost
+    n, K = 2, 8
+    e = np.full((n, K), 0.8)
+
+    def view(p, drafted=None, depths=None):
+        return SimpleNamespace(batch_size=n, max_depth=K, max_num_batched_tokens=4096, remaining=np.full(n, 100),
+                               accept_prob=p, expected_accept_prob=e, true_cost=cost, cost=cost,
+                               context_lens=np.full(n, 512), draft_lag=np.ones(n, np.int64),
+                               drafted=np.zeros(n, np.int64) if drafted is None else drafted, depths=depths)
+
+    hi, lo = np.full((n, K), 0.99), np.full((n, K), 0.05)
+    a, b = OracleCausal(), OracleCausal()
+    da, db = a.plan(view(hi)), b.plan(view(lo))
+    assert np.array_equal(da, db) and da.any()
+    # after position 0, at batch 1 (another draft position costs a whole draft forward): a token accepted with
+    # probability 0.99 is drafted on from, one accepted with 0.05 is not (0.05 x 0.8 tokens do not pay it)
+    n = 1
+    for prob, more in ((0.99, True), (0.05, False)):
+        e = np.full((n, K), 0.8)
+        p = np.full((n, K), prob)
+        c = OracleCausal()
+        d = c.plan(view(p))
+        assert d[0] > 1
+        keep = c.keep_drafting(view(p, drafted=np.ones(n, np.int64), depths=d), 0, np.array([0.5]))
+        assert keep[0] == more
+
+    tot = {"oracle_expected": 0.0, "oracle_causal": 0.0}
+    for acc in (["acceptance=iid", "acceptance.alpha=0.75"], ["acceptance=confidence"]):
+        for seed in range(4):
+            for pol in tot:
+                res, _ = _run("hardware=h100_sxm", "workload.batch_size=1", "workload.output_len=96", *acc,
+                              f"policy={pol}", f"seed={seed}")
+                tot[pol] += sum(r[2] for r in res.requests) / max(r[5] for r in res.requests)
+        if acc[0] == "acceptance=iid":
+            assert tot["oracle_causal"] == pytest.approx(tot["oracle_expected"], rel=0.01)
+            tot = dict.fromkeys(tot, 0.0)
+    assert tot["oracle_causal"] < tot["oracle_expected"]
 
 # ---- the view's step costs --------------------------------------------------------------------------------
 

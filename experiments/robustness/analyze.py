@@ -13,8 +13,11 @@ Goals (issue 12): goodput >= 0.99 x base in every cell, TPOT p50 <= 1.02 x best 
 mean >= 1.02, >= 0.98 x oracle_expected; batch_scaled and confidence >= 0.95 x base and >= 0.99 x none.
 goodput's regret split per cell (ratios, 1 = no loss): luck = oracle / oracle_expected, estimation =
 oracle_expected / goodput_true (goodput planning with the clock's true cost), cost-model error =
-goodput_true / goodput. Writes results.md and figures to --out (default: the draw dir), and the README's
-results section when --readme is given.
+goodput_true / goodput. Where the draw has `oracle_causal` runs (oracle_expected without its look-ahead at the
+confidences of tokens not drafted yet), estimation splits further into information = oracle_causal /
+oracle_expected (what no causal policy can know) and estimation given it = goodput_true / oracle_causal.
+Writes results.md and figures to --out (default: the draw dir), and the README's results section when --readme
+is given.
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ from specdepth.results import atomic_write  # noqa: E402
 BASELINES = ("none",) + tuple(f"fixed{k}" for k in range(1, 9))
 ADAPTIVE = ("goodput", "batch_scaled", "confidence", "ema", "heuristic", "bandit", "disable_by_batch",
             "batch_table")
-BOUNDS = ("oracle", "oracle_expected", "goodput_true", "goodput_model")
+BOUNDS = ("oracle", "oracle_expected", "oracle_causal", "goodput_true", "goodput_model")
 
 
 def load(draw: Path) -> tuple[list[dict], dict]:
@@ -140,12 +143,20 @@ def regret(rows) -> list[str]:
     if not rs:
         return ["(the regret split needs goodput, goodput_true, oracle and oracle_expected runs)"]
     out = ["| | geo-mean | worst | cells < 0.98 |", "|---|---:|---:|---:|"]
-    parts = {"luck: oracle_expected / oracle": lambda t: t["oracle_expected"] / t["oracle"],
-             "estimation: goodput_true / oracle_expected": lambda t: t["goodput_true"] / t["oracle_expected"],
-             "cost model: goodput / goodput_true": lambda t: t["goodput"] / t["goodput_true"],
-             "total: goodput / oracle": lambda t: t["goodput"] / t["oracle"],
-             "goodput / oracle_expected": lambda t: t["goodput"] / t["oracle_expected"]}
-    for name, f in parts.items():
+    causal = all("oracle_causal" in r["thr"] for r in rs)   # estimation, split (policies/oracle_causal.py)
+    parts = [("luck: oracle_expected / oracle", lambda t: t["oracle_expected"] / t["oracle"])]
+    if causal:
+        parts += [("information: oracle_causal / oracle_expected",
+                   lambda t: t["oracle_causal"] / t["oracle_expected"]),
+                  ("estimation given it: goodput_true / oracle_causal",
+                   lambda t: t["goodput_true"] / t["oracle_causal"])]
+    parts += [("estimation: goodput_true / oracle_expected", lambda t: t["goodput_true"] / t["oracle_expected"]),
+              ("cost model: goodput / goodput_true", lambda t: t["goodput"] / t["goodput_true"]),
+              ("total: goodput / oracle", lambda t: t["goodput"] / t["oracle"]),
+              ("goodput / oracle_expected", lambda t: t["goodput"] / t["oracle_expected"])]
+    if causal:
+        parts.append(("goodput / oracle_causal", lambda t: t["goodput"] / t["oracle_causal"]))
+    for name, f in parts:
         xs = [f(r["thr"]) for r in rs]
         out.append(f"| {name} | {_gm(xs):.3f} | {min(xs):.3f} | {sum(x < 0.98 for x in xs)} |")
     return out

@@ -40,7 +40,7 @@ from specdepth.results import atomic_write  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 POLICIES = ("none", "fixed1", "fixed2", "fixed3", "fixed4", "fixed5", "fixed6", "fixed7", "fixed8",
             "goodput", "batch_scaled", "confidence", "ema", "heuristic", "bandit", "disable_by_batch", "batch_table",
-            "oracle", "oracle_expected", "goodput_true", "goodput_model")
+            "oracle", "oracle_expected", "oracle_causal", "goodput_true", "goodput_model")
 _BASE = {}
 
 

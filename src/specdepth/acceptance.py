@@ -16,6 +16,7 @@ Confidence is what a real draft reports: its probability of the token it propose
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,12 @@ from . import _kernels as _k
 from . import inputs
 from .errors import ConfigError, as_float, as_prob
 from .rows import RowTable
+
+
+@functools.lru_cache(maxsize=1)
+def _hermite() -> tuple[np.ndarray, np.ndarray]:
+    """Gauss-Hermite nodes and weights (48) for expectations over a normal draw."""
+    return np.polynomial.hermite.hermgauss(48)
 
 
 def _ids(request_ids, first: int) -> np.ndarray:
@@ -95,6 +102,14 @@ class AcceptanceModel:
         raise ConfigError(f"acceptance model {type(self).__name__} has no per-token acceptance probability "
                           "(oracle_expected needs acceptance=iid, beta, confidence or decay)")
 
+    def expected_probability(self, k: int) -> np.ndarray:
+        """Each row's acceptance probability at each of its next k draft positions as known before the draft
+        proposes them: averaged over the confidences the draft may report there (what `oracle_causal` knows;
+        float [rows, k]). Equal to `probability` of the block where a token's probability does not depend on
+        its own draw (iid, beta, decay)."""
+        raise ConfigError(f"acceptance model {type(self).__name__} has no per-token acceptance probability "
+                          "(oracle_causal needs acceptance=iid, beta, confidence or decay)")
+
 
 class Keyed(AcceptanceModel):
     """Base of the parametric models: outcomes keyed by (request id, output position); per row a level,
@@ -147,6 +162,19 @@ class Keyed(AcceptanceModel):
 
     def probability(self, conf):
         return conf if self.calibration == 1.0 else conf ** self.calibration
+
+    def expected_probability(self, k):
+        level = self.row_level
+        if not self.logit_normal:   # level x decay ** j, the same products as the block's
+            f = np.empty((level.size, k))
+            f[:, :1] = level[:, None]
+            f[:, 1:] = self.decay
+            return np.cumprod(f, axis=1)
+        # E[sigmoid(level + spread z) ** calibration], z ~ N(0, 1), by Gauss-Hermite quadrature
+        x, w = _hermite()
+        c = 1.0 / (1.0 + np.exp(-(level[:, None] + np.sqrt(2.0) * self.spread * x[None, :])))
+        e = (c if self.calibration == 1.0 else c ** self.calibration) @ (w / np.sqrt(np.pi))
+        return np.repeat(e[:, None], k, axis=1)
 
 
 class IID(Keyed):
@@ -219,7 +247,7 @@ class Confidence(Keyed):
                                   as_float(seq_concentration, "acceptance.seq_concentration", min=0, min_open=True))
         self.calibration = as_float(calibration, "acceptance.calibration", min=0, min_open=True)
         # E[sigmoid(mu + spread * z)] on a grid of mu (Gauss-Hermite), inverted by interpolation
-        x, w = np.polynomial.hermite.hermgauss(48)
+        x, w = _hermite()
         self._mu = np.linspace(-16, 16, 3201)
         self._means = (w / np.sqrt(np.pi)) @ (1 / (1 + np.exp(-(self._mu[None, :] + np.sqrt(2) * self.spread * x[:, None]))))
 

@@ -83,6 +83,7 @@ class Step:
     batch_size: int = 0
     oracle_accept: np.ndarray | None = None
     accept_prob: np.ndarray | None = None    # true per-token acceptance probabilities (requires_accept_prob)
+    expected_accept_prob: np.ndarray | None = None   # the same before the draft's confidences are seen
     depths: np.ndarray | None = None    # per row: the plan
     max_depth: int = 0                  # the deepest depth planned
     # draft
@@ -330,6 +331,7 @@ class Engine:
             s.oracle_accept = self.executor.peek_accepted(self.cfg.max_depth)
         if self._accept_prob:
             s.accept_prob = self.executor.peek_accept_prob(self.cfg.max_depth)
+            s.expected_accept_prob = self.executor.peek_expected_prob(self.cfg.max_depth)
         self.view.bind(s, self._hptr)
         s.depths, s.max_depth = self._check_depths(self._hook("plan", self.view), s.batch_size)
         self.executor.begin_step(s.depths, s.max_depth)

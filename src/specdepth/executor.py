@@ -88,6 +88,12 @@ class Executor(ABC):
         raise BackendError(f"backend {self.name!r} cannot reveal acceptance probabilities; "
                            "oracle_expected runs on the simulator only (backend=sim)")
 
+    def peek_expected_prob(self, k: int) -> np.ndarray:
+        """Each row's acceptance probability at its next k draft positions before the draft proposes them,
+        float [rows, k] (policies with requires_accept_prob)."""
+        raise BackendError(f"backend {self.name!r} cannot reveal acceptance probabilities; "
+                           "oracle_causal runs on the simulator only (backend=sim)")
+
     def draft_lag(self) -> np.ndarray | None:
         """Tokens each row's draft KV cache lacks, int [rows]: what the row's next draft forward feeds before its
         first draft (view.draft_lag). 1 after admission and after a step whose drafts were not all accepted, 2

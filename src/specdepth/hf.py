@@ -235,6 +235,9 @@ class HFExecutor(Executor):
     def peek_accept_prob(self, k):
         return super().peek_accept_prob(k) if self.timing is None else self.timing.peek_prob(k)
 
+    def peek_expected_prob(self, k):
+        return super().peek_expected_prob(k) if self.timing is None else self.timing.peek_expected_prob(k)
+
     def _draft_tokens(self, rows, position):
         """The draft's input at `position`: at 0 every known token not yet in its cache (usually 1 or 2,
         right-padded), later the token it drafted last. Returns (tokens [m, Q], valid tokens per row)."""

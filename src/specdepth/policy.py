@@ -46,6 +46,11 @@ class StepView:
     In plan, only for policies with requires_accept_prob = True (simulator):
       accept_prob         float64 [batch_size, max_depth] the true acceptance probability of each of the
                                   step's next draft tokens (from the acceptance model; outcomes unknown)
+      expected_accept_prob float64 [batch_size, max_depth] the same as known before the draft proposes the
+                                  tokens: averaged over the confidences it may report (acceptance=confidence:
+                                  a token's probability is a function of its confidence); equal to accept_prob
+                                  for iid, beta and decay. A token's entry of accept_prob is what its confidence
+                                  tells once drafted (`oracle_causal` plans with this, stops with that)
     In observe (after verification; None before), what this step cost, measured and predicted:
       measured_draft_s    float   seconds of this step's draft forwards as the clock charged them (model
                                   time on backend=sim, including its overhead switches; wall time on hf)
@@ -145,6 +150,7 @@ class StepView:
     confidences = property(lambda self: _ro_or_none(self._s.confidences))
     oracle_accept = property(lambda self: _ro_or_none(self._s.oracle_accept))
     accept_prob = property(lambda self: _ro_or_none(self._s.accept_prob))
+    expected_accept_prob = property(lambda self: _ro_or_none(self._s.expected_accept_prob))
     # after verification (row_accepted set: observe and later) the step's times are final
     measured_draft_s = property(lambda self: self._s.draft_s if self._verified() else None)
     measured_verify_s = property(lambda self: self._s.verify_s if self._verified() else None)
@@ -197,7 +203,8 @@ class Policy:
                                       (the token just drafted is still verified). Default: keep all.
       observe(view, accepted)         accepted drafts per row after verification. Default: nothing.
     Set `requires_oracle = True` to receive `view.oracle_accept`, `requires_accept_prob = True` for
-    `view.accept_prob`, `requires_true_cost = True` for `view.true_cost` (each simulator only). Set
+    `view.accept_prob` and `view.expected_accept_prob`, `requires_true_cost = True` for `view.true_cost` (each
+    simulator only). Set
     `depth_param` (or override depth_bound) to have a configuration deeper than engine.max_depth refused
     before the run.
     Attributes whose names start with `_` are private state; the public ones form the label.

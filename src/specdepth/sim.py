@@ -95,6 +95,9 @@ class SimExecutor(Executor):
     def peek_accept_prob(self, k):
         return self.outcomes.peek_prob(k)
 
+    def peek_expected_prob(self, k):
+        return self.outcomes.peek_expected_prob(k)
+
     def true_cost(self):
         return ClockCost(self)
 

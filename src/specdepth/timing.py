@@ -57,6 +57,11 @@ class SimulatedOutcomes:
         self.sample(k)
         return self.model.probability(self.conf)
 
+    def peek_expected_prob(self, k: int) -> np.ndarray:
+        """Each row's acceptance probability at its next k draft positions before the draft proposes them
+        (oracle_causal): `model.expected_probability`."""
+        return self.model.expected_probability(k)
+
     def begin_step(self, kmax: int) -> None:
         """Outcomes are drawn when first needed: while drafting position by position, each drafted (row,
         position) alone (models that offer `draw`); drafting in one block, at `decide`, each row only up to
