@@ -83,7 +83,7 @@ class Step:
     batch_size: int = 0
     oracle_accept: np.ndarray | None = None
     accept_prob: np.ndarray | None = None    # true per-token acceptance probabilities (requires_accept_prob)
-    expected_accept_prob: np.ndarray | None = None   # the same before the draft's confidences are seen
+    expected_accept_prob: np.ndarray | None = None   # the same before the draft's confidences are seen (on access)
     depths: np.ndarray | None = None    # per row: the plan
     max_depth: int = 0                  # the deepest depth planned
     # draft
@@ -258,7 +258,7 @@ class Engine:
         self._oracle, self._accept_prob = self.policy.requires_oracle, self.policy.requires_accept_prob
         self.view = StepView(self.rows, self.budget, cfg.max_depth, cfg.max_num_batched_tokens, self.cost,
                              cfg.acceptance_prior, ex.true_cost() if self.policy.requires_true_cost else None,
-                             self.clock, ex.draft_lag)
+                             self.clock, ex.draft_lag, ex.peek_expected_prob)
         self._has_keep, self._has_obs = _overrides(self.policy, "keep_drafting"), _overrides(self.policy, "observe")
         recorder = cfg.record_trace or ex.record_trace
         self._trace = TraceRecorder() if recorder else None
@@ -331,7 +331,6 @@ class Engine:
             s.oracle_accept = self.executor.peek_accepted(self.cfg.max_depth)
         if self._accept_prob:
             s.accept_prob = self.executor.peek_accept_prob(self.cfg.max_depth)
-            s.expected_accept_prob = self.executor.peek_expected_prob(self.cfg.max_depth)
         self.view.bind(s, self._hptr)
         s.depths, s.max_depth = self._check_depths(self._hook("plan", self.view), s.batch_size)
         self.executor.begin_step(s.depths, s.max_depth)

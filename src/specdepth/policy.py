@@ -49,8 +49,9 @@ class StepView:
       expected_accept_prob float64 [batch_size, max_depth] the same as known before the draft proposes the
                                   tokens: averaged over the confidences it may report (acceptance=confidence:
                                   a token's probability is a function of its confidence); equal to accept_prob
-                                  for iid, beta and decay. A token's entry of accept_prob is what its confidence
-                                  tells once drafted (`oracle_causal` plans with this, stops with that)
+                                  for iid, beta and decay (computed on first access). A token's entry of
+                                  accept_prob is what its confidence tells once drafted (`oracle_causal` plans
+                                  with this, stops with that)
     In observe (after verification; None before), what this step cost, measured and predicted:
       measured_draft_s    float   seconds of this step's draft forwards as the clock charged them (model
                                   time on backend=sim, including its overhead switches; wall time on hf)
@@ -72,15 +73,16 @@ class StepView:
     """
 
     __slots__ = ("_rows", "_s", "_budget", "_max_depth", "_max_tokens", "_cost", "_prior", "_hptr", "_pred",
-                 "_true_cost", "_clock", "_lag")
+                 "_true_cost", "_clock", "_lag", "_expected")
 
     def __init__(self, rows, token_budget: int, max_depth: int, max_num_batched_tokens: int, cost,
-                 prior: float = 0.7, true_cost=None, clock=None, lag=None):
+                 prior: float = 0.7, true_cost=None, clock=None, lag=None, expected=None):
         self._rows, self._budget, self._max_depth, self._max_tokens, self._cost, self._prior = (
             rows, token_budget, max_depth, max_num_batched_tokens, cost, prior)
         self._true_cost = true_cost
         self._clock = clock   # the engine's Clock (measured_policy_s); None: 0.0
         self._lag = lag       # the executor's draft_lag (a callable returning an array, or None); None: ones
+        self._expected = expected   # the executor's peek_expected_prob (called with k; on first access, per step)
         self._s = None
         self._hptr = 0
         self._pred = None
@@ -150,7 +152,15 @@ class StepView:
     confidences = property(lambda self: _ro_or_none(self._s.confidences))
     oracle_accept = property(lambda self: _ro_or_none(self._s.oracle_accept))
     accept_prob = property(lambda self: _ro_or_none(self._s.accept_prob))
-    expected_accept_prob = property(lambda self: _ro_or_none(self._s.expected_accept_prob))
+
+    @property
+    def expected_accept_prob(self):
+        s = self._s
+        if s.accept_prob is None:   # the policy does not require them, or the step has no plan yet
+            return None
+        if s.expected_accept_prob is None and self._expected is not None:   # computed once a step, where read
+            s.expected_accept_prob = self._expected(s.accept_prob.shape[1])
+        return _ro_or_none(s.expected_accept_prob)
     # after verification (row_accepted set: observe and later) the step's times are final
     measured_draft_s = property(lambda self: self._s.draft_s if self._verified() else None)
     measured_verify_s = property(lambda self: self._s.verify_s if self._verified() else None)
