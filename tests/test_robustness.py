@@ -775,6 +775,49 @@ def test_paired_comparison_reads_the_variant_against_the_draws_own_baselines(tmp
     assert "0.909 -> 1.000" in out
 
 
+def test_replicates_run_the_same_cells_with_other_seeds_and_average_over_them(tmp_path, capsys):
+    """run.py --replicate R: the same cells (hardware, workload, acceptance) with a seed derived from the cell's
+    and R, the same for the same R; --max-tokens keeps the short cells. replicates.py averages each policy's
+    throughput over the replicates and judges it against the best baseline's average: a policy that loses to
+    fixed depth 1 on one draw and wins on the other is above it on average where one draw put it at 0.9."""
+    import json
+
+    import replicates
+    from draw import draw
+    from run import main as run_main
+    from run import output_tokens, replicate
+    cells = draw(5, 30)
+    c = cells[0]
+    assert replicate(c, 0) is c
+    r1 = replicate(c, 1)
+    assert r1["seed"] != c["seed"] and r1 == replicate(c, 1) and replicate(c, 2)["seed"] != r1["seed"]
+    assert {k: v for k, v in r1.items() if k != "seed"} == {k: v for k, v in c.items() if k != "seed"}
+    short = sorted(cells, key=output_tokens)[:2]
+    limit = output_tokens(short[-1])
+    run_main(["--seed", "5", "--cells", "30", "--max-tokens", str(limit), "--only", "pol=none", "--replicate", "1",
+              "--out", str(tmp_path / "rep"), "--jobs", "1"])
+    written = json.loads((tmp_path / "rep" / "seed5" / "cells.json").read_text())
+    assert {w["seed"] for w in written} == {replicate(x, 1)["seed"] for x in cells}
+    ran = {int(d.name[1:]) for d in (tmp_path / "rep" / "seed5").iterdir() if d.is_dir()}
+    assert ran == {x["id"] for x in cells if output_tokens(x) <= limit}
+    capsys.readouterr()
+
+    base = {"none": 50.0, **{f"fixed{k}": 80.0 - k for k in range(2, 9)}}
+    for name, fixed1, pol in (("r0", 100.0, 90.0), ("r1", 80.0, 99.0)):
+        root = tmp_path / name
+        root.mkdir()
+        (root / "cells.json").write_text(json.dumps([{"id": 0}]))
+        for p, thr in dict(base, fixed1=fixed1, goodput=pol).items():
+            (root / "c0" / p).mkdir(parents=True)
+            (root / "c0" / p / "summary.json").write_text(json.dumps({"throughput_tok_s": thr}))
+    replicates.main([str(tmp_path / "r0"), str(tmp_path / "r1"), "--policies", "goodput",
+                     "--out", str(tmp_path / "t.md")])
+    out = capsys.readouterr().out
+    assert "| goodput | one draw | 0.900 (c0) |" in out   # 90 / fixed1's 100
+    assert "| goodput | mean of replicates | 1.050 (c0) |" in out   # 94.5 / fixed1's mean, 90
+    assert (tmp_path / "t.md").read_text() == out
+
+
 def test_runner_job_config_resolves_exactly_as_the_cli_composes_it():
     """run.py builds each job's config from the pre-resolved presets; it must equal what
     `specdepth experiment=robustness pol=... cell=...` resolves (so config.yaml and resume agree)."""

@@ -2,6 +2,7 @@
 
     .venv/bin/python experiments/robustness/run.py --seed 1 [--cells 240] [--jobs 2] [--out outputs/robustness]
                                                    [--only pol=goodput,none --only kind=closed --only cell=0,5]
+                                                   [--max-tokens 1000] [--replicate 3]
 
 Each run is `specdepth experiment=robustness pol=<pol> cell=<cell>` (conf/experiment/robustness.yaml) and
 writes exactly what that command writes (summary.json, config.yaml, steps.csv, requests.csv, through
@@ -15,6 +16,12 @@ once, before the worker processes fork (they inherit the composed config and the
 constant nodes (the policy, hardware and model presets) are resolved once, and a job's config is built
 from them and the cell (`job_config`), resolving to exactly what the CLI resolves. The biggest cells go
 first so the two workers finish together.
+
+`--replicate R` (R > 0) runs the same cells with another seed each, derived from the cell's seed and R (other
+acceptance outcomes, and other lengths and arrivals where the workload draws them), for `replicates.py`, which
+averages each policy's throughput over the replicates; give each replicate its own --out (its cells.json holds
+its seeds). `--max-tokens W` keeps the cells with at most W output tokens in all (the short runs, where one
+draw of outcomes decides).
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
@@ -99,6 +107,18 @@ def work_estimate(cell: dict) -> float:
     return n * cell["out_mean"] / cell["batch"] * (1.0 + cell["batch"] / 64.0)
 
 
+def replicate(cell: dict, r: int) -> dict:
+    """The cell with the seed of its replicate r (0: itself)."""
+    if not r:
+        return cell
+    return dict(cell, seed=int(np.random.SeedSequence([int(cell["seed"]), int(r)]).generate_state(1)[0]))
+
+
+def output_tokens(cell: dict) -> int:
+    """A cell's output tokens in all (mean length x requests)."""
+    return int(cell["out_mean"] * (cell["workload"].get("num_requests") or cell["batch"]))
+
+
 def select(cells: list[dict], only: dict) -> list[tuple[dict, str]]:
     pols = only.get("pol", POLICIES)
     out = []
@@ -130,11 +150,19 @@ def main(argv=None):
     ap.add_argument("--jobs", type=int, default=2, help="worker processes")
     ap.add_argument("--only", action="append", default=[],
                     help="restrict: pol=a,b  cell=0,3  kind=closed  acc=iid  hardware=h200  model=llama3_8b")
+    ap.add_argument("--replicate", type=int, default=0,
+                    help="R > 0: every cell with a seed derived from its own and R (replicates.py)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="only cells with at most this many output tokens")
     ap.add_argument("overrides", nargs="*", help="config overrides for every run (e.g. policy.cost_memory=100)")
     a = ap.parse_args(argv)
     only = {k: set(v.split(",")) for k, v in (o.split("=", 1) for o in a.only)}
     t0 = time.perf_counter()
-    cells = draw(a.seed, a.cells)
+    if a.replicate < 0:
+        raise SystemExit(f"run.py: --replicate must be >= 0, got {a.replicate}")
+    cells = [replicate(c, a.replicate) for c in draw(a.seed, a.cells)]
+    if a.max_tokens is not None:
+        only["cell"] = {str(c["id"]) for c in cells if output_tokens(c) <= a.max_tokens} & only.get("cell", {
+            str(c["id"]) for c in cells})
     out = Path(a.out) / f"seed{a.seed}"
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "cells.json", json.dumps([dict(c, command=command(c)) for c in cells], indent=1))

@@ -1,0 +1,87 @@
+"""One draw's cells judged on their expected throughput: each policy's throughput averaged over replicates of
+the cells (run.py --replicate R: the same cell with other seeds), against the best of none and fixed depths 1-8
+by *their* average, next to the single draw's figures on the same cells.
+
+    .venv/bin/python experiments/robustness/run.py --seed 2046 --max-tokens 1000 --replicate 1 --out outputs/rep1
+    ...                                                                           --replicate 7 --out outputs/rep7
+    .venv/bin/python experiments/robustness/replicates.py outputs/robustness/seed2046 outputs/rep*/seed2046 \\
+        [--policies goodput,batch_scaled,confidence,oracle_expected,oracle_causal] [--out FILE]
+
+The first folder is the draw itself (replicate 0). A cell counts where every folder holds all of none, fixed
+1-8 and the policies. On a run of a few steps one draw of outcomes decides, and the best of nine fixed
+baselines on that draw is partly the luckiest of nine: the averaged figures remove both. They are not the
+issue's criterion (one draw per cell, on its seed); they say how much of a policy's shortfall there is luck.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from specdepth.results import atomic_write
+
+BASELINES = ("none",) + tuple(f"fixed{k}" for k in range(1, 9))
+
+
+def _throughputs(folder: Path, pols) -> dict:
+    out = {}
+    for c in json.loads((folder / "cells.json").read_text()):
+        got = {}
+        for p in pols:
+            s = folder / f"c{c['id']}" / p / "summary.json"
+            if s.is_file():
+                got[p] = json.loads(s.read_text())["throughput_tok_s"]
+        if len(got) == len(pols):
+            out[c["id"]] = got
+    return out
+
+
+def _gm(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def figures(folders: list[Path], policies: tuple) -> tuple[list[str], dict]:
+    pols = BASELINES + policies
+    runs = [_throughputs(f, pols) for f in folders]
+    cells = sorted(set.intersection(*(set(r) for r in runs)))
+    if not cells:
+        raise SystemExit("replicates.py: no cell has all of none, fixed 1-8 and the policies in every folder")
+    single, mean = {}, {}
+    for c in cells:
+        single[c] = runs[0][c]
+        mean[c] = {p: sum(r[c][p] for r in runs) / len(runs) for p in pols}
+    lines = [f"{len(cells)} cells, {len(folders)} replicates each (the draw and {len(folders) - 1} more).", "",
+             "| policy | figures | worst / base | geo-mean / base | < 0.99 | < 0.95 | > 1 % below none |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    out = {}
+    for p in policies:
+        for name, t in (("one draw", single), ("mean of replicates", mean)):
+            ratio = {c: t[c][p] / max(t[c][b] for b in BASELINES) for c in cells}
+            worst = min(cells, key=ratio.get)
+            below_none = sum(t[c][p] < 0.99 * t[c]["none"] for c in cells)
+            lines.append(f"| {p} | {name} | {ratio[worst]:.3f} (c{worst}) | {_gm(list(ratio.values())):.3f} | "
+                         f"{sum(v < 0.99 for v in ratio.values())} | {sum(v < 0.95 for v in ratio.values())} | "
+                         f"{below_none} |")
+            out[p, name] = ratio
+    return lines, out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folders", nargs="+", type=Path, help="the draw's folder first, then its replicates'")
+    ap.add_argument("--policies", default="goodput,batch_scaled,confidence,oracle_expected,oracle_causal")
+    ap.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
+    a = ap.parse_args(argv)
+    for f in a.folders:
+        if not (f / "cells.json").is_file():
+            raise SystemExit(f"replicates.py: {f} holds no cells.json (a run.py output folder, <out>/seed<seed>)")
+    lines, _ = figures(a.folders, tuple(p for p in a.policies.split(",") if p))
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if a.out:
+        atomic_write(a.out, text)
+
+
+if __name__ == "__main__":
+    main()
