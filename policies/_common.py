@@ -871,7 +871,8 @@ class CostAwareDepth:
 
     Acceptance: one level for the batch, the running requests' accepted drafts per verified draft token
     (accepted + rejections), shrunk toward all requests' rate (`prior_tokens` pseudo-tokens; that rate starts at
-    `prior` and forgets with a memory of `memory` drafted tokens). (A level raised by one standard error, to
+    `prior`, by default view.acceptance_prior (engine.acceptance_prior, 0.7: a warm start where the pair's rate
+    is known), and forgets with a memory of `memory` drafted tokens). (A level raised by one standard error, to
     keep exploring, lost up to 7 % on short runs, which it starts deeper, on the development draws.)
     The engine's per-row estimate (view.acceptance) forgets by 0.8 a step: at batch 1, three rejections in a
     row put it below what a draft costs, no draft is made after that, and it never recovers (measured: 0.77 of
@@ -901,7 +902,8 @@ class CostAwareDepth:
     idle step (`_catch_up`); on thin evidence, and in a probe, only as many of them as one idle step's time
     catches up. Whether the engine pads the catch-up is learnt from the catch-ups paid (`CatchUpPadding`)."""
 
-    def __init__(self, drain: bool = True, prior: float = 0.7, prior_tokens: float = 10.0, memory: float = 2000.0,
+    def __init__(self, drain: bool = True, prior: float | None = None, prior_tokens: float = 10.0,
+                 memory: float = 2000.0,
                  probe: float = 2.0, positions: bool = True, idle_replan: int = 0, policy_time: bool = False,
                  catch_up: bool = False):
         self.drain = drain
@@ -916,7 +918,7 @@ class CostAwareDepth:
         self._costs = StepCost()
         self._calib = CostCalibration()
         self._seq = PerRequest(2)   # accepted drafts, rejections (trials = their sum)
-        self._pool = np.array([self.prior, 1.0 - self.prior]) * self.prior_tokens   # all requests, forgetting
+        self._pool = None   # all requests' [accepted, rejected], forgetting; from the prior at the first step
         self._pos = PositionFactors()
         self._level = None   # the level the last depth was priced at
         self._probes = 0   # probe steps so far
@@ -925,8 +927,14 @@ class CostAwareDepth:
         self.held = None   # rows not to draft this step (`_catch_up`), or None
         self._pad = CatchUpPadding()
 
+    def _start(self, view) -> None:
+        if self._pool is None:
+            p = view.acceptance_prior if self.prior is None else self.prior
+            self._pool = np.array([p, 1.0 - p]) * self.prior_tokens
+
     def level(self, view) -> tuple[float, float]:
         """The batch's acceptance level (see the class) and the trials it rests on (pseudo-tokens included)."""
+        self._start(view)
         st = self._seq.align(view.request_ids)
         P = self.prior_tokens
         trials = float(st.sum()) + P
@@ -1024,6 +1032,7 @@ class CostAwareDepth:
         st[:, 1] += rejected
         if drafted.any():
             keep = math.exp(-float(drafted.sum()) / self.memory)
+            self._start(view)
             self._pool = self._pool * keep + [accepted.sum(), rejected.sum()]
             if self.positions and self._level is not None:
                 cols = np.arange(int(drafted.max()))[None, :]

@@ -127,8 +127,7 @@ class Goodput(Policy):
         self._costs = StepCost()
         self._calib = CostCalibration(memory=self.cost_memory, sticky=self.sticky_pad,
                                       cautious=self.cautious_pad)
-        self._pool = _Pool(self.position_prior, self.position_optimism, cal_accepted=self.calibration_prior,
-                           cal_conf=self.calibration_prior)
+        self._pool = None   # the batch-wide sums (_Pool), made at the first plan from view.acceptance_prior
         self._G = 0.0
         self._max_id, self._quiet, self._max_n = -1, 0, 0   # newest request, steps since one joined, largest batch
         self._closed = None   # whether no request was left to join at the first plan (a closed batch)
@@ -196,6 +195,11 @@ class Goodput(Policy):
 
     # ---- hooks ------------------------------------------------------------------------------------
     def plan(self, view):
+        if self._pool is None:   # the prior rate: engine.acceptance_prior (0.7 by default; a warm start)
+            r = view.acceptance_prior
+            self._pool = _Pool(self.position_prior, self.position_optimism, accepted=10.0 * r,
+                               rejected=10.0 - 10.0 * r, conf_sum=10.0 * r, cal_accepted=self.calibration_prior,
+                               cal_conf=self.calibration_prior)
         n = view.batch_size
         K = min(self.max_depth, view.max_depth, (view.max_num_batched_tokens - n) // n)
         if K <= 0:
@@ -450,8 +454,8 @@ class Goodput(Policy):
 
 class _Pool:
     """Batch-wide decayed sums: accepted drafts, rejections, the drafts' confidence sum and count, and the
-    accepted drafts / confidence sum over verified tokens (the draft's calibration). Starts at a 0.7 rate
-    worth 10 drafted tokens. Per draft position, the factor that corrects a row's estimate there
+    accepted drafts / confidence sum over verified tokens (the draft's calibration). Goodput starts it at
+    view.acceptance_prior (engine.acceptance_prior, 0.7 by default) worth 10 drafted tokens. Per draft position, the factor that corrects a row's estimate there
     (`_common.PositionFactors`, with `position_prior` pseudo-tokens and `position_optimism` standard errors;
     without the optimism, goodput reached 0.98 of fixed depth 2 at iid a = 0.5, batch 4-32, experiments/pareto)."""
 

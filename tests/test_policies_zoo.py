@@ -40,7 +40,7 @@ class LinearCost:
 
 
 def make_view(n=4, *, ids=None, remaining=100, ctx=500, max_depth=16, cap=8192, budget=256, cost=None,
-              step=0, now=0.0, requests_left=0):
+              step=0, now=0.0, requests_left=0, prior=0.7):
     """A view of n rows as the engine builds it (its row table, a Step), outside of a run (requests_left:
     requests still to join; 0, the default, is a closed batch, where the policies drain)."""
     rows = engine_rows(history=8)
@@ -50,7 +50,7 @@ def make_view(n=4, *, ids=None, remaining=100, ctx=500, max_depth=16, cap=8192, 
     rows.request_id[new] = ids
     rows.prompt_len[new] = int(ctx)
     rows.output_len[new] = rem + 1
-    view = StepView(rows, budget, max_depth, cap, cost or LinearCost(), 0.7)
+    view = StepView(rows, budget, max_depth, cap, cost or LinearCost(), prior)
     view.bind(Step(step, now, batch_size=n, now_s=now, requests_left=requests_left), 0)
     return view
 
@@ -201,6 +201,19 @@ def test_goodput_batch_one_matches_brute_force(alpha, d0):
     p._pool = _pool(alpha)
     v = make_view(1, cost=cost)
     assert p.plan(v).tolist() == [_leviathan_best(alpha, cost)]
+
+
+def test_cost_aware_policies_start_from_the_engines_acceptance_prior():
+    """A warm start: goodput, batch_scaled and confidence start their acceptance estimates at
+    view.acceptance_prior (engine.acceptance_prior), so a pair known to be good is drafted deep from the first
+    step, and one known to be poor is not drafted at all; 0.7 (the default) plans as before."""
+    from specdepth.policies import BatchScaled, ConfidenceThreshold
+    cost = LinearCost(v0=10e-3, d0=1e-3)
+    for make in (lambda: Goodput(use_confidence=False), lambda: BatchScaled(probe=0),
+                 lambda: ConfidenceThreshold(probe=0)):   # (their probe would try one token at 0.05)
+        depth = {r: int(make().plan(make_view(1, cost=cost, prior=r))[0]) for r in (0.05, 0.7, 0.95)}
+        assert depth[0.05] == 0 < depth[0.7] < depth[0.95], (make, depth)
+    assert make_view(1, prior=0.95).acceptance_prior == 0.95
 
 
 def test_goodput_respects_remaining_tokens_and_token_cap():

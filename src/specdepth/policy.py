@@ -66,7 +66,9 @@ class StepView:
     or still to arrive: 0 means no request will join the batch again, as in offline batch inference, where
     an engine knows its whole input; a closed batch from its first step, any workload after its last
     admission), token_budget (the shared compute budget in verify tokens per step),
-    max_depth (engine cap), max_num_batched_tokens (hard cap on verify tokens), cost (the cost model:
+    max_depth (engine cap), max_num_batched_tokens (hard cap on verify tokens), acceptance_prior
+    (engine.acceptance_prior: the per-token acceptance rate to assume before any evidence; `acceptance`'s
+    prior, and where goodput, batch_scaled and confidence start: a warm start), cost (the cost model:
     cost.verify_time(ctx, depths), cost.draft_time(ctx), cost.step_time(ctx, depths)), true_cost (only for
     policies with requires_true_cost = True, simulator: the same methods, priced as the clock charges).
     Arrays are computed on access and cannot be written; no attribute can be set.
@@ -101,6 +103,7 @@ class StepView:
     max_num_batched_tokens = property(lambda self: self._max_tokens)
     cost = property(lambda self: self._cost)
     true_cost = property(lambda self: self._true_cost)
+    acceptance_prior = property(lambda self: self._prior)
 
     @property
     def verify_tokens_free(self) -> int:
