@@ -54,7 +54,10 @@ class Goodput(Policy):
     `probe` (standard errors, 0 = off): where no row would draft and the draft's calibration rests on few
     verified tokens, a calibration that many standard errors higher is tried; if a draft pays there, one token
     per row (`_probe`). `calibration_prior`: the pseudo verified tokens (accepted / confidence = 1) that
-    calibration starts from.
+    calibration starts from; `calibration_prior_at=confidence` (default) counts them at the verified drafts' mean
+    confidence, so that they weigh as many tokens whatever the draft's confidence scale; `one`, the rule before
+    (with calibration_prior=1), at confidence 1: worth 9 tokens of the shipped real pair (mean confidence 0.11)
+    and about 1 of a calibrated draft at 0.85.
     `row_calibration` (standard errors, 0 = off): where the rows' outcomes spread more than one calibration of
     the draft's confidence explains, each row is priced by its own calibration, shrunk toward the batch's
     (`_row_calibration`).
@@ -88,10 +91,10 @@ class Goodput(Policy):
                  pool_memory: float = 20000.0, use_confidence: bool = True, extend: int = 16,
                  ranking: str = "position", cost: str = "calibrated", cost_memory: float = 200.0,
                  drain: bool = True, drain_after: int = 0, position_prior: float = 20.0, position_optimism: float = 2.0,
-                 drain_value: str = "time", calibration_prior: float = 1.0, probe: float = 2.0,
+                 drain_value: str = "time", calibration_prior: float = 8.0, probe: float = 2.0,
                  row_calibration: float = 5.0, idle_replan: int = 8, policy_time: bool = True,
                  catch_up: bool = True, sticky_pad: bool = True, cautious_pad: bool = True,
-                 drain_tail: str = "balanced"):
+                 drain_tail: str = "balanced", calibration_prior_at: str = "confidence"):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
         self.prior_strength = as_float(prior_strength, "policy.prior_strength", min=0)
@@ -107,6 +110,8 @@ class Goodput(Policy):
         self.position_prior = as_float(position_prior, "policy.position_prior", min=0, min_open=True)
         self.position_optimism = as_float(position_optimism, "policy.position_optimism", min=0)
         self.calibration_prior = as_float(calibration_prior, "policy.calibration_prior", min=0, min_open=True)
+        self.calibration_prior_at = as_choice(calibration_prior_at, "policy.calibration_prior_at",
+                                              {"one", "confidence"})
         self.probe = as_float(probe, "policy.probe", min=0)
         self.row_calibration = as_float(row_calibration, "policy.row_calibration", min=0)
         self.idle_replan = as_int(idle_replan, "policy.idle_replan", min=0)
@@ -197,9 +202,11 @@ class Goodput(Policy):
     def plan(self, view):
         if self._pool is None:   # the prior rate: engine.acceptance_prior (0.7 by default; a warm start)
             r = view.acceptance_prior
+            k = self.calibration_prior
+            at_one = self.calibration_prior_at == "one"
             self._pool = _Pool(self.position_prior, self.position_optimism, accepted=10.0 * r,
-                               rejected=10.0 - 10.0 * r, conf_sum=10.0 * r, cal_accepted=self.calibration_prior,
-                               cal_conf=self.calibration_prior)
+                               rejected=10.0 - 10.0 * r, conf_sum=10.0 * r, cal_accepted=k if at_one else 0.0,
+                               cal_conf=k if at_one else 0.0, cal_tokens=0.0 if at_one else k)
         n = view.batch_size
         K = min(self.max_depth, view.max_depth, (view.max_num_batched_tokens - n) // n)
         if K <= 0:
@@ -289,7 +296,7 @@ class Goodput(Policy):
         its prior's included)? Then every row the optimistic plan drafts gets one token, to learn it. Without
         it a batch whose first verified drafts were unlucky never drafts again, so never learns better (c152 of
         robustness draw 2035: 1 of 14 accepted at a = 0.39, 0.915 of fixed depth 1 for the whole run)."""
-        A, V = self._pool.cal_accepted, self._pool.verified   # accepted / verified drafts, the prior's included
+        A, V = self._pool.evidence()   # accepted / verified drafts, the prior's included
         up = 1.0 + self.probe * math.sqrt(max(1.0 - A / V, 0.0) / max(A, 1e-9))
         hi = np.minimum(S * up ** np.arange(1, S.shape[1] + 1), 0.999)   # slot j: j draft tokens' survival
         hi[np.arange(S.shape[1])[None, :] >= rowcap[:, None]] = 0.0
@@ -454,21 +461,37 @@ class Goodput(Policy):
 
 class _Pool:
     """Batch-wide decayed sums: accepted drafts, rejections, the drafts' confidence sum and count, and the
-    accepted drafts / confidence sum over verified tokens (the draft's calibration). Goodput starts it at
-    view.acceptance_prior (engine.acceptance_prior, 0.7 by default) worth 10 drafted tokens. Per draft position, the factor that corrects a row's estimate there
-    (`_common.PositionFactors`, with `position_prior` pseudo-tokens and `position_optimism` standard errors;
-    without the optimism, goodput reached 0.98 of fixed depth 2 at iid a = 0.5, batch 4-32, experiments/pareto)."""
+    accepted drafts / confidence sum over verified tokens (the draft's calibration). Goodput starts the rate at
+    view.acceptance_prior (engine.acceptance_prior, 0.7 by default) worth 10 drafted tokens. The calibration
+    starts from `cal_accepted` / `cal_conf` (a prior at confidence 1, or evidence) and `cal_tokens` pseudo verified
+    tokens at the mean confidence of the verified drafts (accepted / confidence = 1 there; no weight until a draft
+    is verified). Per draft position, the factor that corrects a row's estimate there (`_common.PositionFactors`,
+    with `position_prior` pseudo-tokens and `position_optimism` standard errors; without the optimism, goodput
+    reached 0.98 of fixed depth 2 at iid a = 0.5, batch 4-32, experiments/pareto)."""
 
     def __init__(self, position_prior=20.0, position_optimism=2.0, accepted=7.0, rejected=3.0, conf_sum=7.0,
-                 drafted=10.0, cal_accepted=1.0, cal_conf=1.0):
+                 drafted=10.0, cal_accepted=1.0, cal_conf=1.0, cal_tokens=0.0):
         self.accepted, self.rejected, self.conf_sum, self.drafted = accepted, rejected, conf_sum, drafted
         self.cal_accepted, self.cal_conf = cal_accepted, cal_conf
-        self.verified = cal_conf   # verified draft tokens (the calibration's prior counted as tokens)
+        self.verified = cal_conf + cal_tokens   # verified draft tokens (the calibration's prior counted as tokens)
+        self._pw = cal_tokens   # the pseudo-tokens' weight (forgotten as the sums are)
+        self._vc = self._vn = 0.0   # the verified drafts' confidence sum and count (for their mean)
         self.positions = PositionFactors(position_prior, position_optimism)
 
     @property
+    def _pseudo(self) -> float:
+        """The pseudo-tokens' confidence mass (and accepted drafts): their weight x the verified mean confidence."""
+        return self._pw * self._vc / self._vn if self._vn > 0.0 else 0.0
+
+    @property
     def calibration(self) -> float:
-        return self.cal_accepted / self.cal_conf
+        m = self._pseudo
+        return (self.cal_accepted + m) / (self.cal_conf + m) if self.cal_conf + m > 0.0 else 1.0
+
+    def evidence(self) -> tuple[float, float]:
+        """(accepted, verified) drafts the calibration rests on, its prior's included (the pseudo-tokens accepted
+        at their confidence; before any draft is verified, at 1)."""
+        return self.cal_accepted + (self._pseudo if self._vn > 0.0 else self._pw), self.verified
 
     def add(self, keep: float, accepted, rejected, conf_sum, drafted, verified_conf, verified) -> None:
         """Forget (multiply every sum by `keep`), then add one step's counts."""
@@ -479,4 +502,7 @@ class _Pool:
         self.cal_accepted = self.cal_accepted * keep + accepted
         self.cal_conf = self.cal_conf * keep + verified_conf
         self.verified = self.verified * keep + verified
+        self._pw *= keep
+        self._vc = self._vc * keep + verified_conf
+        self._vn = self._vn * keep + verified
         self.positions.forget(keep)
