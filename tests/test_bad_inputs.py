@@ -132,6 +132,7 @@ ROWS = [
     ("4", "policy=goodput policy.drain_value=tokens", "policy.drain_value must be one of"),
     ("4", "policy=goodput policy.probe=-0.5", "policy.probe must be >= 0"),
     ("4", "policy=goodput policy.calibration_prior=0", "policy.calibration_prior"),
+    ("4", "policy=goodput policy.calibration_prior_at=half", "policy.calibration_prior_at"),
     ("4", "policy=goodput policy.row_calibration=-3", "policy.row_calibration must be >= 0"),
     ("4", "policy=goodput policy.idle_replan=-1", "policy.idle_replan must be >= 0"),
     ("4", "policy=confidence policy.idle_replan=2.5", "policy.idle_replan"),

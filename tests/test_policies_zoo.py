@@ -216,6 +216,28 @@ def test_cost_aware_policies_start_from_the_engines_acceptance_prior():
     assert make_view(1, prior=0.95).acceptance_prior == 0.95
 
 
+def test_goodput_calibration_prior_weighs_the_same_tokens_whatever_the_confidence_scale():
+    """calibration_prior_at=confidence: the prior's pseudo-tokens sit at the verified drafts' mean confidence, so a
+    draft whose confidences are 8 x smaller (the shipped real pair reports ~0.11 and is accepted ~0.54 of the time)
+    moves from the prior (1) toward its data's accepted / confidence as fast, in tokens, as a calibrated one;
+    at confidence 1 (the rule before) the prior weighed 8 x as many of its tokens. No verified draft: 1."""
+    def pool(at, conf, n=16, acc=0.5, k=8.0):
+        p = _Pool(accepted=7.0, rejected=3.0, conf_sum=7.0, drafted=10.0, cal_accepted=k if at == "one" else 0.0,
+                  cal_conf=k if at == "one" else 0.0, cal_tokens=0.0 if at == "one" else k)
+        assert p.calibration == 1.0
+        p.add(1.0, acc * n, (1 - acc) * n, conf * n, n, conf * n, n)   # n verified drafts at confidence conf
+        return p
+
+    def progress(p, conf, acc=0.5):   # how far from the prior (1) toward the data's ratio the calibration is
+        return (p.calibration - 1.0) / (acc / conf - 1.0)
+
+    hi, lo = pool("confidence", 0.8), pool("confidence", 0.1)
+    assert progress(hi, 0.8) == pytest.approx(progress(lo, 0.1)) == pytest.approx(16 / 24)
+    assert hi.evidence() == pytest.approx((0.8 * 8 + 8, 24)) and lo.evidence()[1] == 24
+    one_hi, one_lo = pool("one", 0.8), pool("one", 0.1)
+    assert progress(one_lo, 0.1) < 0.2 < progress(one_hi, 0.8)   # the old prior: 8 units of confidence
+
+
 def test_goodput_respects_remaining_tokens_and_token_cap():
     p = Goodput(use_confidence=False)
     p._pool = _pool(0.95)
