@@ -903,9 +903,8 @@ class CostAwareDepth:
     catches up. Whether the engine pads the catch-up is learnt from the catch-ups paid (`CatchUpPadding`)."""
 
     def __init__(self, drain: bool = True, prior: float | None = None, prior_tokens: float = 10.0,
-                 memory: float = 2000.0,
-                 probe: float = 2.0, positions: bool = True, idle_replan: int = 0, policy_time: bool = False,
-                 catch_up: bool = False):
+                 memory: float = 2000.0, probe: float = 2.0, positions: bool = True, idle_replan: int = 0,
+                 policy_time: bool = False, catch_up: bool = False):
         self.drain = drain
         self.catch_up = catch_up
         self.prior, self.prior_tokens, self.memory, self.probe = prior, prior_tokens, memory, probe

@@ -407,9 +407,8 @@ class Goodput(Policy):
         self._s = self._s * c
         cand = drafting & (view.depths > position + 1)
         idx = np.flatnonzero(cand)
-        keep = np.zeros(view.batch_size, bool)
         if idx.size == 0:
-            return keep
+            return np.zeros(view.batch_size, bool)
         f = float(self._pool.positions.factor(position + 2)[-1])
         if idx.size == 1:   # one row left to decide (batch 1, a drained tail): the same arithmetic, in floats
             i = int(idx[0])

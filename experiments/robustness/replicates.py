@@ -15,30 +15,18 @@ issue's criterion (one draw per cell, on its seed); they say how much of a polic
 from __future__ import annotations
 
 import argparse
-import json
-import math
 from pathlib import Path
+
+from analyze import BASELINES, _gm, load
 
 from specdepth.results import atomic_write
 
-BASELINES = ("none",) + tuple(f"fixed{k}" for k in range(1, 9))
-
 
 def _throughputs(folder: Path, pols) -> dict:
-    out = {}
-    for c in json.loads((folder / "cells.json").read_text()):
-        got = {}
-        for p in pols:
-            s = folder / f"c{c['id']}" / p / "summary.json"
-            if s.is_file():
-                got[p] = json.loads(s.read_text())["throughput_tok_s"]
-        if len(got) == len(pols):
-            out[c["id"]] = got
-    return out
-
-
-def _gm(xs):
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+    """Per cell id with a run of every policy in pols: {policy: throughput_tok_s}."""
+    cells, runs = load(folder)
+    return {c["id"]: {p: runs[c["id"], p]["throughput_tok_s"] for p in pols}
+            for c in cells if all((c["id"], p) in runs for p in pols)}
 
 
 def figures(folders: list[Path], policies: tuple) -> tuple[list[str], dict]:
