@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from sdtest import ROOT, cfg
 
-from specdepth.app import build
+from specdepth.app import build, config_yaml
 from specdepth.errors import ConfigError
 from specdepth.policies._common import CostCalibration
 from specdepth.policy import Policy
@@ -825,10 +825,28 @@ def test_runner_job_config_resolves_exactly_as_the_cli_composes_it():
     from omegaconf import OmegaConf
     from run import cell_node, job_config
     cells = draw(7, 12)
-    for cell, pol in ((cells[0], "goodput_true"), (cells[5], "fixed3"), (cells[11], "oracle_expected")):
-        slow = cfg("experiment=robustness", f"pol={pol}", "~cell", f"+cell={flow(cell_node(cell))}")
-        slow_yaml = OmegaConf.to_yaml(slow, resolve=True)
-        assert OmegaConf.to_yaml(job_config(cell, pol), resolve=True) == slow_yaml
+    jobs = ((cells[0], "goodput_true"), (cells[5], "fixed3"), (cells[11], "oracle_expected"))
+    assert len({tuple(c["workload"]) for c, _ in jobs}) > 1   # workloads with other keys replace the node whole
+    slow = {}
+    for cell, pol in jobs:
+        c = cfg("experiment=robustness", f"pol={pol}", "~cell", f"+cell={flow(cell_node(cell))}")
+        slow[cell["id"]] = OmegaConf.to_yaml(c, resolve=True)
+    for cell, pol in jobs + jobs[::-1]:   # the process's one job config, rewritten job after job
+        assert OmegaConf.to_yaml(job_config(cell, pol), resolve=True) == slow[cell["id"]]
+        assert config_yaml(job_config(cell, pol)) == slow[cell["id"]]   # what app.run writes, by libyaml's emitter
+
+
+def test_config_yaml_writes_the_text_of_omegaconf_to_yaml():
+    """app.config_yaml (config.yaml, and the resume check) is OmegaConf.to_yaml(resolve=True) made faster: the
+    same text, strings that would load as another type quoted as OmegaConf quotes them."""
+    from omegaconf import OmegaConf
+    c = OmegaConf.create({"a": "1e5", "b": "yes", "c": "inf", "d": "h\u00e9llo", "e": None, "f": [1, "off", {"g": 1.5e-7}],
+                          "h": "${a}", "i": "", "j": "a: b", "k": "multi\nline", "l": 1000, "m": "nan", "n": "0x1F",
+                          "o": "1_000", "p": "12:30", "q": {"r": [True, 0.1, "~"]}})
+    assert config_yaml(c) == OmegaConf.to_yaml(c, resolve=True)
+    assert "a: '1e5'" in config_yaml(c)
+    full = cfg("experiment=robustness")
+    assert config_yaml(full) == OmegaConf.to_yaml(full, resolve=True)
 
 
 # ---- the draft's catch-up ---------------------------------------------------------------------------------

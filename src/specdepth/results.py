@@ -61,6 +61,11 @@ def plain(v):
 
 
 def _cell(v):
+    t = type(v)   # the common exact types first: a steps.csv holds ~20 cells a step
+    if t is float:
+        return repr(v)
+    if t is int or t is str:
+        return v
     if v is None:
         return ""
     if isinstance(v, numbers.Real) and not isinstance(v, (numbers.Integral, bool)):
