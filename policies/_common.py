@@ -593,7 +593,8 @@ def _by_position_small(column, K, G, costs, n, base):
 
 
 def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarray | None = None,
-                  rates: np.ndarray | None = None, factors: np.ndarray | None = None) -> tuple[int, float]:
+                  rates: np.ndarray | None = None, factors: np.ndarray | None = None,
+                  trials: float | None = None) -> tuple[int, float]:
     """The one depth k in 0..kmax for every row that maximises expected emitted tokens / step time:
     E_k = sum_i (1 - a_i^(k+1)) / (1 - a_i) (Leviathan et al.), T_k = verify[n k] + k x draft[n] (StepCost-like
     tables). Adding position k is worth it exactly when its expected tokens beat the goodput times its cost,
@@ -603,10 +604,12 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
     steps of T_k each, instead. e_i(k) is the batch's mean expected tokens per step times row i's share at
     the per-row `rates` (rows that really differ, e.g. `shrunk_rates`; default `acceptance`): with rows alike
     that is the plain k, whatever the remaining lengths. `factors` (per draft position, e.g.
-    `PositionFactors.factor`): position p's draft is accepted with probability a_i x f_p, not a_i.
+    `PositionFactors.factor`): position p's draft is accepted with probability a_i x f_p, not a_i. `trials`
+    (the evidence an estimate a rests on, in drafted tokens): price the draft by the estimate's posterior
+    predictive (`_expected_tokens`) instead of the estimate alone.
     Returns (k, predicted goodput)."""
     ks = np.arange(kmax + 1)
-    e = _expected_tokens(acceptance, ks, factors)   # [k, row] expected tokens per step
+    e = _expected_tokens(acceptance, ks, factors, trials)   # [k, row] expected tokens per step
     n = e.shape[1]
     T = costs.verify[np.minimum(n * ks, costs.verify.size - 1)] + ks * costs.draft[n]
     pad = costs.pad
@@ -625,12 +628,24 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
     return k, float(g[k])
 
 
-def _expected_tokens(acceptance, ks: np.ndarray, factors: np.ndarray | None = None) -> np.ndarray:
+def _expected_tokens(acceptance, ks: np.ndarray, factors: np.ndarray | None = None,
+                     trials: float | None = None) -> np.ndarray:
+    """[len(ks), rows] expected tokens a step emits per row at depth k: 1 + sum over positions p < k of the
+    probability that drafts 0..p all survive. `trials`: the acceptance a is an estimate worth that many drafted
+    tokens (a Beta(a t, (1 - a) t) belief), and the draft at position p survives, given the p before it did,
+    with the posterior predictive probability (a t + p) / (t + p) (the chain gives E[a^(p+1)], not a^(p+1): a
+    draft whose first guesses were accepted is likelier to be a good one). Equal to the plain a as t grows."""
     a = np.clip(np.asarray(acceptance, float), 0.0, 0.999)
-    if factors is None:
+    if factors is None and trials is None:
         return (1.0 - a[None, :] ** (ks[:, None] + 1)) / (1.0 - a[None, :])
     k = int(ks[-1])
-    survive = np.cumprod(np.minimum(a[None, :] * np.asarray(factors, float)[:k, None], 0.999), axis=0)
+    step = np.broadcast_to(a[None, :], (k, a.size))
+    if trials is not None:
+        p = np.arange(k, dtype=float)[:, None]
+        step = (a[None, :] * trials + p) / (trials + p)
+    if factors is not None:
+        step = step * np.asarray(factors, float)[:k, None]
+    survive = np.cumprod(np.minimum(step, 0.999), axis=0)
     return 1.0 + np.concatenate([np.zeros((1, a.size)), np.cumsum(survive, axis=0)])[ks]
 
 
@@ -904,8 +919,9 @@ class CostAwareDepth:
 
     def __init__(self, drain: bool = True, prior: float | None = None, prior_tokens: float = 10.0,
                  memory: float = 2000.0, probe: float = 2.0, positions: bool = True, idle_replan: int = 0,
-                 policy_time: bool = False, catch_up: bool = False):
+                 policy_time: bool = False, catch_up: bool = False, predictive: bool = False):
         self.drain = drain
+        self.predictive = predictive
         self.catch_up = catch_up
         self.prior, self.prior_tokens, self.memory, self.probe = prior, prior_tokens, memory, probe
         self.positions = positions
@@ -959,14 +975,15 @@ class CostAwareDepth:
         self._level = level
         a = np.full(view.batch_size, level)
         f = self._pos.factor(kmax) if self.positions else None
+        t = trials if self.predictive else None
         if self.drain and view.requests_left == 0:
             st = self._seq.align(view.request_ids)
-            rest = (view.remaining, shrunk_rates(st[:, 0], st[:, 1], a), f)
+            rest = (view.remaining, shrunk_rates(st[:, 0], st[:, 1], a), f, t)
         else:
-            rest = (None, None, f)
+            rest = (None, None, f, t)
         k, g = uniform_depth(a, costs, kmax, *rest)
         if k and self.catch_up:
-            k = self._catch_up(view, k, g, a, costs, rest, level, f)
+            k = self._catch_up(view, k, g, a, costs, rest, level, f, t)
         if k == 0 and self.probe and may_probe(self._probes, self._pool.sum(), self.prior_tokens, view.batch_size):
             # thin evidence: would a draft pay at a level `probe` standard errors higher? then try one
             hi = min(level + self.probe * math.sqrt(level * (1.0 - level) / trials), 0.999)
@@ -979,7 +996,7 @@ class CostAwareDepth:
             self._probes += k
         return k
 
-    def _catch_up(self, view, k, g, a, costs, rest, level, f) -> int:
+    def _catch_up(self, view, k, g, a, costs, rest, level, f, t=None) -> int:
         """`catch_up`: where rows' draft lags, they draft at depth k > 0 if its gain per step (verify[0] x (g_k /
         g_0 - 1) seconds) over the steps it is expected to go on (draining: till the batch ends, its longest row's
         remaining steps; else the lagging rows' mean) pays for their catch-up (`catch_up_pays`); on thin
@@ -993,7 +1010,7 @@ class CostAwareDepth:
         g0 = uniform_depth(a, costs, 0, *rest)[1]
         t0 = float(costs.verify[0])
         rem = view.remaining
-        e = float(_expected_tokens(np.array([level]), np.array([k]), f)[0, 0])
+        e = float(_expected_tokens(np.array([level]), np.array([k]), f, t)[0, 0])
         steps = float(rem.max() if rest[0] is not None else rem[late].mean()) / e   # draining: till the batch ends
         args = (None, self._padded())
         if not catch_up_pays(view, np.ones(n, bool), t0 * max(g / g0 - 1.0, 0.0), steps, *args, free_s=t0):
@@ -1068,8 +1085,9 @@ class CostAwarePolicy(Policy):
     them and resets)."""
 
     def __init__(self, max_depth: int, use_budget: bool, drain: bool, probe: float = 2.0, positions: bool = True,
-                 idle_replan: int = 8, policy_time: bool = True, catch_up: bool = True):
+                 idle_replan: int = 8, policy_time: bool = True, catch_up: bool = True, predictive: bool = False):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
+        self.predictive = as_bool(predictive, "policy.predictive")
         self.use_budget = bool(use_budget)
         self.drain = as_bool(drain, "policy.drain")
         self.probe = as_float(probe, "policy.probe", min=0)
@@ -1086,7 +1104,7 @@ class CostAwarePolicy(Policy):
     def reset(self):
         self._depth = CostAwareDepth(self.drain, probe=self.probe, positions=self.positions,
                                      idle_replan=self.idle_replan, policy_time=self.policy_time,
-                                     catch_up=self.catch_up)
+                                     catch_up=self.catch_up, predictive=self.predictive)
 
     def observe(self, view, accepted):
         self._depth.observe(view, accepted)

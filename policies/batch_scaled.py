@@ -27,15 +27,18 @@ class BatchScaled(CostAwarePolicy):
     on): where a step pays the policy's own time (backend=hf), a depth > 0 also pays what a drafting step's plan
     costs more than an idle step's (`_common.PolicyTime`). `catch_up` (default on): rows whose draft lags
     (view.draft_lag: they did not draft for a while) draft only if the depth's gain pays for the draft's catch-up,
-    else they are held at 0 (`_common.CostAwareDepth`)."""
+    else they are held at 0 (`_common.CostAwareDepth`). `predictive` (default off): price a depth by the level's
+    posterior predictive (`_common._expected_tokens`: a Beta belief worth the level's trials), which drafts deeper
+    on thin evidence; tried on the development draws and not better (experiments/robustness/README.md)."""
 
     name = "batch_scaled"
     depth_param = "max_depth"
 
     def __init__(self, max_depth: int = 8, min_depth: int = 0, use_budget: bool = False, drain: bool = True,
                  probe: float = 2.0, positions: bool = True, idle_replan: int = 8, policy_time: bool = True,
-                 catch_up: bool = True):
-        super().__init__(max_depth, use_budget, drain, probe, positions, idle_replan, policy_time, catch_up)
+                 catch_up: bool = True, predictive: bool = False):
+        super().__init__(max_depth, use_budget, drain, probe, positions, idle_replan, policy_time, catch_up,
+                         predictive)
         self.min_depth = as_int(min_depth, "policy.min_depth", min=0, max=self.max_depth)
 
     def plan(self, view):

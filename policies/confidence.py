@@ -26,6 +26,7 @@ and the budget's hard limit lost up to 15 % to fixed depth 1 at large batch): wh
     a cap of 0 is kept without replanning for a few steps while the batch holds the same requests. `policy_time`
     as `batch_scaled`: where a step pays the policy's own time, a cap > 0 also pays a drafting step's extra.
     `catch_up` as `batch_scaled`: a cap > 0 after idle steps only if it pays for the draft's catch-up.
+    `predictive` as `batch_scaled` (off): the cap priced by the level's posterior predictive.
     """
 
     name = "confidence"
@@ -33,10 +34,11 @@ and the budget's hard limit lost up to 15 % to fixed depth 1 at large batch): wh
 
     def __init__(self, threshold: float = 0.3, max_depth: int = 8, use_budget: bool = False, cost_aware: bool = True,
                  drain: bool = True, probe: float = 2.0, positions: bool = True, idle_replan: int = 8,
-                 policy_time: bool = True, catch_up: bool = True):
+                 policy_time: bool = True, catch_up: bool = True, predictive: bool = False):
         self.threshold = as_float(threshold, "policy.threshold", min=0, max=1)
         self.cost_aware = bool(cost_aware)
-        super().__init__(max_depth, use_budget, drain, probe, positions, idle_replan, policy_time, catch_up)
+        super().__init__(max_depth, use_budget, drain, probe, positions, idle_replan, policy_time, catch_up,
+                         predictive)
 
     def plan(self, view):
         n = view.batch_size

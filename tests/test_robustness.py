@@ -219,6 +219,34 @@ def test_uniform_depth_drain_follows_the_slowest_row_and_equals_the_plain_depth_
         assert uniform_depth(noisy, costs, K, rem, np.full(n, 0.78))[0] == uniform_depth(noisy, costs, K)[0]
 
 
+def test_expected_tokens_posterior_predictive_is_the_beta_mean_of_a_power_and_tends_to_the_plain_rate():
+    """_expected_tokens(trials=t): the chance that drafts 0..p all survive is E[a^(p+1)] under Beta(a t, (1-a) t)
+    (exact, by the Beta function), not a^(p+1); deeper drafts are worth more on thin evidence, and the plain
+    figure comes back as t grows. uniform_depth with trials plans at least as deep as without."""
+    import math
+    from specdepth.policies._common import Tables, _expected_tokens, uniform_depth
+    ks = np.arange(9)
+    for a, t in ((0.7, 10.0), (0.4, 3.0), (0.95, 50.0)):
+        al, be = a * t, (1 - a) * t
+        moment = [math.exp(math.lgamma(al + j) + math.lgamma(al + be) - math.lgamma(al) - math.lgamma(al + be + j))
+                  for j in range(1, 9)]
+        want = 1.0 + np.r_[0.0, np.cumsum(moment)]
+        got = _expected_tokens(np.array([a]), ks, None, t)[:, 0]
+        assert np.allclose(got, want, rtol=1e-12)
+        plain = _expected_tokens(np.array([a]), ks)[:, 0]
+        assert np.all(got[2:] > plain[2:]) and np.isclose(got[1], plain[1])
+        assert np.allclose(_expected_tokens(np.array([a]), ks, None, 1e12)[:, 0], plain, rtol=1e-9)
+    f = np.array([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3])   # position factors multiply the predictive chain
+    got = _expected_tokens(np.array([0.7]), ks, f, 10.0)[:, 0]
+    step = np.minimum((0.7 * 10 + np.arange(8)) / (10 + np.arange(8)) * f, 0.999)
+    assert np.allclose(got, 1.0 + np.r_[0.0, np.cumsum(np.cumprod(step))])
+    n, K = 4, 8
+    costs = Tables(np.linspace(10e-3, 12e-3, n * K + 1), np.r_[0.0, np.full(n, 3e-3)])
+    for a in (0.5, 0.7, 0.85):
+        lvl = np.full(n, a)
+        assert uniform_depth(lvl, costs, K, trials=10.0)[0] >= uniform_depth(lvl, costs, K)[0]
+
+
 def test_small_batch_search_plans_exactly_as_the_array_search(monkeypatch):
     """plan_by_position searches batches of up to _SMALL rows in Python floats (_SmallColumns): the same sums in
     the same order, so the same depths and goodput as the numpy search, with and without per-position
