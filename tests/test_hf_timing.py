@@ -96,3 +96,39 @@ def test_bad_acceptance_mode(tmp_path):
     with pytest.raises(ConfigError, match="backend.acceptance"):
         run(compose("backend=hf", "backend.acceptance=sometimes", *SMALL), tmp_path)
     assert not (tmp_path / "summary.json").exists()
+
+
+WARM_CHECK = r"""
+import sys
+from hydra import compose, initialize_config_dir
+from specdepth import _kernels as K
+from specdepth.app import CONF_DIR, build
+from specdepth.clock import Clock
+COST = ("ragged_sums", "int_sum", "position_counts", "table_lookup", "roofline_forward", "roofline_positions")
+seen = {}
+start = Clock.start
+def snap(self):
+    seen["start"] = {f: len(getattr(K, f).signatures) for f in COST}
+    return start(self)
+Clock.start = snap
+with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+    cfg = compose("config", overrides=["experiment=real_pareto", "pol=" + sys.argv[1], "workload.batch_size=2",
+                                       "workload.output_len=12", "engine.progress=false"])
+build(cfg)["engine"].run()
+end = {f: len(getattr(K, f).signatures) for f in COST}
+print({f: (seen["start"][f], end[f]) for f in COST})
+assert end == seen["start"], "compiled kernels loaded inside the timed run"
+"""
+
+
+@pytest.mark.parametrize("pol", ["goodput", "batch_scaled"])
+def test_cost_kernels_load_before_the_clock_starts_on_backend_hf(pol):
+    """On a measured clock a process's first call of a compiled kernel loads it (~5-7 ms): the engine calls view.cost's
+    methods before the clock starts (read-only and writable arrays: numba's signatures differ), so a policy that
+    prices its steps pays no kernel load inside its timed steps, which `none` never pays. A fresh process, so that
+    nothing is loaded before."""
+    import subprocess
+    import sys
+    from sdtest import ROOT
+    r = subprocess.run([sys.executable, "-c", WARM_CHECK, pol], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]

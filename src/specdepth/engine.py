@@ -278,7 +278,27 @@ class Engine:
         self._short = np.cumsum([0] + [r.output_len <= 1 for r in reqs]).tolist()   # done after the prefill
         self._pbar = self._progress(sum(r.output_len for r in self.requests))
         self._hook("reset")
+        if ex.clock != "model":
+            self._warm_cost()
         self.clock.start()
+
+    def _warm_cost(self) -> None:
+        """On a measured clock (backend=hf), call view.cost's methods once before the clock starts: the first call
+        in a process loads the compiled kernels behind them from numba's cache (~5-7 ms on this CPU), which a
+        policy that prices its steps (goodput, batch_scaled, confidence) would otherwise pay inside its first
+        timed steps and `none` never does. Numba compiles per signature, and a read-only array (the view's) is
+        another signature than a writable one: every mix is warmed. The results are discarded; a cost model keeps
+        no state from them."""
+        c = self.cost
+        for ro_ctx, ro_depths in ((False, False), (True, False), (False, True), (True, True)):
+            ctx, depths = np.array([8, 9], np.int64), np.array([1, 2], np.int64)
+            ctx.flags.writeable, depths.flags.writeable = not ro_ctx, not ro_depths
+            c.verify_time(ctx, depths)
+            c.draft_positions(ctx, depths)
+            c.verify_times(ctx, np.array([0.0, 2.0]))
+            c.target_forward(ctx)
+            c.draft_forward(ctx)
+        c.draft_times(8.0, np.array([1, 2]))
 
     def _admit(self, s: Step) -> None:
         """Every arrived request, up to the batch and token limits, joins at the end of the table; the
