@@ -96,8 +96,8 @@ except (ImportError, AttributeError):   # no libyaml, or another omegaconf: its 
 
 
 def config_yaml(cfg: DictConfig) -> str:
-    """The text of OmegaConf.to_yaml(cfg, resolve=True) (tests/test_app.py checks it): OmegaConf's representers
-    on libyaml's emitter, a third of the time for a config the size of experiment=robustness's."""
+    """The text of OmegaConf.to_yaml(cfg, resolve=True) (tests/test_robustness.py checks it): OmegaConf's
+    representers on libyaml's emitter, a third of the time for a config the size of experiment=robustness's."""
     if _ConfigDumper is None:
         return OmegaConf.to_yaml(cfg, resolve=True)
     container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
@@ -203,7 +203,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict:
         return _execute(cfg, run_dir, text)
 
 
-def _execute(cfg: DictConfig, run_dir: str | Path, config_yaml: str) -> dict:
+def _execute(cfg: DictConfig, run_dir: str | Path, text: str) -> dict:
     parts = build(cfg)
     logger = make(cfg, "logger") if cfg.get("logger") is not None else None
     meta = dict(
@@ -232,7 +232,7 @@ def _execute(cfg: DictConfig, run_dir: str | Path, config_yaml: str) -> dict:
         extra = dict(res.extra)
         if res.trace is not None:
             extra["acceptance_trace.jsonl"] = res.trace
-        results.write_run(run_dir, summary=summary, config_yaml=config_yaml, tables=tables, extra=extra)
+        results.write_run(run_dir, summary=summary, config_yaml=text, tables=tables, extra=extra)
         ok = True
         if logger is not None:
             try:
