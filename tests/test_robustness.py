@@ -869,8 +869,8 @@ def test_config_yaml_writes_the_text_of_omegaconf_to_yaml():
     same text, strings that would load as another type quoted as OmegaConf quotes them."""
     from omegaconf import OmegaConf
     c = OmegaConf.create({"a": "1e5", "b": "yes", "c": "inf", "d": "h\u00e9llo", "e": None,
-                          "f": [1, "off", {"g": 1.5e-7}], "h": "${a}", "i": "", "j": "a: b", "k": "multi\nline", "l": 1000, "m": "nan", "n": "0x1F",
-                          "o": "1_000", "p": "12:30", "q": {"r": [True, 0.1, "~"]}})
+                          "f": [1, "off", {"g": 1.5e-7}], "h": "${a}", "i": "", "j": "a: b", "k": "multi\nline",
+                          "l": 1000, "m": "nan", "n": "0x1F", "o": "1_000", "p": "12:30", "q": {"r": [True, 0.1, "~"]}})
     assert config_yaml(c) == OmegaConf.to_yaml(c, resolve=True)
     assert "a: '1e5'" in config_yaml(c)
     full = cfg("experiment=robustness")
