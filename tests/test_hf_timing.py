@@ -132,3 +132,12 @@ def test_cost_kernels_load_before_the_clock_starts_on_backend_hf(pol):
     from sdtest import ROOT
     r = subprocess.run([sys.executable, "-c", WARM_CHECK, pol], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+
+
+def test_cost_warm_up_never_fails_a_run():
+    """The warm-up only loads kernels: a user's cost model without the methods it calls does not fail there (it
+    fails, with its own error, where a policy calls one)."""
+    from specdepth.app import build
+    engine = build(compose("engine.progress=false"))["engine"]
+    engine.cost = object()
+    engine._warm_cost()   # no AttributeError

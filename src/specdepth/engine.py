@@ -290,15 +290,18 @@ class Engine:
         another signature than a writable one: every mix is warmed. The results are discarded; a cost model keeps
         no state from them."""
         c = self.cost
-        for ro_ctx, ro_depths in ((False, False), (True, False), (False, True), (True, True)):
-            ctx, depths = np.array([8, 9], np.int64), np.array([1, 2], np.int64)
-            ctx.flags.writeable, depths.flags.writeable = not ro_ctx, not ro_depths
-            c.verify_time(ctx, depths)
-            c.draft_positions(ctx, depths)
-            c.verify_times(ctx, np.array([0.0, 2.0]))
-            c.target_forward(ctx)
-            c.draft_forward(ctx)
-        c.draft_times(8.0, np.array([1, 2]))
+        try:
+            for ro_ctx, ro_depths in ((False, False), (True, False), (False, True), (True, True)):
+                ctx, depths = np.array([8, 9], np.int64), np.array([1, 2], np.int64)
+                ctx.flags.writeable, depths.flags.writeable = not ro_ctx, not ro_depths
+                c.verify_time(ctx, depths)
+                c.draft_positions(ctx, depths)
+                c.verify_times(ctx, np.array([0.0, 2.0]))
+                c.target_forward(ctx)
+                c.draft_forward(ctx)
+            c.draft_times(8.0, np.array([1, 2]))
+        except Exception:   # a user's cost model without these methods: it fails where a policy calls one, not here
+            return
 
     def _admit(self, s: Step) -> None:
         """Every arrived request, up to the batch and token limits, joins at the end of the table; the
