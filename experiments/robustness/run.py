@@ -110,10 +110,14 @@ def run_job(args):
     return cell["id"], pol, s.get("throughput_tok_s"), time.perf_counter() - t
 
 
+def _tokens(cell: dict) -> float:
+    """A cell's output tokens in all: mean length x requests (a closed batch: the batch)."""
+    return (cell["workload"].get("num_requests") or cell["batch"]) * cell["out_mean"]
+
+
 def work_estimate(cell: dict) -> float:
     """Relative simulation cost of a cell: its verify steps (tokens / batch) plus per-row work."""
-    n = cell["workload"].get("num_requests") or cell["batch"]
-    return n * cell["out_mean"] / cell["batch"] * (1.0 + cell["batch"] / 64.0)
+    return _tokens(cell) / cell["batch"] * (1.0 + cell["batch"] / 64.0)
 
 
 def replicate(cell: dict, r: int) -> dict:
@@ -124,8 +128,8 @@ def replicate(cell: dict, r: int) -> dict:
 
 
 def output_tokens(cell: dict) -> int:
-    """A cell's output tokens in all (mean length x requests)."""
-    return int(cell["out_mean"] * (cell["workload"].get("num_requests") or cell["batch"]))
+    """A cell's output tokens in all, whole (--max-tokens)."""
+    return int(_tokens(cell))
 
 
 def select(cells: list[dict], only: dict) -> list[tuple[dict, str]]:
