@@ -783,7 +783,8 @@ def test_paired_comparison_reads_the_variant_against_the_draws_own_baselines(tmp
     import json
 
     import paired
-    cells = [dict(id=i, hardware="h200", model="llama3_8b", acc="iid", kind="closed", batch=4, out_mean=64,
+    cells = [dict(id=i, hardware="h200", model="llama3_8b", acc=("iid", "confidence")[i], kind="closed", batch=4,
+                  out_mean=64, acceptance=dict(calibration=0.7) if i else dict(alpha=0.8),
                   backend=dict(step_overhead_s=0.0, position_overhead_s=0.0)) for i in range(2)]
     for root, good in ((tmp_path / "draw", (90.0, 100.0)), (tmp_path / "var", (99.0, 100.0))):
         root.mkdir()
@@ -801,6 +802,20 @@ def test_paired_comparison_reads_the_variant_against_the_draws_own_baselines(tmp
     assert "draw:    worst 0.909, geo-mean 0.9583, < 0.99: 1, < 0.95: 1" in out   # 90 / 99 and 100 / 99
     assert "variant: worst 1.000, geo-mean 1.0050, < 0.99: 0" in out
     assert "0.909 -> 1.000" in out
+    # a subset: --only on a cell key, --range on a dotted one (cells without it are left out)
+    for args, kept in ((["--only", "acc=confidence"], 1), (["--only", "acc=iid,confidence"], 2),
+                       (["--range", "acceptance.calibration=:0.9"], 1), (["--range", "acceptance.calibration=0.8:"], 0),
+                       (["--only", "kind=closed", "--range", "acceptance.alpha=0.9:"], 0)):
+        if kept:
+            paired.main([str(tmp_path / "draw"), str(tmp_path / "var"), "--moved", "0", *args])
+            out = capsys.readouterr().out
+            worst = "0.909" if kept == 2 else "1.010"   # cell 0's 90 / 99, or cell 1's 100 / 99 alone
+            assert f"goodput, {kept} cells" in out and f"draw:    worst {worst}" in out and "->" not in out, (args, out)
+        else:
+            with pytest.raises(SystemExit, match="no cell where both"):
+                paired.main([str(tmp_path / "draw"), str(tmp_path / "var"), *args])
+    with pytest.raises(SystemExit, match="expected dotted.key=lo:hi"):
+        paired.main([str(tmp_path / "draw"), str(tmp_path / "var"), "--range", "acceptance.calibration=0.8"])
 
 
 def test_replicates_run_the_same_cells_with_other_seeds_and_average_over_them(tmp_path, capsys):

@@ -5,10 +5,14 @@ same cells (the same seeds, the same none / fixed 1-8 baselines).
         policies.goodput.drain=false                      # the variant's runs of goodput, another folder
     .venv/bin/python experiments/robustness/paired.py outputs/robustness/seed2026 outputs/variant/seed2026 \
         --policies goodput
+    ... paired.py ... --only acc=confidence --range acceptance.calibration=0:0.9   # a subset of the cells
 
 Prints, for each policy, the figures analyze.py reports (worst and geo-mean ratio to max(none, best fixed),
 cells below 0.99 / 0.95, cells more than 1 % below none, worst TPOT p50 ratio and cells above 1.02 on poisson
 cells) for the draw's runs and the variant's, over the cells both have, and the cells that moved most.
+`--only key=a,b` keeps the cells whose cells.json `key` is one of the values (as run.py's --only: kind, acc,
+hardware, model, ...); `--range dotted.key=lo:hi` the cells whose value there (e.g. acceptance.calibration) is in
+[lo, hi) (either end may be empty); a cell without the key is left out.
 """
 from __future__ import annotations
 
@@ -27,6 +31,32 @@ def figures(rows, p) -> str:
             f"(> 1.02: {sum(x > 1.02 for x in tp)})")
 
 
+def _value(cell: dict, dotted: str):
+    v = cell
+    for part in dotted.split("."):
+        if not isinstance(v, dict) or part not in v:
+            return None
+        v = v[part]
+    return v
+
+
+def keeps(cell: dict, only: list[str], ranges: list[str]) -> bool:
+    """Whether a cell passes every --only key=a,b and --range dotted.key=lo:hi."""
+    for spec in only:
+        key, _, vals = spec.partition("=")
+        if str(_value(cell, key)) not in vals.split(","):
+            return False
+    for spec in ranges:
+        key, _, span = spec.partition("=")
+        lo, sep, hi = span.partition(":")
+        if not sep:
+            raise SystemExit(f"paired.py: --range {spec!r}: expected dotted.key=lo:hi")
+        v = _value(cell, key)
+        if not isinstance(v, (int, float)) or (lo and v < float(lo)) or (hi and v >= float(hi)):
+            return False
+    return True
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("draw", type=Path, help="the draw's folder (run.py's <out>/seed<seed>)")
@@ -34,8 +64,11 @@ def main(argv=None):
     ap.add_argument("--policies", default="goodput", help="comma-separated")
     ap.add_argument("--moved", type=int, default=5, help="cells that moved most, each way")
     ap.add_argument("--base", type=Path, help="another run of the policies on the same seed to compare against")
+    ap.add_argument("--only", action="append", default=[], help="key=a,b: the cells with one of these values")
+    ap.add_argument("--range", action="append", default=[], help="dotted.key=lo:hi: the cells with a value in [lo, hi)")
     a = ap.parse_args(argv)
     cells, runs = load(a.draw)
+    cells = [c for c in cells if keeps(c, a.only, a.range)]
     _, other = load(a.variant)
     pols = a.policies.split(",")
     if a.base is not None:
@@ -55,7 +88,7 @@ def main(argv=None):
         print(f"  draw:    {figures(mine, p)}")
         print(f"  variant: {figures(list(theirs.values()), p)}")
         moved = sorted(mine, key=lambda r: theirs[r["cell"]["id"]]["ratio"][p] - r["ratio"][p])
-        for r in (moved if len(moved) <= 2 * a.moved else moved[:a.moved] + moved[-a.moved:]):
+        for r in (moved if len(moved) <= 2 * a.moved else moved[:a.moved] + moved[len(moved) - a.moved:]):
             print(f"    {_where(r)}: {r['ratio'][p]:.3f} -> {theirs[r['cell']['id']]['ratio'][p]:.3f}")
 
 
