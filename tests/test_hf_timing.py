@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from conftest import compose  # noqa: E402
 from specdepth.app import format_summary, run  # noqa: E402
-from specdepth.errors import ConfigError  # noqa: E402
+from specdepth.errors import ConfigError, PolicyError  # noqa: E402
 from specdepth.report import render  # noqa: E402
 
 SMALL = ("model=tiny_pair", "workload.batch_size=3", "workload.prompt_len=16", "workload.output_len=20",
@@ -141,3 +141,43 @@ def test_cost_warm_up_never_fails_a_run():
     engine = build(compose("engine.progress=false"))["engine"]
     engine.cost = object()
     engine._warm_cost()   # no AttributeError
+
+
+def test_gc_frozen_inside_a_measured_run_only(tmp_path):
+    """engine.gc_freeze (default on): on a measured clock the objects alive before the run (models, configs) sit in
+    the collector's permanent generation while the steps run, and go back after it (also after a failed run); off,
+    or on the simulator's model clock, nothing is frozen."""
+    import gc
+
+    from specdepth.app import build
+    from specdepth.policies import FixedDepth
+
+    class Probe(FixedDepth):
+        fail = False
+
+        def plan(self, view):
+            seen.append(gc.get_freeze_count())
+            if self.fail and len(seen) == 3:
+                raise ZeroDivisionError
+            return super().plan(view)
+
+    def frozen(*over, fail=False):
+        seen.clear()
+        engine = build(compose(*SMALL, "policy=fixed", "policy.depth=1", *over))["engine"]
+        engine.policy = Probe(depth=1)
+        engine.policy.fail = fail
+        if fail:
+            with pytest.raises(PolicyError, match="ZeroDivisionError"):
+                engine.run()
+        else:
+            engine.run()
+        assert gc.get_freeze_count() == 0   # unfrozen after the run
+        return min(seen) > 0
+
+    seen: list[int] = []
+    assert frozen("backend=hf")
+    assert frozen("backend=hf", fail=True)
+    assert not frozen("backend=hf", "engine.gc_freeze=false")
+    assert not frozen("backend=sim")
+    with pytest.raises(ConfigError, match="engine.gc_freeze"):
+        build(compose(*SMALL, "engine.gc_freeze=sometimes"))

@@ -17,6 +17,7 @@ Writes results.md and PNG figures into --out (default: this folder) and the READ
 from __future__ import annotations
 
 import argparse
+import csv
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -37,8 +38,33 @@ GOAL = -0.03
 GOAL12 = 0.98   # issue 12: goodput (calibrated) >= 0.98 x max(none, best fixed) at every batch size
 
 
+def _steps(run_dir: str) -> dict | None:
+    """A run's decode steps from its steps.csv: drafting steps' seconds and emitted tokens, idle steps' seconds
+    (step_s less the prefill a step ran), and the batch. None where the file is missing."""
+    f = Path(run_dir) / "steps.csv"
+    if not f.is_file():
+        return None
+    with f.open() as fh:
+        rows = list(csv.DictReader(fh))
+    out = dict(draft_s=0.0, draft_steps=0, draft_emitted=0, idle_s=0.0, idle_steps=0, emitted=0, idle_over=0.0,
+               over=0.0)
+    for r in rows:
+        t = float(r["step_s"]) - float(r["prefill_s"] or 0.0)
+        out["emitted"] += int(r["emitted"])
+        out["over"] += float(r["overhead_s"])
+        if int(r["drafted"]) > 0:
+            out["draft_s"] += t
+            out["draft_steps"] += 1
+            out["draft_emitted"] += int(r["emitted"])
+        else:
+            out["idle_s"] += t
+            out["idle_steps"] += 1
+            out["idle_over"] += float(r["overhead_s"])
+    return out
+
+
 def load(sweep: Path) -> dict:
-    """cells[batch][pol] = {e2e, decode, tps, reps: [e2e per rep]}"""
+    """cells[batch][pol] = {e2e, decode, tps, reps: [e2e per rep], by_rep: {rep: {e2e, decode, steps}}}"""
     raw = defaultdict(lambda: defaultdict(list))
     for row in collect(sweep):
         try:
@@ -61,8 +87,8 @@ def load(sweep: Path) -> dict:
                                decode=statistics.fmean(d for d in dec if d is not None),
                                tps=statistics.fmean(r["tokens_per_step"] for r in rows),
                                reps=[r["throughput_tok_s"] for r in sorted(rows, key=lambda r: r["_rep"])],
-                               by_rep={r["_rep"]: dict(e2e=r["throughput_tok_s"], decode=d)
-                                       for r, d in zip(rows, dec)})
+                               by_rep={r["_rep"]: dict(e2e=r["throughput_tok_s"], decode=d,
+                                                       steps=_steps(r["run_dir"])) for r, d in zip(rows, dec)})
     return cells
 
 
@@ -142,6 +168,45 @@ def table(cells: dict, metric: str) -> str:
     lines += ["", "tokens per step (mean emitted per sequence per verify):", "",
               "| policy | " + " | ".join(f"b={b}" for b in batches) + " |", "|---|" + "---|" * len(batches)] + tps
     return "\n".join(lines)
+
+
+def where(cells: dict, pol: str = "goodput") -> str | None:
+    """Where `pol`'s decode time goes against `none`'s, per batch, from the runs' steps.csv, in the same repetition
+    then averaged (each as a share of none's decode time): its drafting steps' time beyond what none takes to emit
+    their tokens (none's decode seconds per emitted token x theirs), and the same for its idle steps (the policy's
+    own Python, the machine's drift between the two runs, and steps run with fewer rows once drafts put some rows
+    ahead). The two add up to pol's decode time / none's - 1 (both emit the same tokens)."""
+    batches = sorted(b for b in cells if NONE in cells[b] and pol in cells[b])
+    rowsout = []
+    for b in batches:
+        idle, over, draft, nd, total = [], [], [], [], []
+        for rep, g in cells[b][pol]["by_rep"].items():
+            n = cells[b][NONE]["by_rep"].get(rep)
+            if n is None or g["steps"] is None or n["steps"] is None:
+                continue
+            gs, ns = g["steps"], n["steps"]
+            tn = ns["idle_s"] + ns["draft_s"]
+            per_token = tn / max(ns["emitted"], 1)   # none's seconds per emitted token (a step emits one a row)
+            idle.append((gs["idle_s"] - per_token * (gs["emitted"] - gs["draft_emitted"])) / tn)
+            over.append((gs["idle_over"] - ns["over"] / max(ns["emitted"], 1) * (gs["emitted"] - gs["draft_emitted"]))
+                        / tn)
+            draft.append((gs["draft_s"] - per_token * gs["draft_emitted"]) / tn)
+            nd.append(gs["draft_steps"])
+            total.append((gs["idle_s"] + gs["draft_s"]) / tn - 1.0)
+        if total:
+            rowsout.append(f"| {b} | {statistics.fmean(nd):.1f} | {100 * statistics.fmean(draft):+.1f}% | "
+                           f"{100 * statistics.fmean(idle):+.1f}% | {100 * statistics.fmean(over):+.1f}% | "
+                           f"{100 * statistics.fmean(total):+.1f}% |")
+    if not rowsout:
+        return None
+    return "\n".join([
+        f"Where `{pol}`'s decode time goes against `none`'s (steps.csv, the same repetition, then the mean; a share "
+        f"of none's decode time): its drafting steps, and its idle steps, beyond what none takes to emit their "
+        f"tokens (idle: the policy's own time, the machine's drift between the two runs, steps with fewer rows once "
+        f"drafts put some rows ahead):", "",
+        "| batch | drafting steps | drafting steps' extra | idle steps' extra | of which outside the forwards "
+        "(steps.csv overhead_s: the policy's hooks, the engine's bookkeeping) | decode time / none's - 1 |",
+        "|---:|---:|---:|---:|---:|---:|"] + rowsout)
 
 
 def verdict(cells: dict, metric: str) -> tuple[str, str | None, float | None]:
@@ -227,6 +292,9 @@ def report(sweep: Path, out: Path) -> str:
     for metric in ("e2e", "decode"):
         md += ["", verdict(cells, metric)[0], "", goal12(cells, metric), "", table(cells, metric)]
         figs.append(figure(cells, metric, out))
+    w = where(cells)
+    if w:
+        md += ["", w]
     md += ["", "Figures: " + ", ".join(f"[{f}]({f})" for f in figs)]
     text = "\n".join(md) + "\n"
     (out / "results.md").write_text(text)

@@ -14,6 +14,7 @@ rows into summary.json. docs/architecture.md has the picture.
 """
 from __future__ import annotations
 
+import gc
 import operator
 import sys
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from . import _kernels as _k
 from .acceptance import TraceRecorder
 from .clock import Clock
 from .cost import CostModel
-from .errors import ConfigError, PolicyError, SpecdepthError, as_float, as_int
+from .errors import ConfigError, PolicyError, SpecdepthError, as_bool, as_float, as_int
 from .executor import Executor
 from .policy import Policy, StepView
 from .rows import RowTable
@@ -43,7 +44,7 @@ class EngineConfig:
     def __init__(self, max_batch_size: int = 512, max_num_batched_tokens: int = 8192, token_budget="auto",
                  max_depth: int = 16, acceptance_prior: float = 0.7, acceptance_decay: float = 0.8,
                  history: int = 8, budget_tolerance: float = 0.05, record_trace: bool = False,
-                 progress: str | bool = "auto", charge_policy_time: bool = False):
+                 progress: str | bool = "auto", charge_policy_time: bool = False, gc_freeze: bool = True):
         self.max_batch_size = as_int(max_batch_size, "engine.max_batch_size", min=1)
         self.max_num_batched_tokens = as_int(max_num_batched_tokens, "engine.max_num_batched_tokens", min=1)
         if token_budget != "auto":
@@ -58,6 +59,7 @@ class EngineConfig:
         # model clock only: add the policy's own measured time (plan, keep_drafting, observe) to each step,
         # as a real engine pays it; makes simulated times depend on this CPU (off: deterministic)
         self.charge_policy_time = bool(charge_policy_time)
+        self.gc_freeze = as_bool(gc_freeze, "engine.gc_freeze")
         if progress not in ("auto", True, False):
             raise ConfigError(f"engine.progress must be auto, true or false, got {progress!r}")
         self.progress = progress
@@ -232,18 +234,22 @@ class Engine:
         rows, total, begin = self.rows, len(self.requests), self.clock.begin_step
         admit, plan, draft, verify, commit, record, retire = (self._admit, self._plan, self._draft, self._verify,
                                                               self._commit, self._record, self._retire)
-        while self._next < total or rows.n:
-            s = Step(self._step, begin())
-            admit(s)
-            if rows.n == 0:
-                self._idle(s)
-                continue
-            plan(s)
-            draft(s)
-            verify(s)
-            commit(s)
-            record(s)
-            retire(s)
+        try:
+            while self._next < total or rows.n:
+                s = Step(self._step, begin())
+                admit(s)
+                if rows.n == 0:
+                    self._idle(s)
+                    continue
+                plan(s)
+                draft(s)
+                verify(s)
+                commit(s)
+                record(s)
+                retire(s)
+        finally:
+            if self._frozen:
+                gc.unfreeze()
         return self._finish()
 
     def _start(self) -> None:
@@ -278,9 +284,24 @@ class Engine:
         self._short = np.cumsum([0] + [r.output_len <= 1 for r in reqs]).tolist()   # done after the prefill
         self._pbar = self._progress(sum(r.output_len for r in self.requests))
         self._hook("reset")
+        self._frozen = False
         if ex.clock != "model":
             self._warm_cost()
+            if cfg.gc_freeze:
+                self._freeze()
         self.clock.start()
+
+    def _freeze(self) -> None:
+        """On a measured clock (`engine.gc_freeze`, on by default): move every object alive now (the models, the
+        configs, the workload: ~470k tracked objects in a `specdepth experiment=real_pareto` process) to the
+        collector's permanent generation until the run ends (`run` unfreezes), so that the collections the step
+        loop triggers do not traverse them inside the timed steps. Measured with gc.callbacks on that experiment's
+        cell (batch 4 and 32, none and goodput): 16-33 ms of collections in a 1.3-3.8 s decode without it, 4-5 ms
+        with it. No collection first: a full one costs ~0.4 s there, and garbage frozen now is collected after the
+        run. Cycles made during the run are still collected. The simulator's clock is model time: there nothing
+        changes."""
+        gc.freeze()
+        self._frozen = True
 
     def _warm_cost(self) -> None:
         """On a measured clock (backend=hf), call view.cost's methods once before the clock starts: the first call

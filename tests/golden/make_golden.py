@@ -48,8 +48,11 @@ SIM_EXTRA = [
 ]
 HF_CELLS = [
     # backend=hf: the calibrated cost (goodput's default, confidence's cost-aware cap) follows the measured wall
-    # times, so its decisions depend on the machine's timing: these cases pin the cost model to keep them exact
-    ("hf_greedy_goodput", ["policy=goodput", "policy.cost=model", "cost=constant", "workload.batch_size=4", "workload.output_len=24",
+    # times, so its decisions depend on the machine's timing: these cases pin the cost model to keep them exact,
+    # and goodput's policy_time (its own measured seconds) and catch_up (a padding verdict from measured draft
+    # seconds), which read wall time too (the case's decisions once followed the machine's speed, 2026-12-02)
+    ("hf_greedy_goodput", ["policy=goodput", "policy.cost=model", "policy.policy_time=false", "policy.catch_up=false",
+                           "cost=constant", "workload.batch_size=4", "workload.output_len=24",
                            "workload.prompt_len={dist: uniform, low: 4, high: 40}"]),
     ("hf_greedy_confidence", ["policy=confidence", "policy.cost_aware=false", "workload.batch_size=3",
                               "workload.output_len=20"]),
