@@ -296,9 +296,9 @@ class Engine:
         configs, the workload: ~470k tracked objects in a `specdepth experiment=real_pareto` process) to the
         collector's permanent generation until the run ends (`run` unfreezes), so that the collections the step
         loop triggers do not traverse them inside the timed steps. Measured with gc.callbacks on that experiment's
-        cell (batch 4 and 32, none and goodput): 16-33 ms of collections in a 1.3-3.8 s decode without it, 4-5 ms
-        with it. No collection first: a full one costs ~0.4 s there, and garbage frozen now is collected after the
-        run. Cycles made during the run are still collected. The simulator's clock is model time: there nothing
+        cell (experiments/perf/gc_time.py, batch 4 and 32, none and goodput): 8-27 ms of collections in a 1.1-3.6
+        s decode without it, 2-3 ms with it. No collection first: a full one costs ~0.4 s there, and garbage frozen
+        now is collected after the run. Cycles made during the run are still collected. The simulator's clock is model time: there nothing
         changes."""
         gc.freeze()
         self._frozen = True
