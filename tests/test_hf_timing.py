@@ -179,5 +179,13 @@ def test_gc_frozen_inside_a_measured_run_only(tmp_path):
     assert frozen("backend=hf", fail=True)
     assert not frozen("backend=hf", "engine.gc_freeze=false")
     assert not frozen("backend=sim")
+    gc.freeze()   # the caller's own freeze: left as it is, not undone
+    try:
+        held = gc.get_freeze_count()
+        seen.clear()
+        build(compose(*SMALL, "backend=hf", "policy=fixed", "policy.depth=1"))["engine"].run()
+        assert gc.get_freeze_count() > held // 2   # still frozen (less the frozen objects that died meanwhile)
+    finally:
+        gc.unfreeze()
     with pytest.raises(ConfigError, match="engine.gc_freeze"):
         build(compose(*SMALL, "engine.gc_freeze=sometimes"))

@@ -287,7 +287,7 @@ class Engine:
         self._frozen = False
         if ex.clock != "model":
             self._warm_cost()
-            if cfg.gc_freeze:
+            if cfg.gc_freeze and gc.get_freeze_count() == 0:   # a caller's own freeze is left as it is
                 self._freeze()
         self.clock.start()
 
@@ -298,8 +298,9 @@ class Engine:
         loop triggers do not traverse them inside the timed steps. Measured with gc.callbacks on that experiment's
         cell (experiments/perf/gc_time.py, batch 4 and 32, none and goodput): 8-27 ms of collections in a 1.1-3.6
         s decode without it, 2-3 ms with it. No collection first: a full one costs ~0.4 s there, and garbage frozen
-        now is collected after the run. Cycles made during the run are still collected. The simulator's clock is model time: there nothing
-        changes."""
+        now is collected after the run. Cycles made during the run are still collected. Where the caller froze
+        objects already, nothing is done (unfreezing would undo theirs). The simulator's clock is model time: there
+        nothing changes."""
         gc.freeze()
         self._frozen = True
 
