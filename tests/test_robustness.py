@@ -850,7 +850,7 @@ def test_replicates_run_the_same_cells_with_other_seeds_and_average_over_them(tm
         root = tmp_path / name
         root.mkdir()
         (root / "cells.json").write_text(json.dumps([{"id": 0}]))
-        for p, thr in dict(base, fixed1=fixed1, goodput=pol).items():
+        for p, thr in dict(base, fixed1=fixed1, goodput=pol, oracle_expected=95.0).items():
             (root / "c0" / p).mkdir(parents=True)
             (root / "c0" / p / "summary.json").write_text(json.dumps({"throughput_tok_s": thr}))
     replicates.main([str(tmp_path / "r0"), str(tmp_path / "r1"), "--policies", "goodput",
@@ -859,6 +859,11 @@ def test_replicates_run_the_same_cells_with_other_seeds_and_average_over_them(tm
     assert "| goodput | one draw | 0.900 (c0) |" in out   # 90 / fixed1's 100
     assert "| goodput | mean of replicates | 1.050 (c0) |" in out   # 94.5 / fixed1's mean, 90
     assert (tmp_path / "t.md").read_text() == out
+    assert "oracle_expected" not in out   # the regret table needs both policies
+    replicates.main([str(tmp_path / "r0"), str(tmp_path / "r1"), "--policies", "goodput,oracle_expected"])
+    out = capsys.readouterr().out
+    assert "| one draw | 0.947 (c0) | 1 |" in out   # goodput 90 / oracle_expected 95: more than 2 % below
+    assert "| mean of replicates | 0.995 (c0) | 0 |" in out   # 94.5 / 95
 
 
 def test_runner_job_config_resolves_exactly_as_the_cli_composes_it():

@@ -1,6 +1,7 @@
 """One draw's cells judged on their expected throughput: each policy's throughput averaged over replicates of
 the cells (run.py --replicate R: the same cell with other seeds), against the best of none and fixed depths 1-8
-by *their* average, next to the single draw's figures on the same cells.
+by *their* average, next to the single draw's figures on the same cells; and goodput / oracle_expected, one draw
+and averaged (issue 12's regret goal: within 2 % in every cell).
 
     .venv/bin/python experiments/robustness/run.py --seed 2046 --max-tokens 1000 --replicate 1 --out outputs/rep1
     ...                                                                           --replicate 7 --out outputs/rep7
@@ -52,6 +53,13 @@ def figures(folders: list[Path], policies: tuple) -> tuple[list[str], dict]:
                          f"{sum(v < 0.99 for v in ratio.values())} | {sum(v < 0.95 for v in ratio.values())} | "
                          f"{below_none} |")
             out[p, name] = ratio
+    if "goodput" in policies and "oracle_expected" in policies:   # issue 12's regret goal: within 2 % of it
+        lines += ["", "| goodput / oracle_expected | worst | cells < 0.98 |", "|---|---:|---:|"]
+        for name, t in (("one draw", single), ("mean of replicates", mean)):
+            rel = {c: t[c]["goodput"] / t[c]["oracle_expected"] for c in cells}
+            worst = min(cells, key=rel.get)
+            lines.append(f"| {name} | {rel[worst]:.3f} (c{worst}) | {sum(v < 0.98 for v in rel.values())} |")
+            out["goodput/oracle_expected", name] = rel
     return lines, out
 
 
