@@ -381,3 +381,36 @@ def test_profile_interleave_adds_draft_next_rows(tiny_pair, tmp_path):
     P.write_profile([r[:8] + ("",) for r in rows], tmp_path / "p.csv")
     arch = ModelArch.from_hf_config(tiny_pair["target"], "model.target_arch")
     assert TableCost(arch, path=str(tmp_path / "p.csv")).has_draft_next
+
+
+def test_real_pareto_splits_a_policys_decode_time_against_nones():
+    """analyze.py's `where`: a policy's decode seconds beyond none's, from steps.csv sums, split into its drafting
+    steps and its idle steps (each against none's seconds per emitted token), and the idle steps' time outside the
+    forwards; the parts add up to the total."""
+    rp = _module(ROOT / "experiments" / "real_pareto" / "analyze.py")
+    none = dict(draft_s=0.0, draft_steps=0, draft_emitted=0, idle_s=1.0, idle_steps=10, emitted=20, idle_over=0.1,
+                over=0.1)
+    good = dict(draft_s=0.33, draft_steps=2, draft_emitted=6, idle_s=0.9, idle_steps=7, emitted=20, idle_over=0.2,
+                over=0.25)
+    cells = {2: {"none": {"by_rep": {0: {"steps": none}}}, "goodput": {"by_rep": {0: {"steps": good}}}}}
+    text = rp.where(cells)
+    # none: 0.05 s a token. Drafting: 0.33 - 6 x 0.05 = 0.03; idle: 0.9 - 14 x 0.05 = 0.2, of it outside the
+    # forwards 0.2 - 14 x 0.005 = 0.13; total 1.23 / 1.0 - 1
+    assert "| 2 | 2.0 | +3.0% | +20.0% | +13.0% | +23.0% |" in text
+    assert rp.where({2: {"none": {"by_rep": {0: {"steps": None}}}, "goodput": {"by_rep": {0: {"steps": good}}}}}) \
+        is None   # no steps.csv: no table
+
+
+def test_interleaved_alternates_the_order_and_pairs_within_a_repetition():
+    il = _module(ROOT / "experiments" / "real_pareto" / "interleaved.py")
+    v = ["none", "fixed1", "goodput"]
+    assert il.schedule(v, 0, "alternate") == [(0, "none"), (1, "fixed1"), (2, "goodput")]
+    assert il.schedule(v, 1, "alternate") == [(2, "goodput"), (1, "fixed1"), (0, "none")]
+    assert il.schedule(v, 1, "forward") == il.schedule(v, 0, "forward")
+    got = il.paired({"none": [1.0, 2.0], "fixed1": [1.2, 1.5], "goodput": [1.1, 2.2]}, ["none", "fixed1"])
+    assert list(got) == ["goodput"]
+    mean, lo, hi = got["goodput"]   # per repetition: 1.0 / 1.1 and 1.5 / 2.2 (the best baseline of each)
+    assert (lo, hi) == (pytest.approx(1.5 / 2.2), pytest.approx(1.0 / 1.1))
+    assert mean == pytest.approx((1.0 / 1.1 + 1.5 / 2.2) / 2)
+    with pytest.raises(SystemExit, match="--baselines"):
+        il.main(["--baselines", "fixed3", "none", "goodput"])

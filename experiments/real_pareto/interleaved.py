@@ -10,6 +10,14 @@ of the machine hits them all. Run it pinned on a quiet machine:
 A variant is `pol[:override[:override...]]` (overrides of the real_pareto config). Prints, per batch and
 variant, the mean over repetitions of the summary's verify, draft and overhead seconds and the decode time
 (time_s - prefill_time_s), and the decode time's ratio to the first variant's. Runs go to a temporary folder.
+
+    ... interleaved.py --batch 1,2,4,8,16,32 --reps 4 --order alternate --baselines none,fixed1,fixed2 \
+        none fixed1 fixed2 goodput
+
+`--order alternate`: odd repetitions run the variants in reverse order, so that a machine speeding up or slowing
+down steadily over a repetition favours no variant (forward, the default: the same order every time).
+`--baselines a,b`: a second table, per batch and other variant, the best baseline's decode seconds in the same
+repetition / the variant's, mean over repetitions [min-max] (issue 12's real-backend figure, paired per repetition).
 """
 from __future__ import annotations
 
@@ -33,14 +41,20 @@ def main(argv=None):
     ap.add_argument("--batch", default="2")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--gc-freeze", action="store_true")
+    ap.add_argument("--order", choices=("forward", "alternate"), default="forward")
+    ap.add_argument("--baselines", default="", help="variants (as given) whose best is the paired baseline")
     a = ap.parse_args(argv)
     batches = [int(b) for b in a.batch.split(",")]
+    base = [v for v in a.baselines.split(",") if v]
+    if any(v not in a.variants for v in base) or (base and set(base) >= set(a.variants)):
+        sys.exit(f"interleaved.py: --baselines {a.baselines!r} must name some of the variants (not all): "
+                 f"{a.variants}")
     res: dict = {}
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None), tempfile.TemporaryDirectory() as tmp:
-        for _ in range(a.reps):
+        for rep in range(a.reps):
             for b in batches:
-                for i, v in enumerate(a.variants):
+                for i, v in schedule(a.variants, rep, a.order):
                     pol, *over = v.split(":")
                     try:
                         cfg = compose("config", overrides=["experiment=real_pareto", f"pol={pol}", "hydra.mode=RUN",
@@ -60,6 +74,32 @@ def main(argv=None):
         for v in a.variants:
             m = [statistics.mean(col) for col in zip(*res[(b, v)])]
             print(f"| {b} | {v} | {m[0]:.3f} | {m[1]:.3f} | {m[2]:.3f} | {m[3]:.3f} | {m[3] / first:.3f} |")
+    if base:
+        print()
+        print("| batch | variant | best baseline's decode s / the variant's, same repetition: mean [min-max] |")
+        print("|---:|---|---|")
+        for b in batches:
+            for v, (mean, lo, hi) in paired({k[1]: [r[3] for r in rs] for k, rs in res.items() if k[0] == b},
+                                            base).items():
+                print(f"| {b} | {v} | {mean:.3f} [{lo:.3f}-{hi:.3f}] |")
+
+
+def schedule(variants: list, rep: int, order: str) -> list:
+    """(index, variant) in the order repetition `rep` runs them: forward, or reversed on odd repetitions."""
+    pairs = list(enumerate(variants))
+    return pairs[::-1] if order == "alternate" and rep % 2 else pairs
+
+
+def paired(decode: dict, baselines: list) -> dict:
+    """decode[variant] = decode seconds per repetition. For each variant not a baseline: the best (smallest)
+    baseline's seconds in the same repetition / the variant's, as (mean, min, max) over repetitions."""
+    out = {}
+    for v, ts in decode.items():
+        if v in baselines:
+            continue
+        r = [min(decode[b][i] for b in baselines) / t for i, t in enumerate(ts)]
+        out[v] = (statistics.mean(r), min(r), max(r))
+    return out
 
 
 if __name__ == "__main__":
