@@ -988,7 +988,7 @@ class CostAwareDepth:
             rest = (None, None, f, t)
         k, g = uniform_depth(a, costs, kmax, *rest)
         if k and self.catch_up:
-            k = self._catch_up(view, k, g, a, costs, rest, level, f, t)
+            k = self._catch_up(view, k, g, a, costs, rest, level)
         if k == 0 and self.probe and may_probe(self._probes, self._pool.sum(), self.prior_tokens, view.batch_size):
             # thin evidence: would a draft pay at a level `probe` standard errors higher? then try one
             hi = min(level + self.probe * math.sqrt(level * (1.0 - level) / trials), 0.999)
@@ -1001,13 +1001,13 @@ class CostAwareDepth:
             self._probes += k
         return k
 
-    def _catch_up(self, view, k, g, a, costs, rest, level, f, t=None) -> int:
+    def _catch_up(self, view, k, g, a, costs, rest, level) -> int:
         """`catch_up`: where rows' draft lags, they draft at depth k > 0 if its gain per step (verify[0] x (g_k /
         g_0 - 1) seconds) over the steps it is expected to go on (draining: till the batch ends, its longest row's
         remaining steps; else the lagging rows' mean) pays for their catch-up (`catch_up_pays`); on thin
         evidence (`thin_evidence`) only those with the most tokens left whose catch-up costs at most one idle
         step (`catch_up_rows`). The lagging rows that do not are `held` (a bool mask, else None); the others draft
-        k (0 where all are held)."""
+        k (0 where all are held). `rest`: uniform_depth's (remaining, rates, factors, trials) of the plan."""
         n = view.batch_size
         late = view.draft_lag > 2
         if not late.any():
@@ -1015,7 +1015,7 @@ class CostAwareDepth:
         g0 = uniform_depth(a, costs, 0, *rest)[1]
         t0 = float(costs.verify[0])
         rem = view.remaining
-        e = float(_expected_tokens(np.array([level]), np.array([k]), f, t)[0, 0])
+        e = float(_expected_tokens(np.array([level]), np.array([k]), *rest[2:])[0, 0])
         steps = float(rem.max() if rest[0] is not None else rem[late].mean()) / e   # draining: till the batch ends
         args = (None, self._padded())
         if not catch_up_pays(view, np.ones(n, bool), t0 * max(g / g0 - 1.0, 0.0), steps, *args, free_s=t0):

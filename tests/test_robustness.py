@@ -816,6 +816,8 @@ def test_paired_comparison_reads_the_variant_against_the_draws_own_baselines(tmp
                 paired.main([str(tmp_path / "draw"), str(tmp_path / "var"), *args])
     with pytest.raises(SystemExit, match="expected dotted.key=lo:hi"):
         paired.main([str(tmp_path / "draw"), str(tmp_path / "var"), "--range", "acceptance.calibration=0.8"])
+    with pytest.raises(SystemExit, match="the bounds must be numbers"):
+        paired.main([str(tmp_path / "draw"), str(tmp_path / "var"), "--range", "acceptance.calibration=low:0.9"])
 
 
 def test_replicates_run_the_same_cells_with_other_seeds_and_average_over_them(tmp_path, capsys):

@@ -51,8 +51,12 @@ def keeps(cell: dict, only: list[str], ranges: list[str]) -> bool:
         lo, sep, hi = span.partition(":")
         if not sep:
             raise SystemExit(f"paired.py: --range {spec!r}: expected dotted.key=lo:hi")
+        try:
+            lo_v, hi_v = (float(lo) if lo else None), (float(hi) if hi else None)
+        except ValueError:
+            raise SystemExit(f"paired.py: --range {spec!r}: the bounds must be numbers") from None
         v = _value(cell, key)
-        if not isinstance(v, (int, float)) or (lo and v < float(lo)) or (hi and v >= float(hi)):
+        if not isinstance(v, (int, float)) or (lo_v is not None and v < lo_v) or (hi_v is not None and v >= hi_v):
             return False
     return True
 
