@@ -347,10 +347,13 @@ def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path):
     import time
 
     from sdtest import CLI
-    # ~2 s of simulation on a fast CPU (batch 256 took ~1 s there and sometimes finished before the signal)
+    # ~2 s of simulation on a fast CPU (batch 256 took ~1 s there and sometimes finished before the signal).
+    # The child gets SIGINT's default disposition: a test runner started in the background by a shell without job
+    # control inherits SIGINT ignored, and Python then installs no Ctrl-C handler (the run finished, exit 0: CI).
     proc = subprocess.Popen([CLI, "workload.batch_size=1024", "workload.output_len=120000", "policy=none",
-                             "hardware.memory_gb=null", "hydra.run.dir=run"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ, HYDRA_FULL_ERROR="0"))
+                             "hardware.memory_gb=null", "hydra.run.dir=run"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, HYDRA_FULL_ERROR="0"),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 60
     while time.time() < deadline and not (tmp_path / "run" / ".lock").exists():
         time.sleep(0.2)
