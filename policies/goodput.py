@@ -53,9 +53,11 @@ class Goodput(Policy):
     to the slowest row's, which still credits the fast rows below the ridge.
     `probe` (standard errors, 0 = off): where no row would draft and the draft's calibration rests on few
     verified tokens, a calibration that many standard errors higher is tried; if a draft pays there, one token
-    per row (`_probe`). `calibration_prior`: the pseudo verified tokens (accepted / confidence = 1) that
-    calibration starts from; `calibration_prior_at=confidence` (default) counts them at the verified drafts' mean
-    confidence, so that they weigh as many tokens whatever the draft's confidence scale; `one`, the rule before
+    per row (`_probe`): at most PROBE_ROUNDS steps a run, and past them only the rows never verified (requests that
+    joined since), once they are a quarter of the batch (`_probe_rows`). `calibration_prior`: the pseudo verified
+    tokens (accepted / confidence = 1) that calibration starts from; `calibration_prior_at=confidence` (default)
+    counts them at the verified drafts' mean confidence, so that they weigh as many tokens whatever the draft's
+    confidence scale; `one`, the rule before
     (with calibration_prior=1), at confidence 1: worth 9 tokens of the shipped real pair (mean confidence 0.11)
     and about 1 of a calibrated draft at 0.85.
     `row_calibration` (standard errors, 0 = off): where the rows' outcomes spread more than one calibration of
@@ -237,8 +239,10 @@ class Goodput(Policy):
         self._G = G
         if self.catch_up and depths.any():
             depths = self._catch_up(view, depths, S, costs, remaining)
-        if not depths.any() and self.probe and may_probe(self._probes, self._pool.verified, self.calibration_prior, n):
-            return self._probe(view, S, costs, rowcap)
+        if not depths.any() and self.probe:
+            rows = self._probe_rows(view, n)
+            if rows is not None:
+                return self._probe(view, S, costs, rowcap, rows)
         if self.use_confidence:
             self._s = np.ones(n)
             depths = np.where(depths > 0, np.minimum(depths + self.extend, rowcap), 0)
@@ -289,11 +293,27 @@ class Goodput(Policy):
         depths, self._G = self._plan_positions(S, costs, remaining)
         return depths
 
-    def _probe(self, view, S, costs, rowcap):
+    def _probe_rows(self, view, n):
+        """Which rows a probe may draft, or None: every row while the run has probed fewer than PROBE_ROUNDS
+        steps (`may_probe`); past that, on thin evidence, the rows no draft of which was verified yet, once they
+        are at least a quarter of the batch (and two rows, unless the batch is one row). A stream's first
+        requests can say little of its later ones: in a stream whose requests differ (`beta` acceptance), the
+        rounds went on the first two, at batch 2, which accepted 3 of 29 drafts, and the batch of up to 80 drafted
+        nothing for the remaining 3,000 steps, where one token each paid (c48 of robustness draw 2049: TPOT p50
+        1.145 x fixed depth 1's; `oracle_expected` 1.004)."""
+        if may_probe(self._probes, self._pool.verified, self.calibration_prior, n):
+            return np.ones(n, bool)
+        if not thin_evidence(self._pool.verified, self.calibration_prior, n):
+            return None
+        fresh = self._seq.align(view.request_ids)[:, 5] == 0
+        k = int(fresh.sum())
+        return fresh if k and k >= max(min(2, n), n / 4) else None
+
+    def _probe(self, view, S, costs, rowcap, rows):
         """No row drafts, and the draft's calibration rests on few verified tokens (fewer than max(batch,
-        PROBE_TOKENS); at most PROBE_ROUNDS probe steps a run): would a draft pay at a calibration `probe`
+        PROBE_TOKENS); `rows`, from _probe_rows): would a draft pay at a calibration `probe`
         standard errors higher (binomial relative error sqrt((1 - A / V) / A), A of V verified drafts accepted,
-        its prior's included)? Then every row the optimistic plan drafts gets one token, to learn it. Without
+        its prior's included)? Then every row of `rows` the optimistic plan drafts gets one token, to learn it. Without
         it a batch whose first verified drafts were unlucky never drafts again, so never learns better (c152 of
         robustness draw 2035: 1 of 14 accepted at a = 0.39, 0.915 of fixed depth 1 for the whole run)."""
         A, V = self._pool.evidence()   # accepted / verified drafts, the prior's included
@@ -301,6 +321,7 @@ class Goodput(Policy):
         hi = np.minimum(S * up ** np.arange(1, S.shape[1] + 1), 0.999)   # slot j: j draft tokens' survival
         hi[np.arange(S.shape[1])[None, :] >= rowcap[:, None]] = 0.0
         depths, _ = self._plan_positions(hi, costs, view.remaining)
+        depths[~rows] = 0   # whether it pays is the batch's question; the rows to learn from, `rows`
         late = (depths > 0) & (view.draft_lag > 2)
         if self.catch_up and late.any():   # a probe catches up at most one idle step's worth of rows
             ok = catch_up_rows(view, late, float(costs.verify[0]), *self._catch_up_args(view))

@@ -317,8 +317,32 @@ def test_goodput_probes_at_most_probe_rounds_steps_a_run():
     p = Goodput()
     p._pool = _Pool(accepted=0.4, rejected=0.6, conf_sum=0.4, drafted=1.0, cal_accepted=1.0, cal_conf=3.2)
     v = make_view(14, cost=LinearCost(v0=10e-3, v1=2e-4, d0=1e-3), requests_left=5)
-    drafted = [int(p.plan(v).sum()) for _ in range(PROBE_ROUNDS + 3)]
+    drafted = []
+    for _ in range(PROBE_ROUNDS + 3):
+        drafted.append(int(p.plan(v).sum()))
+        p._seq.align(v.request_ids)[:, 5] += 1   # each row's probe verified (the pool as it was: still thin)
     assert drafted == [14] * PROBE_ROUNDS + [0] * 3
+
+
+@pytest.mark.parametrize("fresh, probed", [(4, True), (3, False), (14, True)])
+def test_goodput_probes_the_rows_that_joined_after_its_rounds(fresh, probed):
+    """Past its PROBE_ROUNDS probe steps, on evidence still thin, goodput probes again the rows no draft of which
+    was verified (requests that joined since), only them, once they are a quarter of the batch: a stream's first
+    requests say little of its later ones (c48 of robustness draw 2049: the rounds went on its first two requests
+    and a batch of up to 80 drafted nothing for 3,000 steps). On evidence that is not thin: no probe."""
+    from specdepth.policies._common import PROBE_ROUNDS
+
+    def plan(cal_accepted):
+        p = Goodput()
+        p._pool = _Pool(accepted=0.4, rejected=0.6, conf_sum=0.4, drafted=1.0, cal_accepted=cal_accepted,
+                        cal_conf=cal_accepted * 3.2)
+        p._probes = PROBE_ROUNDS
+        ids = np.array(list(range(14 - fresh)) + list(range(100, 100 + fresh)))
+        p._seq.align(ids)[:14 - fresh, 5] = 3.0   # the older rows' verified drafts
+        return p.plan(make_view(14, ids=ids, cost=LinearCost(v0=10e-3, v1=2e-4, d0=1e-3), requests_left=5)).tolist()
+
+    assert plan(1.0) == ([0] * (14 - fresh) + [1] * fresh if probed else [0] * 14)
+    assert plan(100.0) == [0] * 14
 
 
 def test_goodput_row_calibration_prices_a_confident_wrong_row_by_its_own_outcomes():
