@@ -142,6 +142,7 @@ ROWS = [
     ("4", "policy=goodput policy.sticky_pad=often", "policy.sticky_pad must be true or false"),
     ("4", "policy=goodput policy.cautious_pad=often", "policy.cautious_pad must be true or false"),
     ("4", "policy=goodput policy.drain_tail=sometimes", "policy.drain_tail"),
+    ("4", "policy=goodput policy.stream_value=slots", "policy.stream_value"),
     ("4", "policy=confidence policy.catch_up=2", "policy.catch_up must be true or false"),
     ("4", "policy=oracle_expected policy.catch_up=maybe", "policy.catch_up must be true or false"),
     ("4", "policy=batch_scaled policy.drain=1", "policy.drain must be true or false"),

@@ -345,6 +345,25 @@ def test_goodput_probes_the_rows_that_joined_after_its_rounds(fresh, probed):
     assert plan(100.0) == [0] * 14
 
 
+def test_goodput_slot_time_values_a_sure_rows_tokens_by_the_slot_time_they_free():
+    """While requests wait to join (a stream), a row whose drafts are all accepted, beside one accepted 3 times in
+    10: plain goodput (stream_value=tokens) drafts the sure row 16 deep, as the step's tokens per second says (c140
+    of robustness draw 2048: 0.944 of fixed depth 4). slot_time prices its tokens by the slot time they free (1 /
+    its expected tokens per step): it drafts shallower, and the slow row no less. Once no request is left to join
+    the drain decides, alike for both."""
+    def plan(value, requests_left):
+        p = Goodput(use_confidence=False, stream_value=value, probe=0)
+        v = make_view(2, requests_left=requests_left, cost=LinearCost(v0=10e-3, v1=2e-4, d0=1e-3))
+        st = p._seq.align(v.request_ids)
+        st[:, 2], st[:, 3] = [990.0, 300.0], 1000.0   # confidence sums over 1,000 drafts each: a = 0.99, 0.3
+        return p.plan(v).tolist()
+
+    tokens, slots = plan("tokens", 5), plan("slot_time", 5)
+    assert tokens[0] == 16 and slots[0] < 8, (tokens, slots)
+    assert slots[1] >= tokens[1] >= 1
+    assert plan("tokens", 0) == plan("slot_time", 0)
+
+
 def test_goodput_row_calibration_prices_a_confident_wrong_row_by_its_own_outcomes():
     """Two rows whose draft says 0.1 for every token: row 0's drafts are always rejected, row 1's always
     accepted (the shipped tiny pair at batch 2 came close: 11 of 51 against 38 of 38). The batch-wide
