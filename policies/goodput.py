@@ -81,6 +81,10 @@ class Goodput(Policy):
     `drain_tail` (default balanced): a stream's tail, after its last admission, is drained where the batch was full
     until then (throughput-bound); where it never filled (latency-bound), each token is valued at the mean of the
     drain's weight and 1, so the last requests do not all wait for the slowest one (`_drain_weights`).
+    `stream_value` (default slot_time): while requests may still join, a row's tokens are worth 1 / its expected
+    tokens per step (scaled to at most 1): they free its slot sooner for the next request rather than add to every
+    step alike, so a sure row is not drafted deep beside slow ones whose steps that lengthens (`_slot_weights`);
+    `tokens`: every row's tokens alike, the rule before 2026-12-02.
     `drain_after` > 0 also drains once the batch has shrunk below its largest size and no request joined
     for that many steps (a guess at the end of an online stream; off by default: on the development draw it
     raised the worst closed-batch cell but hurt TPOT on poisson cells).
@@ -351,16 +355,16 @@ class Goodput(Policy):
             self._saturated = self._full_steps >= 0.9 * self._open_steps
 
     def _drain_weights(self, view, S):
-        """Draining (`drain`: no request is left to join; `drain_after`: the batch has shrunk below its largest
-        size and no new request joined for that many steps), the batch ends when its slowest row does, and a
-        token of a row that will finish long before it shortens nothing: a row's tokens are worth its
-        expected remaining steps / the slowest row's (remaining / expected tokens per step). None while
-        requests may still join (plain goodput). `drain_tail`: a stream's tail (after its last admission) is
-        drained (always), or not (never), or (balanced) drained where the batch was full until then (requests
-        queued: throughput-bound), and else valued at the mean of the drain's weight and plain goodput's 1. A
-        stream that never filled its batch is latency-bound: there the drain made the last requests wait for
-        the slowest one and raised the TPOT p50 (c163 of robustness draw 2044: 1.128 x the best fixed depth's,
-        against 1.032 balanced and 1.036 for `oracle_expected`, which does not drain)."""
+        """Draining (`drain`: no request is left to join; `drain_after`: the batch has shrunk below its largest size
+        and no new request joined for that many steps), the batch ends when its slowest row does, and a token of a
+        row that will finish long before it shortens nothing: a row's tokens are worth its expected remaining steps
+        / the slowest row's (remaining / expected tokens per step). While requests may still join:
+        `stream_value=slot_time`'s weights (_slot_weights), or None (plain goodput). `drain_tail`: a stream's tail
+        (after its last admission) is drained (always), or not (never), or (balanced) drained where the batch was
+        full until then (requests queued: throughput-bound), and else valued at the mean of the drain's weight and
+        plain goodput's 1. A stream that never filled its batch is latency-bound: there the drain made the last
+        requests wait for the slowest one and raised the TPOT p50 (c163 of robustness draw 2044: 1.128 x the best
+        fixed depth's, against 1.032 balanced and 1.036 for `oracle_expected`, which does not drain)."""
         drained = self.drain and view.requests_left == 0 and (self._closed or self.drain_tail != "never")
         if view.batch_size < 2:
             return None   # (one row: the weights would be 1, plain goodput's plan, without the nested search)
