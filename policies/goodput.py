@@ -147,6 +147,7 @@ class Goodput(Policy):
         self._saturated = None   # a stream's: whether its batch was full until its last admission (`drain_tail`)
         self._open_steps = self._full_steps = 0   # a stream's steps before its last admission; at its largest batch
         self._w = None
+        self._drained = False   # whether this step's weights are the drain's (not stream_value's)
         self._dbar = None   # mean drafts of the rows drafted last step
         self._probes = 0   # probe steps so far (_probe)
         self._row_cost = {}   # c1 of _time_weights per (batch, context bucket, cost model)
@@ -289,7 +290,7 @@ class Goodput(Policy):
         w = self._w
         base = float(view.batch_size) if w is None else float(w.sum())
         args = self._catch_up_args(view)
-        if not plan_pays_catch_up(view, depths, late, S, self._G, base, costs, w is not None, *args):
+        if not plan_pays_catch_up(view, depths, late, S, self._G, base, costs, self._drained, *args):
             drop = lag > 2   # every lagging row, not only the plan's: the replan would pick others
         elif thin_evidence(self._pool.verified, self.calibration_prior, view.batch_size):
             drop = (lag > 2) & ~catch_up_rows(view, late, float(costs.verify[0]), *args)
@@ -366,10 +367,12 @@ class Goodput(Policy):
         requests wait for the slowest one and raised the TPOT p50 (c163 of robustness draw 2044: 1.128 x the best
         fixed depth's, against 1.032 balanced and 1.036 for `oracle_expected`, which does not drain)."""
         drained = self.drain and view.requests_left == 0 and (self._closed or self.drain_tail != "never")
+        self._drained = False
         if view.batch_size < 2:
             return None   # (one row: the weights would be 1, plain goodput's plan, without the nested search)
         if not drained and (not self.drain_after or self._quiet < self.drain_after or view.batch_size >= self._max_n):
             return self._slot_weights(S) if self.stream_value == "slot_time" else None
+        self._drained = True
         if self.drain_value == "steps":
             steps = view.remaining / (1.0 + S.sum(axis=1))   # expected tokens per step, as deep as this step may
             w = steps / max(float(steps.max()), 1e-12)

@@ -364,6 +364,23 @@ def test_goodput_slot_time_values_a_sure_rows_tokens_by_the_slot_time_they_free(
     assert plan("tokens", 0) == plan("slot_time", 0)
 
 
+def test_goodput_catch_up_horizon_is_the_runs_end_only_when_draining(monkeypatch):
+    """The catch-up's payback horizon is the longest row's remaining steps only where the drain's weights price the
+    plan (the run ends with that row); a stream's slot_time weights are not a drain (a first version passed
+    `weights is not None` and gave streams the drain's horizon)."""
+    import specdepth.policies.goodput as gp
+    seen = []
+    monkeypatch.setattr(gp, "plan_pays_catch_up", lambda *a, **k: seen.append(a[7]) or False)   # (then: no catch-up)
+    for requests_left in (5, 0):
+        p = Goodput(use_confidence=False, probe=0)
+        v = make_view(2, requests_left=requests_left, cost=LinearCost(v0=10e-3, v1=2e-4, d0=1e-3))
+        v._lag = lambda: np.full(2, 9)   # both rows' drafts lag: a plan that drafts them asks whether catching up pays
+        st = p._seq.align(v.request_ids)
+        st[:, 2], st[:, 3] = [990.0, 900.0], 1000.0
+        p.plan(v)
+    assert seen == [False, True]
+
+
 def test_goodput_row_calibration_prices_a_confident_wrong_row_by_its_own_outcomes():
     """Two rows whose draft says 0.1 for every token: row 0's drafts are always rejected, row 1's always
     accepted (the shipped tiny pair at batch 2 came close: 11 of 51 against 38 of 38). The batch-wide
