@@ -297,7 +297,7 @@ class Engine:
         collector's permanent generation until the run ends (`run` unfreezes), so that the collections the step
         loop triggers do not traverse them inside the timed steps. Measured with gc.callbacks on that experiment's
         cell (experiments/perf/gc_time.py, batch 4 and 32, none and goodput): 8-27 ms of collections in a 1.1-3.6
-        s decode without it, 2-3 ms with it. No collection first: a full one costs ~0.4 s there, and garbage frozen
+        s decode without it, 1.5-2.8 ms with it. No collection first: a full one costs ~0.4 s there, and garbage frozen
         now is collected after the run. Cycles made during the run are still collected. Where the caller froze
         objects already, nothing is done (unfreezing would undo theirs). The simulator's clock is model time: there
         nothing changes."""
