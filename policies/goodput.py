@@ -85,6 +85,9 @@ class Goodput(Policy):
     tokens per step (scaled to at most 1): they free its slot sooner for the next request rather than add to every
     step alike, so a sure row is not drafted deep beside slow ones whose steps that lengthens (`_slot_weights`);
     `tokens`: every row's tokens alike, the rule before 2026-12-02.
+    `position_paired` (default on): a later draft position's factor is measured against the first position's
+    outcomes on the same row-steps, not against the estimate alone, which is high where the plan chose to draft
+    deep (`_common.PositionFactors`, paired); off: the rule before 2026-12-02.
     `drain_after` > 0 also drains once the batch has shrunk below its largest size and no request joined
     for that many steps (a guess at the end of an online stream; off by default: on the development draw it
     raised the worst closed-batch cell but hurt TPOT on poisson cells).
@@ -101,7 +104,7 @@ class Goodput(Policy):
                  row_calibration: float = 5.0, idle_replan: int = 8, policy_time: bool = True,
                  catch_up: bool = True, sticky_pad: bool = True, cautious_pad: bool = True,
                  drain_tail: str = "balanced", calibration_prior_at: str = "confidence",
-                 stream_value: str = "slot_time"):
+                 stream_value: str = "slot_time", position_paired: bool = True):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
         self.prior_strength = as_float(prior_strength, "policy.prior_strength", min=0)
@@ -128,6 +131,7 @@ class Goodput(Policy):
         self.cautious_pad = as_bool(cautious_pad, "policy.cautious_pad")
         self.drain_tail = as_choice(drain_tail, "policy.drain_tail", {"always", "balanced", "never"})
         self.stream_value = as_choice(stream_value, "policy.stream_value", {"tokens", "slot_time"})
+        self.position_paired = as_bool(position_paired, "policy.position_paired")
         self._seq = PerRequest(6)   # accepted, rejections, sum of confidences, drafted; verified confidence, tokens
         self.reset()
 
@@ -213,7 +217,7 @@ class Goodput(Policy):
             r = view.acceptance_prior
             k = self.calibration_prior
             at_one = self.calibration_prior_at == "one"
-            self._pool = _Pool(self.position_prior, self.position_optimism, accepted=10.0 * r,
+            self._pool = _Pool(self.position_prior, self.position_optimism, self.position_paired, accepted=10.0 * r,
                                rejected=10.0 - 10.0 * r, conf_sum=10.0 * r, cal_accepted=k if at_one else 0.0,
                                cal_conf=k if at_one else 0.0, cal_tokens=0.0 if at_one else k)
         n = view.batch_size
@@ -505,7 +509,7 @@ class Goodput(Policy):
         self._pool.add(np.exp(-float(drafted.sum()) / self.pool_memory), accepted.sum(), rej.sum(), csum.sum(),
                        drafted.sum(), vconf, ver.sum())
         if conf is not None and conf.shape[1]:
-            self._pool.positions.add(verified, cols < accepted[:, None], self._a)
+            self._pool.positions.add(verified, cols < accepted[:, None], self._a, drafted)
 
 
 class _Pool:
@@ -518,14 +522,14 @@ class _Pool:
     with `position_prior` pseudo-tokens and `position_optimism` standard errors; without the optimism, goodput
     reached 0.98 of fixed depth 2 at iid a = 0.5, batch 4-32, experiments/pareto)."""
 
-    def __init__(self, position_prior=20.0, position_optimism=2.0, accepted=7.0, rejected=3.0, conf_sum=7.0,
-                 drafted=10.0, cal_accepted=1.0, cal_conf=1.0, cal_tokens=0.0):
+    def __init__(self, position_prior=20.0, position_optimism=2.0, position_paired=False, accepted=7.0, rejected=3.0,
+                 conf_sum=7.0, drafted=10.0, cal_accepted=1.0, cal_conf=1.0, cal_tokens=0.0):
         self.accepted, self.rejected, self.conf_sum, self.drafted = accepted, rejected, conf_sum, drafted
         self.cal_accepted, self.cal_conf = cal_accepted, cal_conf
         self.verified = cal_conf + cal_tokens   # verified draft tokens (the calibration's prior counted as tokens)
         self._pw = cal_tokens   # the pseudo-tokens' weight (forgotten as the sums are)
         self._vc = self._vn = 0.0   # the verified drafts' confidence sum and count (for their mean)
-        self.positions = PositionFactors(position_prior, position_optimism)
+        self.positions = PositionFactors(position_prior, position_optimism, position_paired)
 
     @property
     def _pseudo(self) -> float:
