@@ -519,8 +519,8 @@ class _Pool:
     starts from `cal_accepted` / `cal_conf` (a prior at confidence 1, or evidence) and `cal_tokens` pseudo verified
     tokens at the mean confidence of the verified drafts (accepted / confidence = 1 there; no weight until a draft
     is verified). Per draft position, the factor that corrects a row's estimate there (`_common.PositionFactors`,
-    with `position_prior` pseudo-tokens and `position_optimism` standard errors; without the optimism, goodput
-    reached 0.98 of fixed depth 2 at iid a = 0.5, batch 4-32, experiments/pareto)."""
+    with `position_prior` pseudo-tokens and `position_optimism` standard errors, paired where `position_paired`;
+    without the optimism, goodput reached 0.98 of fixed depth 2 at iid a = 0.5, batch 4-32, experiments/pareto)."""
 
     def __init__(self, position_prior=20.0, position_optimism=2.0, position_paired=False, accepted=7.0, rejected=3.0,
                  conf_sum=7.0, drafted=10.0, cal_accepted=1.0, cal_conf=1.0, cal_tokens=0.0):
