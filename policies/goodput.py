@@ -239,10 +239,9 @@ class Goodput(Policy):
         remaining = view.remaining
         rowcap = np.clip(remaining - 1, 0, K)
         self._tab = costs = self._tables(view, K)
-        S = np.cumprod(np.minimum(a[:, None] * self._pool.positions.factor(K), 0.999), axis=1)   # slot survival
-        self._S0 = S.copy() if self.stream_value == "slot_time" else None   # ... not cut at the request's end
-        S[np.arange(K)[None, :] >= rowcap[:, None]] = 0.0      # past the request's end: worth nothing
-        self._w = w = self._drain_weights(view, S)
+        S0 = np.cumprod(np.minimum(a[:, None] * self._pool.positions.factor(K), 0.999), axis=1)   # slot survival
+        S = np.where(np.arange(K)[None, :] >= rowcap[:, None], 0.0, S0)   # past the request's end: worth nothing
+        self._w = w = self._drain_weights(view, S, S0)
         if self.ranking == "global":   # draining: the same weights as the position ranking (and keep_drafting)
             depths, G = self._plan_global(S, costs, n) if w is None else self._plan_global(S * w[:, None], costs,
                                                                                             float(w.sum()))
@@ -359,12 +358,13 @@ class Goodput(Policy):
         elif self._saturated is None and not self._closed:   # its last admission: full on 90 % of its steps
             self._saturated = self._full_steps >= 0.9 * self._open_steps
 
-    def _drain_weights(self, view, S):
+    def _drain_weights(self, view, S, S0):
         """Draining (`drain`: no request is left to join; `drain_after`: the batch has shrunk below its largest size
         and no new request joined for that many steps), the batch ends when its slowest row does, and a token of a
         row that will finish long before it shortens nothing: a row's tokens are worth its expected remaining steps
         / the slowest row's (remaining / expected tokens per step). While requests may still join:
-        `stream_value=slot_time`'s weights (_slot_weights), or None (plain goodput). `drain_tail`: a stream's tail
+        `stream_value=slot_time`'s weights (_slot_weights, from S0: S not cut at the requests' ends), or None
+        (plain goodput). `drain_tail`: a stream's tail
         (after its last admission) is drained (always), or not (never), or (balanced) drained where the batch was
         full until then (requests queued: throughput-bound), and else valued at the mean of the drain's weight and
         plain goodput's 1. A stream that never filled its batch is latency-bound: there the drain made the last
@@ -375,7 +375,7 @@ class Goodput(Policy):
         if view.batch_size < 2:
             return None   # (one row: the weights would be 1, plain goodput's plan, without the nested search)
         if not drained and (not self.drain_after or self._quiet < self.drain_after or view.batch_size >= self._max_n):
-            return self._slot_weights(S) if self.stream_value == "slot_time" else None
+            return self._slot_weights(S0) if self.stream_value == "slot_time" else None
         self._drained = True
         if self.drain_value == "steps":
             steps = view.remaining / (1.0 + S.sum(axis=1))   # expected tokens per step, as deep as this step may
@@ -386,7 +386,7 @@ class Goodput(Policy):
             w = 0.5 * (w + 1.0)   # a latency-bound stream's tail: as much its requests' latency as the run's end
         return w
 
-    def _expected_tokens(self, S):
+    def _tokens_per_step(self, S):
         """Each row's expected tokens per step at the depth the drafted rows got last step (all of K before any)."""
         n, K = S.shape
         d = K if self._dbar is None else min(self._dbar, K)
@@ -394,7 +394,7 @@ class Goodput(Policy):
         c = np.concatenate([np.zeros((n, 1)), np.cumsum(S, axis=1)], axis=1)
         return 1.0 + c[:, lo] + (d - lo) * (c[:, min(lo + 1, K)] - c[:, lo])
 
-    def _slot_weights(self, S):
+    def _slot_weights(self, S0):
         """stream_value=slot_time, while requests may still join: a token of row i frees its slot 1 / e_i steps
         sooner (e_i its expected tokens per step), and a freed slot is worth what the batch's average row makes in
         it, so a row's tokens are worth mean(e) / e_i (then scaled to at most 1). Per step, plain goodput counts
@@ -403,7 +403,7 @@ class Goodput(Policy):
         drafts lengthened (c140 of robustness draw 2048: a row that accepted every draft was drafted 16 deep while
         the slow row beside it made ~2.5 tokens a step; 0.944 of fixed depth 4, as `oracle_expected`, which plans
         each step alike). Minimising a stream's time per request, T x mean(1 / e), gives the same weights."""
-        w = 1.0 / self._expected_tokens(self._S0)   # its rate, not cut where it ends: its slot frees then anyway
+        w = 1.0 / self._tokens_per_step(S0)   # its rate, not cut where it ends: its slot frees then anyway
         return w / float(w.max())
 
     def _time_weights(self, view, S):
@@ -419,7 +419,7 @@ class Goodput(Policy):
         past it every row's tokens count."""
         n, K = S.shape
         d = K if self._dbar is None else min(self._dbar, K)
-        e = self._expected_tokens(S)
+        e = self._tokens_per_step(S)
         a = self._a
         dS = ((np.arange(K) + 1.0) * S)[:, :max(int(math.ceil(d)), 1)].sum(axis=1) / a   # de / da
         var_a = a * (1.0 - a) / (self._seq.align(view.request_ids)[:, 3] + self.prior_strength)
