@@ -275,10 +275,12 @@ def main(argv=None):
              "Figures: " + ", ".join(f"[{p}]({p})" for p in pngs)]
     if a.seeds:
         dirs = [sweep] + [Path(d).resolve() for d in a.seeds]
-        parts[-1:-1] = ["### Seed replicates: goodput / max(none, best fixed), decode", "",
-                        "Seed dirs: " + ", ".join(f"{i} = `{d.relative_to(ROOT) if d.is_relative_to(ROOT) else d}`"
-                                                  for i, d in enumerate(dirs)), "",
-                        replicate_table(dirs), ""]
+        seeds = "Seed dirs: " + ", ".join(f"{i} = `{d.relative_to(ROOT) if d.is_relative_to(ROOT) else d}`"
+                                          for i, d in enumerate(dirs))
+        parts[-1:-1] = ["### Seed replicates: goodput / max(none, best fixed), decode", "", seeds, "",
+                        replicate_table(dirs), "",
+                        "### Seed replicates: goodput / max(none, best fixed), end to end", "", seeds, "",
+                        replicate_table(dirs, "e2e"), ""]
     text = "\n".join(parts) + "\n"
     (out / "results.md").write_text(text)
     replace_results(a.readme, text)
