@@ -856,7 +856,8 @@ def test_replicates_run_the_same_cells_with_other_seeds_and_average_over_them(tm
     """run.py --replicate R: the same cells (hardware, workload, acceptance) with a seed derived from the cell's
     and R, the same for the same R; --max-tokens keeps the short cells. replicates.py averages each policy's
     throughput over the replicates and judges it against the best baseline's average: a policy that loses to
-    fixed depth 1 on one draw and wins on the other is above it on average where one draw put it at 0.9."""
+    fixed depth 1 on one draw and wins on the other is above it on average where one draw put it at 0.9. On
+    poisson cells TPOT p50 the same way (lower is better)."""
     import json
 
     import replicates
@@ -898,6 +899,20 @@ def test_replicates_run_the_same_cells_with_other_seeds_and_average_over_them(tm
     out = capsys.readouterr().out
     assert "| one draw | 0.947 (c0) | 1 |" in out   # goodput 90 / oracle_expected 95: more than 2 % below
     assert "| mean of replicates | 0.995 (c0) | 0 |" in out   # 94.5 / 95
+    assert "TPOT" not in out   # no poisson cell
+
+    # a poisson cell: TPOT p50 judged the same way, against the lowest baseline's mean
+    tpot = {"none": 9.0, **{f"fixed{k}": 5.0 + k for k in range(2, 9)}}
+    for name, fixed1, pol in (("r0", 4.0, 4.4), ("r1", 6.0, 4.4)):
+        (tmp_path / name / "cells.json").write_text(json.dumps([{"id": 0, "kind": "poisson"}]))
+        for p, t in dict(tpot, fixed1=fixed1, goodput=pol, oracle_expected=4.0).items():
+            s = tmp_path / name / "c0" / p / "summary.json"
+            s.write_text(json.dumps({**json.loads(s.read_text()), "tpot_p50_s": t}))
+    replicates.main([str(tmp_path / "r0"), str(tmp_path / "r1"), "--policies", "goodput"])
+    out = capsys.readouterr().out
+    assert "TPOT p50 on the 1 poisson cells" in out
+    assert "| goodput | one draw | 1.100 (c0) | 1.100 | 1 |" in out   # 4.4 / fixed1's 4.0
+    assert "| goodput | mean of replicates | 0.880 (c0) | 0.880 | 0 |" in out   # 4.4 / fixed1's mean, 5.0
 
 
 def test_runner_job_config_resolves_exactly_as_the_cli_composes_it():

@@ -1,7 +1,9 @@
 """One draw's cells judged on their expected throughput: each policy's throughput averaged over replicates of
 the cells (run.py --replicate R: the same cell with other seeds), against the best of none and fixed depths 1-8
 by *their* average, next to the single draw's figures on the same cells; and goodput / oracle_expected, one draw
-and averaged (issue 12's regret goal: within 2 % in every cell).
+and averaged (issue 12's regret goal: within 2 % in every cell). On poisson cells also TPOT p50 the same way:
+each policy's TPOT p50 averaged over the replicates, against the lowest of none and fixed 1-8 by their averages
+(issue 12: at most 2 % above it).
 
     .venv/bin/python experiments/robustness/run.py --seed 2046 --max-tokens 1000 --replicate 1 --out outputs/rep1
     ...                                                                           --replicate 7 --out outputs/rep7
@@ -23,11 +25,32 @@ from analyze import BASELINES, _gm, load
 from specdepth.results import atomic_write
 
 
-def _throughputs(folder: Path, pols) -> dict:
-    """Per cell id with a run of every policy in pols: {policy: throughput_tok_s}."""
+def _throughputs(folder: Path, pols, key: str = "throughput_tok_s", kind: str | None = None) -> dict:
+    """Per cell id (of workload `kind`, if given) with a run of every policy in pols that has `key`:
+    {policy: summary[key]}."""
     cells, runs = load(folder)
-    return {c["id"]: {p: runs[c["id"], p]["throughput_tok_s"] for p in pols}
-            for c in cells if all((c["id"], p) in runs for p in pols)}
+    return {c["id"]: {p: runs[c["id"], p][key] for p in pols} for c in cells
+            if (kind is None or c.get("kind") == kind)
+            and all(runs.get((c["id"], p), {}).get(key) is not None for p in pols)}
+
+
+def _tpot_lines(folders: list[Path], pols: tuple, policies: tuple) -> list[str]:
+    """The poisson cells' TPOT p50 / the lowest of none and fixed 1-8, one draw and mean of replicates."""
+    runs = [_throughputs(f, pols, "tpot_p50_s", "poisson") for f in folders]
+    cells = sorted(set.intersection(*(set(r) for r in runs)))
+    if not cells:
+        return []
+    single = {c: runs[0][c] for c in cells}
+    mean = {c: {p: sum(r[c][p] for r in runs) / len(runs) for p in pols} for c in cells}
+    lines = ["", f"TPOT p50 on the {len(cells)} poisson cells / the lowest of none and fixed 1-8:", "",
+             "| policy | figures | worst | geo-mean | > 1.02 |", "|---|---|---:|---:|---:|"]
+    for p in policies:
+        for name, t in (("one draw", single), ("mean of replicates", mean)):
+            ratio = {c: t[c][p] / min(t[c][b] for b in BASELINES) for c in cells}
+            worst = max(cells, key=ratio.get)
+            lines.append(f"| {p} | {name} | {ratio[worst]:.3f} (c{worst}) | {_gm(list(ratio.values())):.3f} | "
+                         f"{sum(v > 1.02 for v in ratio.values())} |")
+    return lines
 
 
 def figures(folders: list[Path], policies: tuple) -> tuple[list[str], dict]:
@@ -60,7 +83,7 @@ def figures(folders: list[Path], policies: tuple) -> tuple[list[str], dict]:
             worst = min(cells, key=rel.get)
             lines.append(f"| {name} | {rel[worst]:.3f} (c{worst}) | {sum(v < 0.98 for v in rel.values())} |")
             out["goodput/oracle_expected", name] = rel
-    return lines, out
+    return lines + _tpot_lines(folders, pols, policies), out
 
 
 def main(argv=None):
