@@ -7,7 +7,7 @@ from specdepth.policy import Policy
 
 from ._common import (CatchUpPadding, CostCalibration, IdleReplan, PerRequest, PolicyTime, PositionFactors, StepCost,
                       best_prefix, catch_up_rows, keep_by_margin, may_probe, pad_extra, plan_by_position,
-                      plan_pays_catch_up, row_cost, thin_evidence)
+                      plan_pays_catch_up, row_cost, thin_evidence, tie_bands)
 
 
 class Goodput(Policy):
@@ -88,6 +88,10 @@ class Goodput(Policy):
     `position_paired` (default on): a later draft position's factor is measured against the first position's
     outcomes on the same row-steps, not against the estimate alone, which is high where the plan chose to draft
     deep (`_common.PositionFactors`, paired); off: the rule before 2026-12-02.
+    `tie_tolerance` (default 0.01): rows whose estimates are within that fraction of each other are priced and
+    ranked alike (`_common.tie_bands`: a band from the highest estimate down, each row at its band's mean), so the
+    tie-break toward the rows with more tokens left spreads the drafts over rows the evidence cannot tell apart;
+    0: the estimates as they are (rounded to 1e-4), the rule before 2026-12-02.
     `drain_after` > 0 also drains once the batch has shrunk below its largest size and no request joined
     for that many steps (a guess at the end of an online stream; off by default: on the development draw it
     raised the worst closed-batch cell but hurt TPOT on poisson cells).
@@ -104,7 +108,7 @@ class Goodput(Policy):
                  row_calibration: float = 5.0, idle_replan: int = 8, policy_time: bool = True,
                  catch_up: bool = True, sticky_pad: bool = True, cautious_pad: bool = True,
                  drain_tail: str = "balanced", calibration_prior_at: str = "confidence",
-                 stream_value: str = "slot_time", position_paired: bool = True):
+                 stream_value: str = "slot_time", position_paired: bool = True, tie_tolerance: float = 0.01):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
         self.prior_strength = as_float(prior_strength, "policy.prior_strength", min=0)
@@ -132,6 +136,7 @@ class Goodput(Policy):
         self.drain_tail = as_choice(drain_tail, "policy.drain_tail", {"always", "balanced", "never"})
         self.stream_value = as_choice(stream_value, "policy.stream_value", {"tokens", "slot_time"})
         self.position_paired = as_bool(position_paired, "policy.position_paired")
+        self.tie_tolerance = as_float(tie_tolerance, "policy.tie_tolerance", min=0, max=0.5)
         self._seq = PerRequest(6)   # accepted, rejections, sum of confidences, drafted; verified confidence, tokens
         self.reset()
 
@@ -172,8 +177,9 @@ class Goodput(Policy):
             base = pool.conf_sum / pool.drafted
             a = (st[:, 2] + k * base) / (st[:, 3] + k) * np.minimum(cal, 1 / max(base, 1e-6))
         # rounded: rows with the same evidence tie exactly (float noise in the sums would otherwise rank
-        # them, the same rows losing every step), and ties go to the rows with more tokens left
-        return np.round(np.clip(a, 1e-3, 0.999), 4)
+        # them, the same rows losing every step), and ties go to the rows with more tokens left; estimates
+        # within `tie_tolerance` of each other tie too (_common.tie_bands)
+        return tie_bands(np.round(np.clip(a, 1e-3, 0.999), 4), self.tie_tolerance)
 
     def _row_calibration(self, st):
         """The draft's calibration (accepted / confidence over verified tokens) per row. The batch-wide one,

@@ -44,6 +44,45 @@ def test_closed_batch_of_identical_rows_finishes_in_no_more_steps_than_the_best_
     assert max(r[5] for r in res.requests) <= fixed[best][0]
 
 
+def test_tie_bands_make_estimates_closer_than_the_tolerance_one_estimate():
+    """Values within tol (relative) of their band's highest share the band's mean; values further apart keep
+    their order; tol = 0 leaves them as they are."""
+    from specdepth.policies._common import tie_bands
+    a = np.array([0.7749, 0.7743, 0.7749, 0.5, 0.497, 0.9])
+    b = tie_bands(a, 0.01)
+    assert b[0] == b[1] == b[2] == pytest.approx((0.7749 * 2 + 0.7743) / 3)
+    assert b[3] == b[4] == pytest.approx(0.4985) and b[5] == 0.9
+    assert np.all(np.diff(b[np.argsort(-a, kind="stable")]) <= 0)   # the order of the bands is kept
+    c = np.array([0.80, 0.795, 0.79, 0.785])   # a band is anchored at its highest: 0.79 is more than 1 % below
+    assert np.unique(tie_bands(c, 0.01)).size == 2
+    assert tie_bands(a, 0.0) is a and tie_bands(np.array([0.5]), 0.01)[0] == 0.5
+
+
+def test_goodput_spreads_a_streams_drafts_over_rows_it_cannot_tell_apart():
+    """c191 of robustness draw 2052: a queue of 542 requests of 90 tokens, 202 at a time, identical rows
+    (decay acceptance: every row's first draft accepted with 0.775), where a draft pays for about a third of
+    the rows each step. Rows with evidence were estimated a few 1e-4 above the rows still at the batch's prior,
+    so the same rows drafted every step (half the first 202 drafted nothing), the admissions staggered, and the
+    stream ended on a tail of ~50 rows: 0.95 of fixed depth 1. With estimates within `tie_tolerance` tied
+    (broken toward the rows with more tokens left) every row drafts about alike and the run ends no later
+    than fixed depth 1's."""
+    cell = ["hardware=h100_sxm", "model=llama3_8b", "acceptance=decay", "acceptance.first=0.775",
+            "acceptance.decay=0.772", "workload=poisson", "workload.rate=1e9", "workload.num_requests=542",
+            "workload.prompt_len=90", "workload.output_len=90", "engine.max_batch_size=202", "seed=3"]
+
+    def run(*pol):
+        res, _ = _run(*cell, *pol)
+        first = sorted(res.requests, key=lambda r: r[4])[:202]   # the first 202 admitted
+        return max(r[5] for r in res.requests), np.percentile([r[-2] for r in first], [10, 50, 90])
+
+    end1, _ = run("policy=fixed", "policy.depth=1")
+    end, drafted = run("policy=goodput")
+    end0, drafted0 = run("policy=goodput", "policy.tie_tolerance=0")
+    assert end <= end1 < end0
+    assert drafted[0] >= 0.5 * drafted[2]   # every row drafts about alike
+    assert drafted0[1] < 0.2 * drafted[1]   # without the bands: the median row drafted (almost) nothing
+
+
 def test_view_requests_left_counts_the_requests_not_admitted_yet():
     """requests_left: 0 at every step of a closed batch that fits; on a queue it falls as requests join
     and is 0 from the last admission on (what goodput's drain waits for)."""
