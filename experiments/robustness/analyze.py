@@ -163,10 +163,10 @@ def regret(rows) -> list[str]:
 
 
 def below(rows, p, limit) -> list[str]:
-    rs = sorted((r for r in rows if p in r["ratio"] and r["ratio"][p] < limit), key=lambda r: r["ratio"][p])
     """The cells where policy p is below `limit` x max(none, best fixed): its ratio, the best baseline, and
     `oracle_expected`'s own ratio next to p / oracle_expected (both named: the second alone was misread as the
     first in earlier write-ups)."""
+    rs = sorted((r for r in rows if p in r["ratio"] and r["ratio"][p] < limit), key=lambda r: r["ratio"][p])
     def oe(r):
         if "oracle_expected" not in r["thr"]:
             return ""
