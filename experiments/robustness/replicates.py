@@ -25,23 +25,29 @@ from analyze import BASELINES, _gm, load
 from specdepth.results import atomic_write
 
 
-def _throughputs(folder: Path, pols, key: str = "throughput_tok_s", kind: str | None = None) -> dict:
-    """Per cell id (of workload `kind`, if given) with a run of every policy in pols that has `key`:
-    {policy: summary[key]}."""
-    cells, runs = load(folder)
+def _per_cell(loaded: tuple, pols, key: str, kind: str | None = None) -> dict:
+    """One folder's (cells, runs) from `load`: per cell id (of workload `kind`, if given) with a run of every
+    policy in pols that has `key`, {policy: summary[key]}."""
+    cells, runs = loaded
     return {c["id"]: {p: runs[c["id"], p][key] for p in pols} for c in cells
             if (kind is None or c.get("kind") == kind)
             and all(runs.get((c["id"], p), {}).get(key) is not None for p in pols)}
 
 
-def _tpot_lines(folders: list[Path], pols: tuple, policies: tuple) -> list[str]:
-    """The poisson cells' TPOT p50 / the lowest of none and fixed 1-8, one draw and mean of replicates."""
-    runs = [_throughputs(f, pols, "tpot_p50_s", "poisson") for f in folders]
+def _draw_and_mean(loaded: list, pols, key: str, kind: str | None = None) -> tuple:
+    """(cells every folder has, the first folder's values per cell, the mean over the folders per cell)."""
+    runs = [_per_cell(x, pols, key, kind) for x in loaded]
     cells = sorted(set.intersection(*(set(r) for r in runs)))
-    if not cells:
-        return []
     single = {c: runs[0][c] for c in cells}
     mean = {c: {p: sum(r[c][p] for r in runs) / len(runs) for p in pols} for c in cells}
+    return cells, single, mean
+
+
+def _tpot_lines(loaded: list, pols: tuple, policies: tuple) -> list[str]:
+    """The poisson cells' TPOT p50 / the lowest of none and fixed 1-8, one draw and mean of replicates."""
+    cells, single, mean = _draw_and_mean(loaded, pols, "tpot_p50_s", "poisson")
+    if not cells:
+        return []
     lines = ["", f"TPOT p50 on the {len(cells)} poisson cells / the lowest of none and fixed 1-8:", "",
              "| policy | figures | worst | geo-mean | > 1.02 |", "|---|---|---:|---:|---:|"]
     for p in policies:
@@ -55,14 +61,10 @@ def _tpot_lines(folders: list[Path], pols: tuple, policies: tuple) -> list[str]:
 
 def figures(folders: list[Path], policies: tuple) -> tuple[list[str], dict]:
     pols = BASELINES + policies
-    runs = [_throughputs(f, pols) for f in folders]
-    cells = sorted(set.intersection(*(set(r) for r in runs)))
+    loaded = [load(f) for f in folders]   # each folder's summaries read once, for both tables
+    cells, single, mean = _draw_and_mean(loaded, pols, "throughput_tok_s")
     if not cells:
         raise SystemExit("replicates.py: no cell has all of none, fixed 1-8 and the policies in every folder")
-    single, mean = {}, {}
-    for c in cells:
-        single[c] = runs[0][c]
-        mean[c] = {p: sum(r[c][p] for r in runs) / len(runs) for p in pols}
     lines = [f"{len(cells)} cells, {len(folders)} replicates each (the draw and {len(folders) - 1} more).", "",
              "| policy | figures | worst / base | geo-mean / base | < 0.99 | < 0.95 | > 1 % below none |",
              "|---|---|---:|---:|---:|---:|---:|"]
@@ -83,7 +85,7 @@ def figures(folders: list[Path], policies: tuple) -> tuple[list[str], dict]:
             worst = min(cells, key=rel.get)
             lines.append(f"| {name} | {rel[worst]:.3f} (c{worst}) | {sum(v < 0.98 for v in rel.values())} |")
             out["goodput/oracle_expected", name] = rel
-    return lines + _tpot_lines(folders, pols, policies), out
+    return lines + _tpot_lines(loaded, pols, policies), out
 
 
 def main(argv=None):
