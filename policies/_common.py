@@ -443,6 +443,18 @@ class Tables:
         self.verify, self.draft, self.pad = verify, draft, pad
 
 
+def as_padded(costs, n: int) -> Tables:
+    """`costs` (StepCost-like tables for a batch of n rows) priced as if the verify pads every row to the deepest
+    one: pad[p] = what a whole position p adds to the verify (n more tokens), the verify without drafts otherwise.
+    Tables that already pad are returned as they are. A row drafting past its batch's depth then pays for the
+    batch's position it opens, which an engine that pads ragged forwards charges and one that does not charges
+    less: a price that never falls short of the engine's."""
+    if costs.pad is not None and len(costs.pad):
+        return costs
+    V = costs.verify[np.minimum(n * np.arange((costs.verify.size - 1) // max(n, 1) + 1), costs.verify.size - 1)]
+    return Tables(np.full_like(costs.verify, costs.verify[0]), costs.draft, np.diff(V))
+
+
 def tie_bands(a: np.ndarray, tol: float) -> np.ndarray:
     """Estimates that differ by less than a fraction `tol` count as one: from the highest down, a band holds the
     values within tol (relative) of its highest, and every row of it gets the band's mean. A ranking by the
@@ -994,6 +1006,8 @@ class CostAwareDepth:
         self._idle = IdleReplan(self.idle_replan)
         self._ptime = PolicyTime()
         self.held = None   # rows not to draft this step (`_catch_up`), or None
+        self.margin = None   # where the last depth drafts: (its cost tables, its predicted goodput in tokens / s,
+        #                      the acceptance of each draft position at the level)
         self._pad = CatchUpPadding()
 
     def _start(self, view) -> None:
@@ -1011,6 +1025,7 @@ class CostAwareDepth:
 
     def depth(self, view, kmax: int) -> int:
         self.held = None
+        self.margin = None
         if kmax <= 0:
             return 0
         if self._idle.skip(view):
@@ -1038,6 +1053,8 @@ class CostAwareDepth:
         k, g = uniform_depth(a, costs, kmax, *rest)
         if k and self.catch_up:
             k = self._catch_up(view, k, g, a, costs, rest, level)
+        if k:   # what keep_drafting needs to price positions past k (`confidence`'s `extend`)
+            self.margin = (costs, g, np.minimum(level * (np.ones(kmax) if f is None else np.asarray(f)), 0.999))
         if k == 0 and self.probe and may_probe(self._probes, self._pool.sum(), self.prior_tokens, view.batch_size):
             # thin evidence: would a draft pay at a level `probe` standard errors higher? then try one
             hi = min(level + self.probe * math.sqrt(level * (1.0 - level) / trials), 0.999)

@@ -210,7 +210,8 @@ def test_cost_aware_policies_start_from_the_engines_acceptance_prior():
     from specdepth.policies import BatchScaled, ConfidenceThreshold
     cost = LinearCost(v0=10e-3, d0=1e-3)
     for make in (lambda: Goodput(use_confidence=False), lambda: BatchScaled(probe=0),
-                 lambda: ConfidenceThreshold(probe=0)):   # (their probe would try one token at 0.05)
+                 lambda: ConfidenceThreshold(probe=0, extend=0)):   # (their probe would try one token at 0.05;
+        # the plan's depth is the cost rule's without goodput's and confidence's room for confident rows)
         depth = {r: int(make().plan(make_view(1, cost=cost, prior=r))[0]) for r in (0.05, 0.7, 0.95)}
         assert depth[0.05] == 0 < depth[0.7] < depth[0.95], (make, depth)
     assert make_view(1, prior=0.95).acceptance_prior == 0.95
@@ -472,6 +473,33 @@ def test_confidence_threshold_is_on_the_calibrated_acceptance():
     assert keep == {True: [True, False], False: [False, False]}
     with pytest.raises(ConfigError, match="policy.calibrate"):
         ConfidenceThreshold(calibrate="maybe")
+
+
+def test_confidence_drafts_past_the_cost_rules_depth_only_while_its_confidences_pay():
+    """`extend`: at batch 1 (verify 10 ms, a draft forward 2 ms, the prior level 0.7) the cost rule's depth is 3
+    (E_k / T_k peaks there); the plan leaves room up to max_depth, and a row goes past position 3 only while the
+    next position's expected gain (the product of its calibrated confidences so far x the level) beats the
+    plan's goodput x the position's cost: on with confidences of 0.99 up to max_depth, stopped at the cost rule's
+    depth with 0.5 (which the threshold of 0.3 alone would let through). extend=0: the plan is the depth (the
+    rule before). Not while draining a closed batch of more than one row."""
+    cost = LinearCost(v0=10e-3, d0=2e-3)
+    assert ConfidenceThreshold(extend=0).plan(make_view(1, cost=cost, requests_left=5)).tolist() == [3]
+    reach = {}
+    for conf in (0.99, 0.5):
+        p = ConfidenceThreshold()
+        v = make_view(1, cost=cost, requests_left=5)
+        d = p.plan(v)
+        assert d.tolist() == [8]
+        drafting(v, d, conf=conf)
+        pos = 0
+        while pos + 1 < 8 and p.keep_drafting(v, pos, np.array([conf]))[0]:
+            pos += 1
+        reach[conf] = pos + 1   # drafts made
+    assert reach == {0.99: 8, 0.5: 3}
+    # draining a closed batch of more than one row: its slowest row decides when it ends, not the tokens; no room
+    assert ConfidenceThreshold().plan(make_view(2, cost=cost, requests_left=0)).tolist() == [3, 3]
+    with pytest.raises(ConfigError, match="policy.extend"):
+        ConfidenceThreshold(extend=-1)
 
 
 def test_goodput_keep_drafting_stops_low_confidence_rows_and_ignores_idle_rows():
