@@ -27,11 +27,11 @@ class ConfidenceThreshold(CostAwarePolicy):
     The cap prices every row at the batch's level; a run of confident tokens says more (at batch 1 with
     `confidence` acceptance the cap alone was 0.935 of fixed depth 5 and 0.90 of `oracle_expected`: c57 of
     robustness draw 2053). Not while draining a closed batch of more than one row (its slowest row decides when
-    it ends, not the tokens). Under the shared budget (`use_budget`, off by default: the cost rule already prices a busy verify,
-and the budget's hard limit lost up to 15 % to fixed depth 1 at large batch): when the batch cannot give every sequence a draft, the
-    first draft goes to the sequences with the highest acceptance estimates; while drafting, if the
-    continuing sequences would push the step past the budget, only those with the highest cumulative
-    confidence (the probability the whole draft so far survives) continue. `drain` (default on): once no
+    it ends, not the tokens). Under the shared budget (`use_budget`, off by default: the cost rule already prices a
+    busy verify, and the budget's hard limit lost up to 15 % to fixed depth 1 at large batch): when the batch
+    cannot give every sequence a draft, the first draft goes to the sequences with the highest acceptance
+    estimates; while drafting, if the continuing sequences would push the step past the budget, only those with
+    the highest cumulative confidence (the probability the whole draft so far survives) continue. `drain` (default on): once no
     request is left to join (view.requests_left == 0), the cap is the depth that finishes the batch soonest
     (its slowest row decides; `_common.uniform_depth`). `probe` as `batch_scaled`: where the cap is 0 at the
     level but not at a level `probe` standard errors higher, one token per row, to learn the level.
