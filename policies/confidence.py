@@ -31,8 +31,9 @@ class ConfidenceThreshold(CostAwarePolicy):
     busy verify, and the budget's hard limit lost up to 15 % to fixed depth 1 at large batch): when the batch
     cannot give every sequence a draft, the first draft goes to the sequences with the highest acceptance
     estimates; while drafting, if the continuing sequences would push the step past the budget, only those with
-    the highest cumulative confidence (the probability the whole draft so far survives) continue. `drain` (default on): once no
-    request is left to join (view.requests_left == 0), the cap is the depth that finishes the batch soonest
+    the highest cumulative confidence (the probability the whole draft so far survives) continue. `drain`
+    (default on): once no request is left to join (view.requests_left == 0), the cap is the depth that finishes
+    the batch soonest
     (its slowest row decides; `_common.uniform_depth`). `probe` as `batch_scaled`: where the cap is 0 at the
     level but not at a level `probe` standard errors higher, one token per row, to learn the level.
     `positions` as `batch_scaled`: the cap's level corrected per draft position. `idle_replan` as `batch_scaled`:
