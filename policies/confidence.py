@@ -33,9 +33,9 @@ class ConfidenceThreshold(CostAwarePolicy):
     estimates; while drafting, if the continuing sequences would push the step past the budget, only those with
     the highest cumulative confidence (the probability the whole draft so far survives) continue. `drain`
     (default on): once no request is left to join (view.requests_left == 0), the cap is the depth that finishes
-    the batch soonest
-    (its slowest row decides; `_common.uniform_depth`). `probe` as `batch_scaled`: where the cap is 0 at the
-    level but not at a level `probe` standard errors higher, one token per row, to learn the level.
+    the batch soonest (its slowest row decides; `_common.uniform_depth`). `probe` as `batch_scaled`: where the
+    cap is 0 at the level but not at a level `probe` standard errors higher, one token per row, to learn the
+    level.
     `positions` as `batch_scaled`: the cap's level corrected per draft position. `idle_replan` as `batch_scaled`:
     a cap of 0 is kept without replanning for a few steps while the batch holds the same requests. `policy_time`
     as `batch_scaled`: where a step pays the policy's own time, a cap > 0 also pays a drafting step's extra.
