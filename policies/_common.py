@@ -67,13 +67,18 @@ class StepCost:
     drafts for any x, and pad[p] what opening position p adds (every row one token deeper), as
     CostCalibration.correct prices a padded engine. (Spreading x drafts evenly over the rows, as above, would
     price x < n drafts at no verify cost at all: the padded query is the deepest row's, a whole token.)
+    `pad_context` (goodput's): also vpad[p], the verify with every row p deep at the batch's longest context, which
+    an engine that pads a ragged batch pays (its KV padded to the longest row too), for `CostCalibration.correct`
+    to price a padded engine with (`pad_extra` with a view measures the same padding).
     """
 
     pad = None   # None: no padded-verify term (CostCalibration.correct may add one)
+    vpad = None   # the padded-context verify per depth (`_vpad`), or None
 
-    def __init__(self, cache: int = 512):
+    def __init__(self, cache: int = 512, pad_context: bool = False):
         self.key = None
         self.cache = cache
+        self.pad_context = pad_context
         self._tables = {}
 
     def update(self, view, kmax: int, cost=None) -> "StepCost":
@@ -82,6 +87,7 @@ class StepCost:
         ctx = view.context_lens
         n = ctx.size
         cbar = float(ctx.sum()) / n if n else 0.0
+        self.vpad = self._vpad(cost, ctx, kmax) if self.pad_context else None
         key = (n, kmax, int(math.log1p(cbar) * 50.0), id(cost))
         if key == self.key:
             return self
@@ -112,6 +118,23 @@ class StepCost:
         self.draft = np.interp(np.arange(n + 1), ms, dt) if ms.size != n + 1 else dt
         self._tables[key] = (self.verify, self.draft, self.pad)
         return self
+
+    def _vpad(self, cost, ctx: np.ndarray, kmax: int):
+        """vpad[p]: the verify with every row p deep at the batch's longest context, as an engine that pads ragged
+        forwards runs it (the query and the KV to the longest row); None for a cost that pads already."""
+        if getattr(cost, "pad_ragged", False) or ctx.size == 0:
+            return None
+        n, cmax = ctx.size, int(ctx.max())
+        key = (n, kmax, int(math.log1p(cmax) * 50.0), id(cost))
+        if getattr(self, "_vkey", None) == key:
+            return self._vval
+        full = np.full(n, cmax, np.int64)
+        if hasattr(cost, "verify_times"):
+            v = cost.verify_times(full, n * np.arange(kmax + 1, dtype=float))
+        else:
+            v = np.array([cost.verify_time(full, np.full(n, p, np.int64)) for p in range(kmax + 1)])
+        self._vkey, self._vval = key, v
+        return v
 
 
 def row_cost(cost, ctx: np.ndarray) -> float:
@@ -196,11 +219,19 @@ class PositionFactors:
         self._cache = None
 
 
-def pad_extra(costs, drafted: np.ndarray) -> float:
+def pad_extra(costs, drafted: np.ndarray, view=None) -> float:
     """What a verify would cost more than the ragged prediction if every row were padded to the deepest
-    row's drafts (StepCost tables, uncorrected; 0 when the rows drafted alike)."""
+    row's drafts (StepCost tables, uncorrected; 0 when the rows drafted alike). `view` given (in observe, after
+    verification; `StepCost.pad_context`): padded as an engine that pads a ragged batch runs it, every row's query
+    to the deepest row's and its context (KV) to the longest row's, against view.predicted_verify_s (the view's
+    cost at the rows' own contexts and drafts); a step that drafted nothing pads its contexts too."""
     n = drafted.size
     k = int(drafted.max(initial=0))
+    predicted = None if view is None else view.predicted_verify_s   # None before verification
+    if predicted is not None and n:
+        ctx = view.context_lens
+        return float(view.cost.verify_time(np.full(n, int(ctx.max()), np.int64), np.full(n, k, np.int64))
+                     - predicted)
     if n == 0 or k == 0:   # nothing drafted: nothing to pad (and a plan that drafts nothing may build no tables)
         return 0.0
     v = costs.verify
@@ -430,8 +461,11 @@ class CostCalibration:
         sv, cv = self._pad_fit
         # padded: a plan with x drafts over P positions pays verify'[x] + pad[0] + ... + pad[P-1]
         v, n = costs.verify, costs.draft.size - 1
-        at = np.minimum(np.arange(v.size // max(n, 1) + 1) * n, v.size - 1)   # x = n p: every row p deep
         pv = self.pad
+        vp = getattr(costs, "vpad", None)
+        if vp is not None:   # StepCost.pad_context: the padded verify at the longest row's context
+            return Tables((sv - pv) * v + cv + pv * vp[0], d, pv * np.diff(vp))
+        at = np.minimum(np.arange(v.size // max(n, 1) + 1) * n, v.size - 1)   # x = n p: every row p deep
         return Tables((sv - pv) * v + cv + pv * v[0], d, pv * np.diff(v[at]))
 
 

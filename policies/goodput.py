@@ -92,6 +92,14 @@ class Goodput(Policy):
     ranked alike (`_common.tie_bands`: a band from the highest estimate down, each row at its band's mean), so the
     tie-break toward the rows with more tokens left spreads the drafts over rows the evidence cannot tell apart;
     0: the estimates as they are (rounded to 1e-4), the rule before 2026-12-02.
+    `pad_context` (default on): the calibration's padded verify (`cost=calibrated`, CostCalibration's pad term) is
+    the one an engine that pads a ragged batch runs: every row's query to the deepest row's and its context (KV)
+    to the longest row's (`_common.pad_extra` with the view, `StepCost.vpad`). With the longest context well
+    above the mean, such an engine's verify is memory-bound where the cost model at the rows' own contexts says it
+    is near the ridge: on c178 of robustness draw 2054 the clock charged 11.42 ms with no drafts and 11.43 ms with
+    one per row, where view.cost says 8.87 and 9.95, and a scale and fixed part fitted to steps at one depth cannot
+    learn that slope (goodput 0.944 of fixed depth 1; with it 0.999). Off: padding of the queries only, at the mean
+    context, the rule before 2026-12-02.
     `drain_after` > 0 also drains once the batch has shrunk below its largest size and no request joined
     for that many steps (a guess at the end of an online stream; off by default: on the development draw it
     raised the worst closed-batch cell but hurt TPOT on poisson cells).
@@ -108,7 +116,8 @@ class Goodput(Policy):
                  row_calibration: float = 5.0, idle_replan: int = 8, policy_time: bool = True,
                  catch_up: bool = True, sticky_pad: bool = True, cautious_pad: bool = True,
                  drain_tail: str = "balanced", calibration_prior_at: str = "confidence",
-                 stream_value: str = "slot_time", position_paired: bool = True, tie_tolerance: float = 0.01):
+                 stream_value: str = "slot_time", position_paired: bool = True, tie_tolerance: float = 0.01,
+                 pad_context: bool = True):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
         self.prior_strength = as_float(prior_strength, "policy.prior_strength", min=0)
@@ -137,6 +146,7 @@ class Goodput(Policy):
         self.stream_value = as_choice(stream_value, "policy.stream_value", {"tokens", "slot_time"})
         self.position_paired = as_bool(position_paired, "policy.position_paired")
         self.tie_tolerance = as_float(tie_tolerance, "policy.tie_tolerance", min=0, max=0.5)
+        self.pad_context = as_bool(pad_context, "policy.pad_context")
         self._seq = PerRequest(6)   # accepted, rejections, sum of confidences, drafted; verified confidence, tokens
         self.reset()
 
@@ -146,7 +156,7 @@ class Goodput(Policy):
 
     def reset(self):
         self._seq.reset()
-        self._costs = StepCost()
+        self._costs = StepCost(pad_context=self.pad_context)
         self._calib = CostCalibration(memory=self.cost_memory, sticky=self.sticky_pad,
                                       cautious=self.cautious_pad)
         self._pool = None   # the batch-wide sums (_Pool), made at the first plan from view.acceptance_prior
@@ -488,7 +498,7 @@ class Goodput(Policy):
         if self.catch_up and self.cost != "clock":
             self._pad.observe(view, self._calib)
         if self.cost == "calibrated":
-            self._calib.observe(view, pad_extra(self._costs, drafted))
+            self._calib.observe(view, pad_extra(self._costs, drafted, view if self.pad_context else None))
         if not drafted.any():   # nothing drafted, nothing learned of the draft (every sum below would add 0)
             return
         st = self._seq.align(view.request_ids)

@@ -83,6 +83,29 @@ def test_goodput_spreads_a_streams_drafts_over_rows_it_cannot_tell_apart():
     assert drafted0[1] < 0.2 * drafted[1]   # without the bands: the median row drafted (almost) nothing
 
 
+def test_goodput_learns_an_engine_that_pads_a_ragged_batchs_contexts():
+    """c178 of robustness draw 2054, shortened: a queue at batch 194 with prompts of 170-511 tokens on an engine
+    that pads a ragged batch (backend.pad_ragged: every row's query to the deepest row's and its KV to the longest
+    row's) and charges overheads the policy's cost model does not know. The padded verify is memory-bound where
+    view.cost at the rows' own contexts says it is near the ridge, so one draft per row is nearly free there. With
+    `pad_context` the calibration's padded verify is that engine's, and goodput ends within 1 % of goodput with the
+    clock's true cost; without it (the rule before), the fit prices a draft per row near the break-even, goodput
+    stops drafting, and ends at least 3 % later, having drafted a small fraction of the tokens."""
+    cell = ["hardware=h100_sxm", "model=llama3_8b", "acceptance=iid", "acceptance.alpha=0.37", "workload=poisson",
+            "workload.rate=1e9", "workload.num_requests=400", "workload.output_len=100",
+            "workload.prompt_len={dist: uniform, low: 170, high: 511}", "engine.max_batch_size=194",
+            "backend.step_overhead_s=0.0009", "backend.position_overhead_s=0.0006", "backend.pad_ragged=true",
+            "backend.draft_catch_up=true", "seed=1"]
+
+    def run(*pol):
+        res, _ = _run(*cell, "policy=goodput", *pol)
+        return max(r[5] for r in res.requests), sum(s[4] for s in res.steps)   # (end, drafted)
+
+    (end_true, _), (end, drafted), (end0, drafted0) = run("policy.cost=clock"), run(), run("policy.pad_context=false")
+    assert end <= 1.01 * end_true
+    assert end0 >= 1.03 * end_true and drafted0 < 0.2 * drafted
+
+
 def test_view_requests_left_counts_the_requests_not_admitted_yet():
     """requests_left: 0 at every step of a closed batch that fits; on a queue it falls as requests join
     and is 0 from the last admission on (what goodput's drain waits for)."""
@@ -133,7 +156,8 @@ def test_goodput_drain_below_the_ridge_values_the_rows_that_may_end_the_run():
     acceptance differs widely (beta, concentration 2.3). The slowest row accepts almost nothing and sets the
     end; a smaller batch is hardly cheaper, so the fast rows' drafts shorten nothing (`none` finishes first).
     Valuing tokens by the seconds they save (drain_value=time, the default) drafts for the rows that may end
-    the run; the steps weights credited the fast rows and finished 4.7 % after `none` over four seeds."""
+    the run (2.5 % after `none` over four seeds); the steps weights credited the fast rows and finished 4.0 % after it
+    (4.7 % when this test was written, 4.1 % before goodput's `pad_context`; the bound between them is 3 %)."""
     cell = ["hardware=h200", "model=llama3_8b", "acceptance=beta", "acceptance.mean=0.68",
             "acceptance.concentration=2.3", "workload=closed", "workload.batch_size=64", "workload.prompt_len=64",
             "workload.output_len=160"]
@@ -142,7 +166,7 @@ def test_goodput_drain_below_the_ridge_values_the_rows_that_may_end_the_run():
                       ("steps", ["policy=goodput", "policy.drain_value=steps"])):
         finish[name] = sum(max(r[5] for r in _run(*cell, *pol, f"seed={seed}")[0].requests) for seed in range(4))
     assert finish["time"] < finish["steps"]
-    assert finish["time"] <= 1.04 * finish["none"] < finish["steps"]
+    assert finish["time"] <= 1.03 * finish["none"] < finish["steps"]
 
 
 _C163 = ("+cell={hardware: 'h100_sxm', model: 'llama3_70b', tp: 4, batch: 14, seed: 239798712, acceptance: "
