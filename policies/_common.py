@@ -80,6 +80,7 @@ class StepCost:
         self.cache = cache
         self.pad_context = pad_context
         self._tables = {}
+        self._vkey = self._vval = None   # `_vpad`'s last key and table
 
     def update(self, view, kmax: int, cost=None) -> "StepCost":
         """Tables for this step's batch from `cost` (default view.cost)."""
@@ -126,7 +127,7 @@ class StepCost:
             return None
         n, cmax = ctx.size, int(ctx.max())
         key = (n, kmax, int(math.log1p(cmax) * 50.0), id(cost))
-        if getattr(self, "_vkey", None) == key:
+        if self._vkey == key:
             return self._vval
         full = np.full(n, cmax, np.int64)
         if hasattr(cost, "verify_times"):
