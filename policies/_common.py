@@ -464,10 +464,15 @@ class CostCalibration:
         v, n = costs.verify, costs.draft.size - 1
         pv = self.pad
         vp = getattr(costs, "vpad", None)
-        if vp is not None:   # StepCost.pad_context: the padded verify at the longest row's context
-            return Tables((sv - pv) * v + cv + pv * vp[0], d, pv * np.diff(vp))
-        at = np.minimum(np.arange(v.size // max(n, 1) + 1) * n, v.size - 1)   # x = n p: every row p deep
-        return Tables((sv - pv) * v + cv + pv * v[0], d, pv * np.diff(v[at]))
+        if vp is None:   # the padded verify at the batch's mean context (without StepCost.pad_context)
+            vp = every_row_deep(v, n)
+        return Tables((sv - pv) * v + cv + pv * vp[0], d, pv * np.diff(vp))
+
+
+def every_row_deep(verify: np.ndarray, n: int) -> np.ndarray:
+    """A StepCost verify table (x drafts over n rows) read at x = n p, every row p deep, for p = 0, 1, ... (the
+    last point repeated where the table ends): what a verify that pads every row to the deepest costs per depth."""
+    return verify[np.minimum(np.arange(verify.size // max(n, 1) + 1) * n, verify.size - 1)]
 
 
 class Tables:
@@ -486,8 +491,7 @@ def as_padded(costs, n: int) -> Tables:
     less: a price that never falls short of the engine's."""
     if costs.pad is not None and len(costs.pad):
         return costs
-    V = costs.verify[np.minimum(n * np.arange((costs.verify.size - 1) // max(n, 1) + 1), costs.verify.size - 1)]
-    return Tables(np.full_like(costs.verify, costs.verify[0]), costs.draft, np.diff(V))
+    return Tables(np.full_like(costs.verify, costs.verify[0]), costs.draft, np.diff(every_row_deep(costs.verify, n)))
 
 
 def tie_bands(a: np.ndarray, tol: float) -> np.ndarray:
