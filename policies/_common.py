@@ -257,12 +257,18 @@ class CostCalibration:
     `sticky` (default on): a padding term found earlier is kept while the recent steps cannot tell (`_keep_pad`).
     `cautious` (default on): where no term was found and the steps cannot rule one out, the padding is assumed
     (`_doubt`).
+    `draft_clip` (> 0; default 0, off): a step's measured draft seconds enter the draft fit at most draft_clip x the
+    fit's price for the step (scale x predicted + fixed x forwards), so one outlier (a draft that also caught up
+    skipped tokens) moves the fit at most that factor, and a cost the model misses is learnt at most that factor a
+    step (goodput sets 3).
     """
 
     PHASES = ("draft", "verify")
 
-    def __init__(self, memory: float = 200.0, prior: float = 2.0, sticky: bool = True, cautious: bool = True):
+    def __init__(self, memory: float = 200.0, prior: float = 2.0, sticky: bool = True, cautious: bool = True,
+                 draft_clip: float = 0.0):
         self.memory, self.prior = float(memory), float(prior)
+        self.draft_clip = float(draft_clip)   # > 0: a step's measured draft counts at most this x the fit's price
         self.sticky = bool(sticky)   # keep a padding term the recent steps cannot tell about (`_keep_pad`)
         self.cautious = bool(cautious)   # assume padding the steps cannot rule out (`_doubt`)
         self.reset()
@@ -325,7 +331,11 @@ class CostCalibration:
             self._update_pad(view.predicted_verify_s, pad, mv)
         forwards = view.draft_forwards
         if forwards and self._drafted_last and not caught_up:
-            self.update("draft", view.predicted_draft_s, float(forwards), view.measured_draft_s)
+            md = view.measured_draft_s
+            if self.draft_clip > 0.0:
+                sd, cd = self._fit["draft"]
+                md = min(md, self.draft_clip * (sd * view.predicted_draft_s + cd * forwards))
+            self.update("draft", view.predicted_draft_s, float(forwards), md)
         self._drafted_last = bool(forwards)
 
     def _update_pad(self, predicted: float, pad: float, measured: float) -> None:

@@ -2,7 +2,7 @@ import math
 
 import numpy as np
 
-from specdepth.errors import as_bool, as_choice, as_float, as_int
+from specdepth.errors import ConfigError, as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
 from ._common import (CatchUpPadding, CostCalibration, IdleReplan, PerRequest, PolicyTime, PositionFactors, StepCost,
@@ -100,6 +100,13 @@ class Goodput(Policy):
     one per row, where view.cost says 8.87 and 9.95, and a scale and fixed part fitted to steps at one depth cannot
     learn that slope (goodput 0.944 of fixed depth 1; with it 0.999). Off: padding of the queries only, at the mean
     context, the rule before 2026-12-02.
+    `draft_clip` (default 3): a step's measured draft seconds enter the calibration's draft fit at most that many
+    times the fit's own price for the step (`_common.CostCalibration`). A resumption after many idle steps also
+    feeds the draft every token its rows skipped; the first such step is left out of the fit, but a second one
+    that catches up other rows is not: on c225 of robustness draw 2055 (a closed batch of 197 on a padded engine)
+    one step's 36 ms against ~1 ms priced set the draft's scale at 10.7 and goodput drafted nothing for the rest of
+    the run (0.968 of fixed depth 1; with the clip 0.999, `goodput_true` 0.995). A draft truly dearer than priced is
+    still learnt, at most that factor a step. 0: as measured, the rule before 2026-12-02.
     `drain_after` > 0 also drains once the batch has shrunk below its largest size and no request joined
     for that many steps (a guess at the end of an online stream; off by default: on the development draw it
     raised the worst closed-batch cell but hurt TPOT on poisson cells).
@@ -117,7 +124,7 @@ class Goodput(Policy):
                  catch_up: bool = True, sticky_pad: bool = True, cautious_pad: bool = True,
                  drain_tail: str = "balanced", calibration_prior_at: str = "confidence",
                  stream_value: str = "slot_time", position_paired: bool = True, tie_tolerance: float = 0.01,
-                 pad_context: bool = True):
+                 pad_context: bool = True, draft_clip: float = 3.0):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
         self.prior_strength = as_float(prior_strength, "policy.prior_strength", min=0)
@@ -147,6 +154,9 @@ class Goodput(Policy):
         self.position_paired = as_bool(position_paired, "policy.position_paired")
         self.tie_tolerance = as_float(tie_tolerance, "policy.tie_tolerance", min=0, max=0.5)
         self.pad_context = as_bool(pad_context, "policy.pad_context")
+        self.draft_clip = as_float(draft_clip, "policy.draft_clip", min=0)
+        if 0.0 < self.draft_clip < 1.0:
+            raise ConfigError(f"policy.draft_clip must be 0 (off) or >= 1, got {self.draft_clip}")
         self._seq = PerRequest(6)   # accepted, rejections, sum of confidences, drafted; verified confidence, tokens
         self.reset()
 
@@ -158,7 +168,7 @@ class Goodput(Policy):
         self._seq.reset()
         self._costs = StepCost(pad_context=self.pad_context)
         self._calib = CostCalibration(memory=self.cost_memory, sticky=self.sticky_pad,
-                                      cautious=self.cautious_pad)
+                                      cautious=self.cautious_pad, draft_clip=self.draft_clip)
         self._pool = None   # the batch-wide sums (_Pool), made at the first plan from view.acceptance_prior
         self._G = 0.0
         self._max_id, self._quiet, self._max_n = -1, 0, 0   # newest request, steps since one joined, largest batch

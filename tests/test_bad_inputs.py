@@ -146,6 +146,8 @@ ROWS = [
     ("4", "policy=goodput policy.position_paired=often", "policy.position_paired must be true or false"),
     ("4", "policy=goodput policy.tie_tolerance=0.8", "policy.tie_tolerance must be <= 0.5"),
     ("4", "policy=goodput policy.pad_context=often", "policy.pad_context must be true or false"),
+    ("4", "policy=goodput policy.draft_clip=0.5", "policy.draft_clip must be 0 (off) or >= 1"),
+    ("4", "policy=goodput policy.draft_clip=-1", "policy.draft_clip must be >= 0"),
     ("4", "policy=confidence policy.extend=-1", "policy.extend"),
     ("4", "policy=confidence policy.catch_up=2", "policy.catch_up must be true or false"),
     ("4", "policy=oracle_expected policy.catch_up=maybe", "policy.catch_up must be true or false"),

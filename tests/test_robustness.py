@@ -426,6 +426,28 @@ def test_cost_calibration_recovers_a_known_scale_and_fixed_cost_from_noisy_measu
     assert cal.params(other) == (1.0, 0.0)          # untouched phase: the cost model as is
 
 
+def test_cost_calibration_draft_clip_bounds_one_steps_pull_and_still_learns_a_dear_draft():
+    """`draft_clip`: one drafting step whose draft cost 50 x its price (the draft's catch-up of 175 skipped tokens a
+    row, taken for the positions' cost: c225 of robustness draw 2055 set the draft's scale at 10.7 and drafted nothing
+    for the rest of the run) moves the fit at most that factor; steps that all cost 4 x their price are still learnt
+    (at most draft_clip-fold a step), to the same fit as without the clip."""
+    plain, clipped = CostCalibration(), CostCalibration(draft_clip=3.0)
+    for cal in (plain, clipped):
+        cal.observe(_verify_step(0.02, 0.02, forwards=1, draft_pred=1e-3, draft_measured=1e-3))
+        cal.observe(_verify_step(0.02, 0.02, forwards=1, draft_pred=1e-3, draft_measured=50e-3))
+    price = lambda cal: cal.params("draft")[0] * 1e-3 + cal.params("draft")[1]   # noqa: E731
+    assert price(plain) > 5e-3
+    assert 1e-3 < price(clipped) <= 3e-3
+    rng = np.random.default_rng(17)
+    for _ in range(300):
+        pred, k = rng.uniform(0.5e-3, 2e-3), float(rng.integers(1, 9))
+        measured = 4.0 * pred * (1 + rng.normal(0, 0.02))
+        for cal in (plain, clipped):
+            cal.observe(_verify_step(0.02, 0.02, forwards=k, draft_pred=pred, draft_measured=measured))
+    for cal in (plain, clipped):
+        assert cal.params("draft")[0] * 1e-3 + cal.params("draft")[1] == pytest.approx(4e-3, rel=0.05)
+
+
 def _verify_step(pred, measured, forwards=0, draft_pred=0.0, draft_measured=0.0):
     """What CostCalibration.observe reads of a view: the step's predicted and measured verify (and draft)."""
     from types import SimpleNamespace
@@ -1095,12 +1117,14 @@ def test_adaptive_policies_do_not_resume_drafting_where_the_catch_up_costs_more_
     """Two cells of the robustness draws with the draft's catch-up charged, where drafting barely pays, and
     resuming it after many idle steps first feeds the draft every token it skipped: c94 of draw 2038 (a closed
     batch of 222 x 540 tokens at acceptance 0.73, ~30 ms a resumption, 4 steps' worth) and c191 of draw 2040 (349
-    rows at acceptance 0.3 whose tail resumed, ~40 ms, 10 steps' worth). With `catch_up` the policies spend less
-    than half the time drafting and finish sooner."""
+    rows at acceptance 0.3 whose tail resumed, ~40 ms, 10 steps' worth). With `catch_up` the policies spend at most
+    0.6 of the time drafting and finish sooner. (goodput on c191: 0.51 since `draft_clip`, where goodput at the true
+    cost, `cost=clock`, drafts 0.56 of it; 0.13 before, when a resumption's catch-up had set the draft's scale for
+    the run.)"""
     on, _ = _run("experiment=robustness", f"pol={pol}", "~cell", cell)
     off, _ = _run("experiment=robustness", f"pol={pol}", "~cell", cell, f"policies.{pol}.catch_up=false")
     draft_s = [sum(s[10] for s in r.steps) for r in (on, off)]
-    assert draft_s[0] < 0.5 * draft_s[1]
+    assert draft_s[0] < 0.6 * draft_s[1]
     assert on.steps[-1][1] + on.steps[-1][14] < off.steps[-1][1] + off.steps[-1][14]
 
 
