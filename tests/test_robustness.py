@@ -427,10 +427,10 @@ def test_cost_calibration_recovers_a_known_scale_and_fixed_cost_from_noisy_measu
 
 
 def test_cost_calibration_draft_clip_bounds_one_steps_pull_and_still_learns_a_dear_draft():
-    """`draft_clip`: one drafting step whose draft cost 50 x its price (the draft's catch-up of 175 skipped tokens a
-    row, taken for the positions' cost: c225 of robustness draw 2055 set the draft's scale at 10.7 and drafted nothing
-    for the rest of the run) moves the fit at most that factor; steps that all cost 4 x their price are still learnt
-    (at most draft_clip-fold a step), to the same fit as without the clip."""
+    """`draft_clip`: one drafting step whose draft cost 50 x its price (the draft's catch-up of up to 176 skipped tokens
+    in half its rows, taken for the positions' cost: c225 of robustness draw 2055 set the draft's scale at 10.7 and
+    drafted nothing for the rest of the run) moves the fit at most that factor; steps that all cost 4 x their price are
+    still learnt (at most draft_clip-fold a step), to the same fit as without the clip."""
     plain, clipped = CostCalibration(), CostCalibration(draft_clip=3.0)
     for cal in (plain, clipped):
         cal.observe(_verify_step(0.02, 0.02, forwards=1, draft_pred=1e-3, draft_measured=1e-3))
