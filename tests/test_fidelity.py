@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import compose
+from specdepth.engine import STEP_COLUMNS
 from specdepth.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,6 +187,80 @@ def test_sim_pad_ragged_charges_the_padded_forward(tmp_path):
     verify_col = 11   # verify_s
     assert packed.steps[0][verify_col] == pytest.approx(v_packed)
     assert padded.steps[0][verify_col] == pytest.approx(v_padded)
+
+
+def test_prefill_groups_are_the_cheapest_split_of_the_prompts_by_length():
+    """executor.prefill_groups: against every split of the length-sorted prompts into runs (brute force), the
+    groups it returns cost the least; they partition the prompts; equal lengths stay one group, and so does a
+    price whose fixed part outweighs any padding."""
+    import itertools
+
+    from specdepth.executor import prefill_groups
+
+    def cost(groups, plen, price):
+        return sum(price(len(g), int(plen[g].max())) for g in groups)
+
+    rng = np.random.default_rng(0)
+    for trial in range(60):
+        m = int(rng.integers(2, 8))
+        plen = rng.integers(1, 5, m) * int(rng.choice([10, 100, 1000]))
+        fixed = float(rng.choice([0.0, 50.0, 5e3]))
+
+        def price(rows, tokens, fixed=fixed):
+            return fixed + rows * tokens + 0.01 * rows * tokens ** 2   # a padded forward: rows x the longest
+
+        groups = prefill_groups(plen, price)
+        assert sorted(np.concatenate(groups).tolist()) == list(range(m))
+        assert all((np.diff(g) > 0).all() for g in groups)
+        order = np.argsort(plen, kind="stable")
+        best = min(cost([order[a:b] for a, b in zip((0,) + cuts, cuts + (m,))], plen, price)
+                   for r in range(m) for cuts in itertools.combinations(range(1, m), r))
+        assert cost(groups, plen, price) == pytest.approx(best), (plen, fixed)
+    assert len(prefill_groups(np.array([7, 7, 7]), lambda r, t: r * t)) == 1
+    assert len(prefill_groups(np.array([10, 1000]), lambda r, t: 1e9 + r * t)) == 1
+    assert [g.tolist() for g in prefill_groups(np.array([1000, 10, 1000, 12]), lambda r, t: r * t)] \
+        == [[1], [3], [0, 2]]
+    many = np.arange(1, 301) * 10   # 300 lengths: the cuts on a grid of 32, still a partition, cheaper than one
+    g = prefill_groups(many, lambda r, t: 5.0 + r * t)
+    assert 1 < len(g) <= 32 and sorted(np.concatenate(g).tolist()) == list(range(300))
+    assert sum(5.0 + len(x) * many[x].max() for x in g) < 5.0 + 300 * 3000
+
+
+def test_sim_padded_prefill_groups_prompts_of_similar_length(tmp_path):
+    """backend.group_prefill (with pad_ragged): 4 prompts of 64 and 4,096 tokens admitted together prefill as two
+    padded forwards (the roofline prices that far below one padded to 4,096), each charged by the clock, the
+    second group with its two forwards' position_overhead_s; group_prefill=false charges one padded forward.
+    Decisions and FLOPs are unchanged, and a packed engine (pad_ragged=false) ignores the switch."""
+    from specdepth.app import build
+
+    wl = tmp_path / "w.jsonl"
+    wl.write_text("".join(json.dumps({"prompt_len": p, "output_len": 12}) + "\n" for p in (64, 4096, 64, 4096)))
+
+    def run(*extra):
+        cfg = compose(["workload=file", f"workload.path={wl}", "acceptance=iid", "acceptance.alpha=0.7",
+                       "policy=fixed", "policy.depth=2", "engine.progress=false",
+                       "backend.position_overhead_s=0.001", *extra])
+        parts = build(cfg)
+        return parts["engine"].run(), parts["cost"]
+
+    prefill = STEP_COLUMNS.index("prefill_s")
+    grouped, cost = run("backend.pad_ragged=true")
+    single, _ = run("backend.pad_ragged=true", "backend.group_prefill=false")
+    z2, z4 = np.zeros(2, np.int64), np.zeros(4, np.int64)
+
+    def fwd(rows, q):
+        return cost.target_forward(rows, q)[0] + cost.draft_forward(rows, q)[0]
+
+    two = fwd(z2, np.full(2, 64)) + fwd(z2, np.full(2, 4096)) + 2 * 0.001
+    one = fwd(z4, np.full(4, 4096))
+    assert grouped.steps[0][prefill] == pytest.approx(two) and single.steps[0][prefill] == pytest.approx(one)
+    assert two < 0.8 * one
+    cols = [STEP_COLUMNS.index(c) for c in ("batch_size", "drafted", "accepted", "target_flops", "draft_flops")]
+    assert [[r[c] for c in cols] for r in grouped.steps] == [[r[c] for c in cols] for r in single.steps]
+    packed, _ = run()
+    packed_off, _ = run("backend.group_prefill=false")
+    assert [r[1:] for r in packed.steps] == [r[1:] for r in packed_off.steps]
+    assert packed.steps[0][prefill] == pytest.approx(fwd(z4, np.array([64, 4096, 64, 4096])))
 
 
 def test_sim_clock_profile_moves_the_clock_not_the_decisions(tmp_path):

@@ -200,3 +200,36 @@ def test_cache_buffer_length_follows_the_longest_sequence():
     capped = SlotCache(4, 300)
     capped.reserve(4, 257)
     assert capped.cap_len == 300
+
+
+
+@pytest.mark.parametrize("group", [True, False])
+def test_prefill_in_groups_of_similar_length_is_lossless(tiny_pair, tmp_path, monkeypatch, group):
+    """backend.group_prefill: prompts of 3 and ~300 tokens admitted together prefill as one padded forward a
+    group of similar length (the run's cost model prices that below one forward padded to 300 tokens, once
+    the tiny model's fixed cost per forward is off: cost.overhead_s=0): two target forwards at the prefill,
+    and the output is still exactly the target's greedy decoding. With group_prefill=false: one forward, the
+    same output."""
+    from specdepth.app import build
+    from specdepth.executor import prefill_groups, prefill_price
+
+    lens = (3, 300, 4, 290, 3)
+    wl = tmp_path / "w.jsonl"
+    wl.write_text("".join(json.dumps({"prompt_len": p, "output_len": 9}) + "\n" for p in lens))
+    cfg = compose(hf_overrides(tiny_pair, "workload=file", f"workload.path={wl}", "policy=fixed", "policy.depth=2",
+                               "cost.overhead_s=0", f"backend.group_prefill={str(group).lower()}"))
+    groups = prefill_groups(np.array(lens), prefill_price(build(cfg)["cost"]))
+    assert [g.tolist() for g in groups] == [[0, 2, 4], [1, 3]]
+    calls, prefill = [], HFExecutor.prefill
+
+    def spy(self, requests, new):
+        n = self.tr.calls
+        out = prefill(self, requests, new)
+        calls.append(self.tr.calls - n)
+        return out
+
+    monkeypatch.setattr(HFExecutor, "prefill", spy)
+    run(cfg, tmp_path / "run")
+    gens = _check_greedy(tiny_pair, tmp_path / "run")
+    assert sorted(len(g["prompt_ids"]) for g in gens) == sorted(lens)
+    assert calls == [2 if group else 1]

@@ -18,6 +18,50 @@ from .errors import BackendError
 from .workload import Request
 
 
+def prefill_groups(prompt_len: np.ndarray, price, max_cuts: int = 32) -> list[np.ndarray]:
+    """How a backend that pads ragged forwards prefills a set of admitted prompts: split into groups of similar
+    length, one right-padded forward a group, so that the groups' prices add up to the least. A padded forward
+    runs every row at the group's longest prompt; one forward for all wastes the padding (a queue that admits
+    many short and long prompts at once), one a prompt pays each forward's fixed part (the weights streamed).
+
+    prompt_len: int [m]; price(rows, tokens) -> seconds of one padded prefill of `rows` prompts of `tokens` each.
+    Returns index arrays into prompt_len (each ascending), the groups in order of length. Exact over splits of
+    the prompts sorted by length (a group is never worth breaking a run of equal lengths): dynamic programming
+    over at most `max_cuts` cut points; with more distinct lengths the cuts lie on a geometric grid of lengths."""
+    m = int(prompt_len.shape[0])
+    order = np.argsort(prompt_len, kind="stable")
+    length = prompt_len[order]
+    if m < 2 or length[0] == length[-1]:
+        return [np.arange(m)]
+    cuts = np.flatnonzero(np.r_[True, length[1:] != length[:-1]])   # where a new length starts
+    if cuts.size > max_cuts:
+        grid = length[0] * (length[-1] / length[0]) ** (np.arange(max_cuts) / max_cuts)
+        cuts = np.unique(np.searchsorted(length, grid))
+    cuts = np.r_[cuts, m]
+    best = np.full(cuts.size, np.inf)
+    best[0] = 0.0
+    back = np.zeros(cuts.size, np.int64)
+    for e in range(1, cuts.size):            # best[e]: the cheapest prefill of the first cuts[e] prompts
+        for s in range(e):
+            v = best[s] + float(price(int(cuts[e] - cuts[s]), int(length[cuts[e] - 1])))
+            if v < best[e]:
+                best[e], back[e] = v, s
+    groups, e = [], cuts.size - 1
+    while e:
+        groups.append(np.sort(order[cuts[back[e]]:cuts[e]]))
+        e = back[e]
+    return groups[::-1]
+
+
+def prefill_price(cost, fixed_s: float = 0.0):
+    """price(rows, tokens) for prefill_groups: a cost model's target and draft forwards of `rows` prompts
+    of `tokens` tokens each, from an empty cache, plus `fixed_s` a group (the two forwards' fixed costs)."""
+    def price(rows: int, tokens: int) -> float:
+        zeros, q = np.zeros(rows, np.int64), np.full(rows, tokens, np.int64)
+        return cost.target_forward(zeros, q)[0] + cost.draft_forward(zeros, q)[0] + fixed_s
+    return price
+
+
 class Executor(ABC):
     name: str = "executor"
     #: "model": the engine's clock advances by the seconds the executor returns (simulation);

@@ -25,8 +25,8 @@ import numpy as np
 
 from . import verify as V
 from .cost import CostModel, forward_flops
-from .errors import BackendError, ConfigError, as_float, as_int
-from .executor import Executor
+from .errors import BackendError, ConfigError, as_bool, as_float, as_int
+from .executor import Executor, prefill_groups, prefill_price
 from .hf_runner import MODELS, Runner, SlotCache, _torch, random_causal_lm  # noqa: F401  (Runner, SlotCache: API)
 from .inputs import too_large_draft_vocab
 from .timing import timing_outcomes
@@ -43,7 +43,7 @@ class HFExecutor(Executor):
 
     def __init__(self, cost: CostModel, model, seed: int = 0, decode=None, engine=None,
                  attn_implementation: str = "sdpa", num_threads: int | None = None, pad_token_id: int = 0,
-                 acceptance: str = "model", acceptance_model=None):
+                 acceptance: str = "model", acceptance_model=None, group_prefill: bool = True):
         torch = _torch()
         self.torch = torch
         self.cost = cost
@@ -56,6 +56,9 @@ class HFExecutor(Executor):
         self.max_depth = engine.max_depth if engine is not None else 16
         self.max_batch = engine.max_batch_size if engine is not None else 512
         self.pad = as_int(pad_token_id, "backend.pad_token_id", min=0)
+        # the admitted prompts prefill in groups of similar length, one padded forward a group, where the run's
+        # cost model prices that cheaper than one padded forward for all (executor.prefill_groups)
+        self.group_prefill = as_bool(group_prefill, "backend.group_prefill")
         # timing mode (backend.acceptance=simulated): accept/reject from the acceptance model (timing.py)
         self.timing = timing_outcomes(acceptance, acceptance_model, self.seed)
         self.lossless = self.timing is None
@@ -204,8 +207,21 @@ class HFExecutor(Executor):
                 toks[j, :P[j]] = q.prompt_ids
                 r.hf_ids[new.start + j, :P[j]] = q.prompt_ids
             zeros = np.zeros(m, np.int64)
-            first = self._first_token(self.tr.forward(new, toks, zeros, P, "last"))
-            self.dr.forward(new, toks, zeros, P, "none")
+            groups = (prefill_groups(P, prefill_price(self.cost)) if self.group_prefill
+                      else [np.arange(m)])
+            if len(groups) == 1:
+                logits = self.tr.forward(new, toks, zeros, P, "last")
+                self.dr.forward(new, toks, zeros, P, "none")
+            else:   # one padded forward per group of similar prompt lengths; the first tokens drawn in row order
+                logits = None
+                for g in groups:
+                    w, rows = int(P[g].max()), new.start + g
+                    out = self.tr.forward(rows, toks[g, :w], zeros[g], P[g], "last")
+                    if logits is None:
+                        logits = out.new_empty((m,) + tuple(out.shape[1:]))
+                    logits[self.torch.as_tensor(g, device=out.device)] = out
+                    self.dr.forward(rows, toks[g, :w], zeros[g], P[g], "none")
+            first = self._first_token(logits)
             r.hf_ids[new.start + np.arange(m), P] = first.cpu().numpy()
             r.hf_request[new] = [q.request_id for q in requests]
             r.hf_plen[new], r.hf_tlen[new], r.hf_dlen[new] = P, P, P

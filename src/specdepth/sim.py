@@ -6,8 +6,8 @@ import numpy as np
 
 from .acceptance import AcceptanceModel
 from .cost import CostModel, TableCost
-from .errors import ConfigError, as_float
-from .executor import Executor
+from .errors import ConfigError, as_bool, as_float
+from .executor import Executor, prefill_groups, prefill_price
 from .timing import SimulatedOutcomes
 
 
@@ -18,7 +18,7 @@ class SimExecutor(Executor):
 
     def __init__(self, cost: CostModel, acceptance_model: AcceptanceModel, seed: int = 0, step_overhead_s: float = 0.0,
                  position_overhead_s: float = 0.0, pad_ragged: bool = False, clock_profile: str | None = None,
-                 draft_catch_up: bool = False, model=None):
+                 draft_catch_up: bool = False, model=None, group_prefill: bool = True):
         self.cost = cost
         # a real backend's fixed costs outside the model forwards (engine and policy bookkeeping, sampling,
         # host copies), which a cost model of forwards alone does not see: seconds per step (charged with
@@ -28,6 +28,11 @@ class SimExecutor(Executor):
         # pad_ragged: charge each forward as the backend=hf executor runs it, right-padded (every row carries
         # the step's largest query and attends over the largest context), instead of as a packed ragged batch
         self.pad_ragged = bool(pad_ragged)
+        # group_prefill (with pad_ragged): the admitted prompts prefill in groups of similar length, one padded
+        # forward a group, split as backend=hf splits them (executor.prefill_groups priced by `cost`); each
+        # further group's two forwards pay position_overhead_s. false: one padded forward for all. A packed
+        # batch needs no groups.
+        self.group_prefill = as_bool(group_prefill, "backend.group_prefill")
         # clock_profile: a specdepth-profile CSV whose times the simulated clock charges; the policies still
         # see `cost` (view.cost). None = the clock charges `cost` too.
         self.clock_cost = cost
@@ -80,9 +85,18 @@ class SimExecutor(Executor):
 
     def prefill(self, requests, new):
         plen = self.rows.prompt_len[new]
-        zeros = np.zeros(plen.shape[0], np.int64)
-        t1, f1 = self._forward("target", zeros, plen)
-        t2, f2 = self._forward("draft", zeros, plen)
+        if self.pad_ragged and self.group_prefill:
+            groups = prefill_groups(plen, prefill_price(self.cost))   # as backend=hf decides
+        else:
+            groups = [slice(None)]
+        t1 = t2 = f1 = f2 = 0.0
+        for g in groups:
+            zeros = np.zeros(plen[g].shape[0], np.int64)
+            t, f = self._forward("target", zeros, plen[g])
+            t1, f1 = t1 + t, f1 + f
+            t, f = self._forward("draft", zeros, plen[g])
+            t2, f2 = t2 + t, f2 + f
+        t1 += 2 * self.position_overhead_s * (len(groups) - 1)   # each further group's two forwards
         self.rows.sim_ctx[new] = plen
         if self.catch_up:   # the draft prefilled the prompt; the target's first token is not in its cache
             self.rows.sim_lag[new] = 1
