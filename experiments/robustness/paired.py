@@ -13,6 +13,11 @@ cells) for the draw's runs and the variant's, over the cells both have, and the 
 `--only key=a,b` keeps the cells whose cells.json `key` is one of the values (as run.py's --only: kind, acc,
 hardware, model, ...); `--range dotted.key=lo:hi` the cells whose value there (e.g. acceptance.calibration) is in
 [lo, hi) (either end may be empty); a cell without the key is left out.
+
+`--whole`: the variant is a whole draw (every policy, the baselines too) run with a change that moves every
+policy's throughput, e.g. an engine switch (`run.py --seed S --out outputs/variant backend.group_prefill=false`):
+each side is judged against its own none / fixed 1-8, and each policy's own throughput, variant / draw, is given
+too (geo-mean, and the cells where it moved most).
 """
 from __future__ import annotations
 
@@ -70,7 +75,11 @@ def main(argv=None):
     ap.add_argument("--base", type=Path, help="another run of the policies on the same seed to compare against")
     ap.add_argument("--only", action="append", default=[], help="key=a,b: the cells with one of these values")
     ap.add_argument("--range", action="append", default=[], help="dotted.key=lo:hi: the cells with a value in [lo, hi)")
+    ap.add_argument("--whole", action="store_true",
+                    help="the variant is a whole draw: each side against its own baselines, and throughput moved")
     a = ap.parse_args(argv)
+    if a.whole and a.base is not None:
+        raise SystemExit("paired.py: --whole compares two whole draws; --base does not apply")
     cells, runs = load(a.draw)
     cells = [c for c in cells if keeps(c, a.only, a.range)]
     _, other = load(a.variant)
@@ -86,11 +95,21 @@ def main(argv=None):
             raise SystemExit(f"paired.py: no cell where both {a.draw} (with its none / fixed baselines) and "
                              f"{a.variant} have a finished {p!r} run: the draw (first argument) must be run.py's "
                              f"full draw, the variant (second) a run of the same seed")
-        var = {**runs, **{k: v for k, v in other.items() if k[1] == p}}
+        var = other if a.whole else {**runs, **{k: v for k, v in other.items() if k[1] == p}}
         theirs = {r["cell"]["id"]: r for r in table(cells, var) if r["cell"]["id"] in both}
+        if a.whole:
+            mine = [r for r in mine if r["cell"]["id"] in theirs]
+            if not mine:
+                raise SystemExit(f"paired.py --whole: no cell complete (none, fixed 1-8 and {p!r}) in both draws")
         print(f"{p}, {len(mine)} cells")
         print(f"  draw:    {figures(mine, p)}")
         print(f"  variant: {figures(list(theirs.values()), p)}")
+        if a.whole:
+            thr = sorted(mine, key=lambda r: theirs[r["cell"]["id"]]["thr"][p] / r["thr"][p])
+            print(f"  its throughput, variant / draw: geo-mean "
+                  f"{_gm([theirs[r['cell']['id']]['thr'][p] / r['thr'][p] for r in thr]):.4f}; "
+                  + ", ".join(f"c{r['cell']['id']} {r['thr'][p]:.1f} -> {theirs[r['cell']['id']]['thr'][p]:.1f}"
+                              for r in (thr[:2] + thr[-3:] if len(thr) > 5 else thr)))
         moved = sorted(mine, key=lambda r: theirs[r["cell"]["id"]]["ratio"][p] - r["ratio"][p])
         for r in (moved if len(moved) <= 2 * a.moved else moved[:a.moved] + moved[len(moved) - a.moved:]):
             print(f"    {_where(r)}: {r['ratio'][p]:.3f} -> {theirs[r['cell']['id']]['ratio'][p]:.3f}")
