@@ -17,7 +17,7 @@ goodput_true / goodput. Where the draw has `oracle_causal` runs (oracle_expected
 confidences of tokens not drafted yet), estimation splits further into information = oracle_causal /
 oracle_expected (what no causal policy can know) and estimation given it = goodput_true / oracle_causal.
 Writes results.md and figures to --out (default: the draw dir), and the README's results section when --readme
-is given.
+is given. `--show 74,127`: prints those cells' ratios for every policy (and TPOT on poisson cells), writes nothing.
 """
 from __future__ import annotations
 
@@ -41,6 +41,8 @@ BOUNDS = ("oracle", "oracle_expected", "oracle_causal", "goodput_true", "goodput
 
 
 def load(draw: Path) -> tuple[list[dict], dict]:
+    if not (draw / "cells.json").is_file():
+        raise SystemExit(f"{draw}: no cells.json here: expected a draw's folder, run.py's <out>/seed<seed>")
     cells = json.loads((draw / "cells.json").read_text())
     runs = {}
     for c in cells:
@@ -175,6 +177,28 @@ def below(rows, p, limit) -> list[str]:
     return [f"  - {_where(r)}: {r['ratio'][p]:.3f} (best {r['best']}{oe(r)})" for r in rs]
 
 
+def below_none(rows, p) -> list[str]:
+    """The cells where policy p is more than 1 % below `none` (issue 12: batch_scaled and confidence never are)."""
+    rs = sorted((r for r in rows if p in r["vs_none"] and r["vs_none"][p] < 0.99), key=lambda r: r["vs_none"][p])
+    return [f"  - {_where(r)}: {r['vs_none'][p]:.3f} of none (best {r['best']})" for r in rs]
+
+
+def show(rows, ids) -> str:
+    """Every policy's ratio to max(none, best fixed) (and TPOT p50 / best on poisson cells) in the cells `ids`."""
+    out = []
+    for r in (r for r in rows if r["cell"]["id"] in ids):
+        c = r["cell"]
+        out.append(f"{_where(r)} (best {r['best']}): workload {c['workload']}, acceptance {c['acceptance']}, "
+                   f"backend {c['backend']}")
+        for p, x in r["ratio"].items():
+            tp = f", TPOT {r['tpot'][p]:.3f}" if "tpot" in r else ""
+            out.append(f"  {p}: {x:.3f} (of none {r['vs_none'][p]:.3f}{tp})")
+    missing = sorted(set(ids) - {r["cell"]["id"] for r in rows})
+    if missing:
+        out.append(f"(no complete cell {', '.join(f'c{i}' for i in missing)} in this draw)")
+    return "\n".join(out)
+
+
 def figure(rows, out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for p, m in (("goodput", "o"), ("batch_scaled", "s"), ("confidence", "^"), ("oracle_expected", "x")):
@@ -206,6 +230,9 @@ def report(draw: Path, label: str) -> str:
     for p, lim in (("goodput", 0.99), ("batch_scaled", 0.95), ("confidence", 0.95)):
         b = below(rows, p, lim)
         lines += ["", f"Cells where `{p}` is below {lim}: {len(b)}"] + b
+    for p in ("goodput", "batch_scaled", "confidence", "oracle_expected"):
+        b = below_none(rows, p)
+        lines += ["", f"Cells where `{p}` is more than 1 % below `none`: {len(b)}"] + b
     return "\n".join(lines) + "\n"
 
 
@@ -215,7 +242,16 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--readme", type=Path, default=None)
     ap.add_argument("--label", default="")
+    ap.add_argument("--show", default=None, help="c1,c2 or 1,2: print these cells' ratios only (writes nothing)")
     a = ap.parse_args(argv)
+    if a.show is not None:
+        try:
+            ids = {int(x.strip().lstrip("c")) for x in a.show.split(",") if x.strip()}
+        except ValueError:
+            raise SystemExit(f"analyze.py: --show {a.show!r}: expected cell ids, e.g. 74,127 or c74,c127") from None
+        cells, runs = load(a.draw)
+        print(show(table(cells, runs), ids))
+        return
     out = a.out or a.draw
     out.mkdir(parents=True, exist_ok=True)
     text = report(a.draw, a.label or a.draw.name)

@@ -191,6 +191,9 @@ def main(argv=None):
         return
     for key in ("hardware", "model", "acc", "kind"):
         print(key, dict(Counter(c[key] for c in cells)))
+    print("engine overheads (+oh)", sum(bool(c["backend"]["step_overhead_s"] or c["backend"]["position_overhead_s"])
+                                        for c in cells), "of which padded (backend.pad_ragged)",
+          sum(bool(c["backend"]["pad_ragged"]) for c in cells))
     print("batch quartiles", np.percentile([c["batch"] for c in cells], [25, 50, 75]).tolist())
     print("output tokens per cell, total", sum(c["out_mean"] * (c["workload"].get("num_requests") or c["batch"])
                                                 for c in cells))

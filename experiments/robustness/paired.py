@@ -17,7 +17,7 @@ hardware, model, ...); `--range dotted.key=lo:hi` the cells whose value there (e
 `--whole`: the variant is a whole draw (every policy, the baselines too) run with a change that moves every
 policy's throughput, e.g. an engine switch (`run.py --seed S --out outputs/variant backend.group_prefill=false`):
 each side is judged against its own none / fixed 1-8, and each policy's own throughput, variant / draw, is given
-too (geo-mean, and the cells where it moved most).
+too (geo-mean, the cells up / down by more than 0.1 %, the cells where it moved most, its prefill seconds summed).
 """
 from __future__ import annotations
 
@@ -66,6 +66,20 @@ def keeps(cell: dict, only: list[str], ranges: list[str]) -> bool:
     return True
 
 
+def throughput_moved(mine, theirs, p, runs, other) -> str:
+    """--whole: policy p's own throughput, variant / draw, per cell: geo-mean, cells up / down by more than 0.1 %,
+    the extremes; and its prefill seconds summed over these cells (summary.json's prefill_time_s)."""
+    moved = sorted(((theirs[r["cell"]["id"]]["thr"][p] / r["thr"][p], r) for r in mine), key=lambda m: m[0])
+    ids = [r["cell"]["id"] for _, r in moved]
+    pre = [sum(d[cid, p].get("prefill_time_s", 0.0) for cid in ids) for d in (runs, other)]
+    ends = moved[:2] + moved[-3:] if len(moved) > 5 else moved
+    return (f"  its throughput, variant / draw: geo-mean {_gm([x for x, _ in moved]):.4f}, "
+            f"{sum(x > 1.001 for x, _ in moved)} cells up and {sum(x < 0.999 for x, _ in moved)} down by more "
+            f"than 0.1 %; " + ", ".join(f"c{r['cell']['id']} {r['thr'][p]:.1f} -> "
+                                        f"{theirs[r['cell']['id']]['thr'][p]:.1f}" for _, r in ends)
+            + f"; prefill {pre[0]:.1f} -> {pre[1]:.1f} s")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("draw", type=Path, help="the draw's folder (run.py's <out>/seed<seed>)")
@@ -105,11 +119,7 @@ def main(argv=None):
         print(f"  draw:    {figures(mine, p)}")
         print(f"  variant: {figures(list(theirs.values()), p)}")
         if a.whole:
-            thr = sorted(mine, key=lambda r: theirs[r["cell"]["id"]]["thr"][p] / r["thr"][p])
-            print(f"  its throughput, variant / draw: geo-mean "
-                  f"{_gm([theirs[r['cell']['id']]['thr'][p] / r['thr'][p] for r in thr]):.4f}; "
-                  + ", ".join(f"c{r['cell']['id']} {r['thr'][p]:.1f} -> {theirs[r['cell']['id']]['thr'][p]:.1f}"
-                              for r in (thr[:2] + thr[-3:] if len(thr) > 5 else thr)))
+            print(throughput_moved(mine, theirs, p, runs, other))
         moved = sorted(mine, key=lambda r: theirs[r["cell"]["id"]]["ratio"][p] - r["ratio"][p])
         for r in (moved if len(moved) <= 2 * a.moved else moved[:a.moved] + moved[len(moved) - a.moved:]):
             print(f"    {_where(r)}: {r['ratio'][p]:.3f} -> {theirs[r['cell']['id']]['ratio'][p]:.3f}")
