@@ -1151,3 +1151,42 @@ def test_catch_up_padding_is_learnt_from_what_a_catch_up_cost():
     pad.planned(alike, rows)
     pad.observe(SimpleNamespace(draft_forwards=2, predicted_draft_s=1e-3, measured_draft_s=1.0), calib)
     assert pad.padded is None
+
+
+def _fake_draw(path, thr, prefill=1.0):
+    """A draw folder as run.py writes it, cells.json and summary.json only: thr = {cell id: {policy: tok/s}}."""
+    import json
+    cells = [{"id": cid, "hardware": "h200", "model": "llama3_8b", "acc": "iid", "kind": "closed", "batch": 4,
+              "out_mean": 32, "workload": {}, "acceptance": {}, "backend": {"step_overhead_s": 0.0,
+              "position_overhead_s": 0.0, "pad_ragged": cid == 1}} for cid in thr]
+    path.mkdir(parents=True)
+    (path / "cells.json").write_text(json.dumps(cells))
+    for cid, pols in thr.items():
+        for p, t in pols.items():
+            d = path / f"c{cid}" / p
+            d.mkdir(parents=True)
+            (d / "summary.json").write_text(json.dumps({"throughput_tok_s": t, "prefill_time_s": prefill}))
+
+
+def test_paired_whole_and_analyze_show_read_what_the_draws_hold(tmp_path, capsys):
+    """paired.py --whole judges each draw against its own baselines and counts the cells whose throughput moved;
+    analyze.py --show prints a cell's every policy and results.md lists the cells more than 1 % below none; a
+    folder that is not a draw is a one-line exit."""
+    import analyze
+    import paired
+    base = {f"fixed{k}": 100.0 for k in range(1, 9)}
+    _fake_draw(tmp_path / "a", {0: {**base, "none": 100.0, "goodput": 98.0},
+                                1: {**base, "none": 100.0, "goodput": 99.0}})
+    _fake_draw(tmp_path / "b", {0: {**base, "none": 100.0, "goodput": 98.0},
+                                1: {**base, "none": 150.0, "goodput": 160.0}}, prefill=0.5)
+    paired.main([str(tmp_path / "a"), str(tmp_path / "b"), "--whole", "--policies", "none,goodput"])
+    out = capsys.readouterr().out
+    assert "1 cells up and 0 down by more than 0.1 %" in out and "prefill 2.0 -> 1.0 s" in out
+    assert "c1 h200/llama3_8b/iid/closed/b4/L32: 0.990 -> 1.067" in out   # 160 against b's own best, 150
+    analyze.main([str(tmp_path / "a"), "--show", "c0"])
+    out = capsys.readouterr().out
+    assert "  goodput: 0.980 (of none 0.980)" in out and "c1 " not in out
+    text = analyze.report(tmp_path / "a", "fake")
+    assert "Cells where `goodput` is more than 1 % below `none`: 1\n  - c0 " in text
+    with pytest.raises(SystemExit, match="no cells.json here"):
+        paired.main([str(tmp_path / "a"), str(tmp_path / "nothing"), "--whole"])
