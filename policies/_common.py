@@ -853,12 +853,15 @@ def catch_up_rows(view, late: np.ndarray, budget_s: float, cost=None, padded: bo
     return out
 
 
-def keep_by_margin(view, position: int, idx: np.ndarray, v, costs, G: float) -> np.ndarray:
+def keep_by_margin(view, position: int, idx: np.ndarray, v, costs, G: float, ratio=None) -> np.ndarray:
     """keep_drafting's rule for `goodput` and `oracle_causal`: rows idx may draft position + 1, the next slot of
     each worth v (expected emitted tokens: a float where idx holds one row, else an array); the best-valued m
     of them draft it, m maximising the value minus G x (the draft forward over m rows + the verify's growth by
     m tokens, + a position's padding where the verify pads), and none where no m gains. Ties toward more tokens
-    left. Returns the keep mask over the batch."""
+    left. Returns the keep mask over the batch.
+    `ratio`: a list [E, T], the step's expected tokens and seconds so far (G = E / T): then the m kept maximise
+    (E + value) / (T + seconds) instead, the step's goodput with the positions added (the Dinkelbach ratio the
+    plan maximises), and E, T are updated in place with what is kept."""
     keep = np.zeros(view.batch_size, bool)
     x = int(view.drafted.sum())
     last = costs.verify.size - 1
@@ -867,7 +870,12 @@ def keep_by_margin(view, position: int, idx: np.ndarray, v, costs, G: float) -> 
         dt = float(costs.draft[1]) + float(costs.verify[min(x + 1, last)]) - float(costs.verify[min(x, last)])
         if pad is not None and pad.size:
             dt = dt + float(pad[min(position + 1, pad.size - 1)])
-        keep[int(idx[0])] = v - G * dt > 0
+        if ratio is not None:
+            G = ratio[0] / ratio[1]
+        keep[int(idx[0])] = ok = v - G * dt > 0
+        if ok and ratio is not None:
+            ratio[0] += v
+            ratio[1] += dt
         return keep
     order = np.lexsort((-view.remaining[idx], -np.round(v, 6)))   # ties: more tokens left first
     gain_v = np.cumsum(v[order])
@@ -876,10 +884,17 @@ def keep_by_margin(view, position: int, idx: np.ndarray, v, costs, G: float) -> 
     dt = costs.draft[mm] + costs.verify[xv] - costs.verify[min(x, last)]
     if pad is not None and pad.size:   # a padded verify grows by a position's worth for all rows
         dt = dt + pad[min(position + 1, pad.size - 1)]
-    gain = gain_v - G * dt
+    if ratio is None:
+        gain = gain_v - G * dt
+    else:
+        E, T = ratio
+        gain = (E + gain_v) / (T + dt) - E / T
     best = int(np.argmax(gain))
     if gain[best] > 0:
         keep[idx[order[:best + 1]]] = True
+        if ratio is not None:
+            ratio[0] += float(gain_v[best])
+            ratio[1] += float(dt[best])
     return keep
 
 

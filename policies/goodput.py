@@ -35,6 +35,12 @@ class Goodput(Policy):
     survival s_i; the next position is drafted by the rows whose next token (worth s_i * a_i) beats G
     times its marginal cost: the best group of m rows maximises sum(value) - G * (draft[m] + verify
     growth). Rows may go `extend` positions past their planned depth when their confidences are high.
+    `extend_bar` (default ratio): what such a position must beat: the step's goodput with the positions added past
+    the plan so far (their values and seconds added to the plan's E and T; each position raises it, so the
+    extension stops where E / T peaks, the ratio the plan maximises); `plan`, the rule before 2026-12-03: the plan's
+    own G. At a run's first step the plan has only the prior level (0.7) and its G is low where the true level
+    is high; the extension sees the confidences and cleared that low bar to 15 a row on c74 of robustness draw
+    2057 (iid a = 0.94; `oracle_expected` 9; with `ratio` 10).
     Works on any backend: with uninformative confidences (constant) the drafting rule reproduces the plan.
     Issue 12 additions: a row's estimate is multiplied per draft position by a batch-wide factor (accepted
     / expected tokens verified at that position), so a draft whose later guesses fail more often than its
@@ -124,7 +130,7 @@ class Goodput(Policy):
                  catch_up: bool = True, sticky_pad: bool = True, cautious_pad: bool = True,
                  drain_tail: str = "balanced", calibration_prior_at: str = "confidence",
                  stream_value: str = "slot_time", position_paired: bool = True, tie_tolerance: float = 0.01,
-                 pad_context: bool = True, draft_clip: float = 3.0):
+                 pad_context: bool = True, draft_clip: float = 3.0, extend_bar: str = "ratio"):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
         self.prior_strength = as_float(prior_strength, "policy.prior_strength", min=0)
@@ -157,6 +163,7 @@ class Goodput(Policy):
         self.draft_clip = as_float(draft_clip, "policy.draft_clip", min=0)
         if 0.0 < self.draft_clip < 1.0:
             raise ConfigError(f"policy.draft_clip must be 0 (off) or >= 1, got {self.draft_clip}")
+        self.extend_bar = as_choice(extend_bar, "policy.extend_bar", {"plan", "ratio"})
         self._seq = PerRequest(6)   # accepted, rejections, sum of confidences, drafted; verified confidence, tokens
         self.reset()
 
@@ -176,6 +183,7 @@ class Goodput(Policy):
         self._saturated = None   # a stream's: whether its batch was full until its last admission (`drain_tail`)
         self._open_steps = self._full_steps = 0   # a stream's steps before its last admission; at its largest batch
         self._w = None
+        self._ratio = None
         self._drained = False   # whether this step's weights are the drain's (not stream_value's)
         self._dbar = None   # mean drafts of the rows drafted last step
         self._probes = 0   # probe steps so far (_probe)
@@ -261,6 +269,7 @@ class Goodput(Policy):
         return depths
 
     def _plan(self, view, n, K):
+        self._ratio = None   # `extend_bar=ratio`: the step's expected tokens and seconds so far
         self._a = a = self._alpha(view)
         remaining = view.remaining
         rowcap = np.clip(remaining - 1, 0, K)
@@ -282,6 +291,12 @@ class Goodput(Policy):
                 return self._probe(view, S, costs, rowcap, rows)
         if self.use_confidence:
             self._s = np.ones(n)
+            if self.extend_bar == "ratio" and self.extend and self._G > 0:
+                self._planned = depths
+                Sw = S if w is None else S * w[:, None]
+                E = (float(n) if w is None else float(w.sum())) + float(
+                    (Sw * (np.arange(K)[None, :] < depths[:, None])).sum())
+                self._ratio = [E, E / self._G]
             depths = np.where(depths > 0, np.minimum(depths + self.extend, rowcap), 0)
         return depths
 
@@ -499,7 +514,8 @@ class Goodput(Policy):
             v = self._s[idx] * np.minimum(self._a[idx] * f, 0.999)
             if self._w is not None:
                 v = v * self._w[idx]
-        return keep_by_margin(view, position, idx, v, self._tab, self._G)
+        past = self._ratio is not None and bool((self._planned[idx] <= position + 1).all())
+        return keep_by_margin(view, position, idx, v, self._tab, self._G, self._ratio if past else None)
 
     def observe(self, view, accepted):
         drafted = view.drafted

@@ -15,7 +15,7 @@ from specdepth.errors import ConfigError
 from specdepth.executor import Executor
 from specdepth.policies import (EMA, Bandit, BatchScaled, BatchTable, ConfidenceThreshold, DisableByBatch,
                                 FixedDepth, Goodput, Heuristic, Oracle)
-from specdepth.policies._common import IdleReplan
+from specdepth.policies._common import IdleReplan, StepCost, keep_by_margin
 from specdepth.policies.goodput import _Pool
 from specdepth.policy import StepView
 from specdepth.workload import Request
@@ -512,6 +512,64 @@ def test_goodput_keep_drafting_stops_low_confidence_rows_and_ignores_idle_rows()
     v._s.row_drafted = np.ones(3, np.int64)
     keep = p.keep_drafting(v, 0, np.array([0.95, 0.02, np.nan]))
     assert keep.dtype == bool and keep.tolist() == [True, False, False]
+
+
+def test_goodput_extension_with_the_ratio_bar_stops_where_the_steps_goodput_peaks():
+    """`extend_bar`: at a run's first step goodput plans with the prior level (0.7) but then sees confidences of
+    0.94 (c74 of robustness draw 2057: a = 0.94). With the plan's goodput as the bar (`plan`) a position past the
+    plan need only beat that low G; with `ratio` the bar is the step's goodput with the positions added so far,
+    so the extension stops where the step's expected tokens / seconds peak (brute force over the stopping depth,
+    from the same values), shallower than `plan`'s (verify 10 ms, a draft forward 2 ms: 10 drafts against 13)."""
+    cost = LinearCost(v0=10e-3, d0=2e-3)
+    conf = 0.94
+    reach, peak = {}, None
+    for bar in ("plan", "ratio"):
+        p = Goodput(extend_bar=bar)
+        v = make_view(1, cost=cost, requests_left=5)
+        d = p.plan(v)
+        if bar == "ratio":
+            planned = int(p._planned[0])
+            E, T = p._ratio
+            a, cal, f = float(p._a[0]), float(p._cal[0]), p._pool.positions.factor(16)
+            vals = [min(conf * cal, 1.0) ** q * min(a * float(f[q]), 0.999) for q in range(16)]
+            best = [(E + sum(vals[planned:D])) / (T + (D - planned) * 2e-3) for D in range(planned, 17)]
+            peak = planned + int(np.argmax(best))
+            assert 0 < planned < peak < 16
+        drafting(v, d, conf=conf)
+        pos = 0
+        while pos + 1 < int(d[0]) and p.keep_drafting(v, pos, np.array([conf]))[0]:
+            pos += 1
+        reach[bar] = pos + 1
+    assert reach["ratio"] == peak < reach["plan"]
+    with pytest.raises(ConfigError, match="policy.extend_bar"):
+        Goodput(extend_bar="max")
+
+
+def test_keep_by_margin_with_a_ratio_keeps_the_rows_that_maximise_the_steps_goodput():
+    """keep_by_margin(..., ratio=[E, T]): of the candidate rows, the best-valued m that maximise (E + their
+    value) / (T + the draft forward over m rows + the verify's growth) draft the next position (brute force),
+    none where no m raises E / T, and E, T grow by what is kept."""
+    rng = np.random.default_rng(3)
+    cost = LinearCost(v0=10e-3, v1=2e-4, d0=1e-3, d1=3e-4)
+    for trial in range(30):
+        n = int(rng.integers(2, 7))
+        v = make_view(n, cost=cost, requests_left=5)
+        tab = StepCost().update(v, 4)
+        drafting(v, np.full(n, 2))
+        vals = rng.uniform(0.0, 0.4, n)
+        E, T = float(rng.uniform(n, 3 * n)), float(rng.uniform(0.01, 0.02))
+        ratio = [E, T]
+        keep = keep_by_margin(v, 1, np.arange(n), vals, tab, E / T, ratio)
+        x = int(v.drafted.sum())
+        order = np.argsort(-vals, kind="stable")
+        best, best_m = E / T, 0
+        for m in range(1, n + 1):
+            dt = tab.draft[m] + tab.verify[x + m] - tab.verify[x]
+            g = (E + vals[order[:m]].sum()) / (T + dt)
+            if g > best + 1e-12:
+                best, best_m = g, m
+        assert sorted(np.flatnonzero(keep).tolist()) == sorted(order[:best_m].tolist()), trial
+        assert ratio[0] / ratio[1] == pytest.approx(best)
 
 
 def test_goodput_estimators_follow_observations():

@@ -603,11 +603,14 @@ def test_oracle_expected_at_least_goodput_in_expectation_on_small_cells(acc):
     cell = ["workload=poisson", "workload.rate=1e9", "workload.num_requests=12", "engine.max_batch_size=4",
             "workload.output_len=48", "workload.prompt_len=128", *acc]
     tot = {"goodput": 0.0, "oracle_expected": 0.0}
-    for seed in range(6):
+    for seed in range(20):
         for p in tot:
             res, _ = _run(*cell, f"policy={p}", f"seed={seed}")
             tot[p] += sum(r[2] for r in res.requests) / max(r[5] for r in res.requests)
-    # per step it is the optimum; over a run it is not a strict bound (it is myopic, as goodput is): 1 %
+    # per step it is the optimum; over a run it is not a strict bound: it is myopic, and goodput values a row's
+    # tokens by the slot time they free while requests wait (`stream_value`) and by the seconds they save once
+    # none does (`drain`). Over 20 seeds (2026-12-03) with beta acceptance goodput is 0.6 % above it (with either
+    # `extend_bar`; over the first 6 seeds, the test's count before, 0.9 % and 1.1 %, the noise of 6 draws): 1 %
     assert tot["oracle_expected"] >= tot["goodput"] * 0.99
 
 
@@ -1190,3 +1193,26 @@ def test_paired_whole_and_analyze_show_read_what_the_draws_hold(tmp_path, capsys
     assert "Cells where `goodput` is more than 1 % below `none`: 1\n  - c0 " in text
     with pytest.raises(SystemExit, match="no cells.json here"):
         paired.main([str(tmp_path / "a"), str(tmp_path / "nothing"), "--whole"])
+
+
+def test_paired_also_judges_a_variant_on_the_means_of_replicates(tmp_path, capsys):
+    """paired.py --also DRAW_R VARIANT_R: both sides (the baselines too) are the mean over the draw and its
+    replicates, on the cells every folder holds; with --whole or --base it exits with one line."""
+    import paired
+    base = {f"fixed{k}": 100.0 for k in range(2, 9)}
+    _fake_draw(tmp_path / "d0", {0: {**base, "none": 100.0, "fixed1": 100.0, "goodput": 90.0},
+                                 1: {**base, "none": 100.0, "fixed1": 100.0, "goodput": 100.0}})
+    _fake_draw(tmp_path / "d1", {0: {**base, "none": 100.0, "fixed1": 140.0, "goodput": 130.0}})   # no cell 1
+    _fake_draw(tmp_path / "v0", {0: {"goodput": 95.0}, 1: {"goodput": 100.0}})
+    _fake_draw(tmp_path / "v1", {0: {"goodput": 125.0}})
+    paired.main([str(tmp_path / "d0"), str(tmp_path / "v0"), "--also", str(tmp_path / "d1"), str(tmp_path / "v1")])
+    out = capsys.readouterr().out
+    # cell 0 only; best fixed1 by its mean, 120: goodput's mean 110 / 120 -> variant's 110 / 120
+    assert "goodput, 1 cells" in out and "means over the draw and 1 replicates" in out
+    assert "c0 h200/llama3_8b/iid/closed/b4/L32: 0.917 -> 0.917" in out
+    paired.main([str(tmp_path / "d0"), str(tmp_path / "v0")])   # one draw: 0.900 -> 0.950, cell 1 too
+    out = capsys.readouterr().out
+    assert "goodput, 2 cells" in out and "c0 h200/llama3_8b/iid/closed/b4/L32: 0.900 -> 0.950" in out
+    with pytest.raises(SystemExit, match="--also averages replicates"):
+        paired.main([str(tmp_path / "d0"), str(tmp_path / "v0"), "--whole", "--also", str(tmp_path / "d1"),
+                     str(tmp_path / "v1")])

@@ -18,6 +18,14 @@ hardware, model, ...); `--range dotted.key=lo:hi` the cells whose value there (e
 policy's throughput, e.g. an engine switch (`run.py --seed S --out outputs/variant backend.group_prefill=false`):
 each side is judged against its own none / fixed 1-8, and each policy's own throughput, variant / draw, is given
 too (geo-mean, the cells up / down by more than 0.1 %, the cells where it moved most, its prefill seconds summed).
+
+`--also DRAW_R VARIANT_R` (repeatable): replicates of both (run.py --replicate R: the draw's with none / fixed 1-8
+and the policies, the variant's with the policies): each side's throughput and TPOT p50, the baselines' too, are
+then the mean over the draw and its replicates, on the cells every folder holds, so that a change is judged in
+expectation and not on one draw of outcomes (replicates.py's figures, for a variant):
+
+    ... paired.py outputs/robustness/seed2057 outputs/variant/seed2057 --policies goodput \
+        --also outputs/rep1/seed2057 outputs/vrep1/seed2057 ... --also outputs/rep7/seed2057 outputs/vrep7/seed2057
 """
 from __future__ import annotations
 
@@ -66,6 +74,21 @@ def keeps(cell: dict, only: list[str], ranges: list[str]) -> bool:
     return True
 
 
+def mean_runs(loaded: list[dict]) -> dict:
+    """Runs (load's second half) averaged over folders: per (cell, policy) every folder has, summary.json's
+    throughput_tok_s and tpot_p50_s (where all have it) the mean, the rest the first folder's."""
+    keys = set.intersection(*(set(r) for r in loaded))
+    out = {}
+    for k in keys:
+        s = dict(loaded[0][k])
+        for f in ("throughput_tok_s", "tpot_p50_s"):
+            vals = [r[k].get(f) for r in loaded]
+            if None not in vals:
+                s[f] = sum(vals) / len(vals)
+        out[k] = s
+    return out
+
+
 def throughput_moved(mine, theirs, p, runs, other) -> str:
     """--whole: policy p's own throughput, variant / draw, per cell: geo-mean, cells up / down by more than 0.1 %,
     the extremes; and its prefill seconds summed over these cells (summary.json's prefill_time_s)."""
@@ -91,12 +114,20 @@ def main(argv=None):
     ap.add_argument("--range", action="append", default=[], help="dotted.key=lo:hi: the cells with a value in [lo, hi)")
     ap.add_argument("--whole", action="store_true",
                     help="the variant is a whole draw: each side against its own baselines, and throughput moved")
+    ap.add_argument("--also", nargs=2, type=Path, action="append", default=[], metavar=("DRAW_R", "VARIANT_R"),
+                    help="a replicate of the draw and of the variant: both sides averaged over them")
     a = ap.parse_args(argv)
     if a.whole and a.base is not None:
         raise SystemExit("paired.py: --whole compares two whole draws; --base does not apply")
+    if a.also and (a.whole or a.base is not None):
+        raise SystemExit("paired.py: --also averages replicates of a policy variant; --whole and --base do not apply")
     cells, runs = load(a.draw)
     cells = [c for c in cells if keeps(c, a.only, a.range)]
     _, other = load(a.variant)
+    if a.also:
+        runs = mean_runs([runs] + [load(d)[1] for d, _ in a.also])
+        other = mean_runs([other] + [load(v)[1] for _, v in a.also])
+        print(f"means over the draw and {len(a.also)} replicates")
     pols = a.policies.split(",")
     if a.base is not None:
         _, base = load(a.base)
