@@ -261,13 +261,23 @@ class CostCalibration:
     fit's price for the step (scale x predicted + fixed x forwards), so one outlier (a draft that also caught up
     skipped tokens) moves the fit at most that factor, and a cost the model misses is learnt at most that factor a
     step (goodput sets 3).
+    `draft_fixed` (default off): where the draft's steps do not identify a scale apart from a fixed part (the cost
+    model's seconds per forward vary by less than UNIDENTIFIED, about 10 %: memory-bound forwards whose rows barely
+    change their price), the excess over the model is read as a fixed cost per forward (scale 1, the fixed part
+    fitted alone; where the model overprices, a scale alone): the scale would multiply the model's price of each
+    further row, which such data cannot tell. A small draft's forward at a small batch costs a nearly constant time
+    the roofline can miss (launches, an engine's own fixed costs), not a multiple of its rows' price (c64 of
+    robustness draw 2058: 1.33 ms per forward fitted as scale 3.8 and 0.56 ms; goodput drafted 2-3 rows a step
+    where every row paid, 0.962 of fixed depth 1 against 1.005 with the true cost). goodput sets it on.
     """
 
     PHASES = ("draft", "verify")
+    UNIDENTIFIED = 0.01   # 1 - (the cosine of predicted and forwards)^2: ~ the squared CV of the price per forward
 
     def __init__(self, memory: float = 200.0, prior: float = 2.0, sticky: bool = True, cautious: bool = True,
-                 draft_clip: float = 0.0):
+                 draft_clip: float = 0.0, draft_fixed: bool = False):
         self.memory, self.prior = float(memory), float(prior)
+        self.draft_fixed = bool(draft_fixed)
         self.draft_clip = float(draft_clip)   # > 0: a step's measured draft counts at most this x the fit's price
         self.sticky = bool(sticky)   # keep a padding term the recent steps cannot tell about (`_keep_pad`)
         self.cautious = bool(cautious)   # assume padding the steps cannot rule out (`_doubt`)
@@ -289,7 +299,19 @@ class CostCalibration:
         keep = math.exp(-1.0 / self.memory)
         x = (predicted * predicted, predicted * count, count * count, predicted * measured, count * measured, 1.0)
         s = self._sums[phase] = [v * keep + d for v, d in zip(self._sums[phase], x)]
-        self._fit[phase] = self._solve(s)
+        self._fit[phase] = self._solve_fixed(s) if self.draft_fixed and phase == "draft" else self._solve(s)
+
+    def _solve_fixed(self, s):
+        """`draft_fixed`: _solve, unless the data do not identify the scale apart from the fixed part (1 - cos^2 of
+        the two features below UNIDENTIFIED); then scale 1 and the fixed part alone (ridge toward 0 as _solve's),
+        or, where the model overprices (a negative fixed part), a scale alone."""
+        if s[5] <= 0.0 or s[0] <= 0.0 or s[2] <= 0.0 or 1.0 - s[1] * s[1] / (s[0] * s[2]) >= self.UNIDENTIFIED:
+            return self._solve(s)
+        k = self.prior / s[5]
+        fixed = (s[4] - s[1]) / (s[2] * (1 + k))   # y - predicted = fixed x forwards
+        if fixed >= 0.0:
+            return (1.0, fixed)
+        return (max((s[3] + k * s[0]) / (s[0] * (1 + k)), 0.0), 0.0)
 
     def _solve(self, s):
         w = s[5]

@@ -106,6 +106,11 @@ class Goodput(Policy):
     one per row, where view.cost says 8.87 and 9.95, and a scale and fixed part fitted to steps at one depth cannot
     learn that slope (goodput 0.944 of fixed depth 1; with it 0.999). Off: padding of the queries only, at the mean
     context, the rule before 2026-12-02.
+    `draft_fixed` (default off): where the draft's steps cannot tell the calibration's scale from its fixed part (the
+    cost model's price per forward nearly constant), the draft's excess over the model is a fixed cost per forward,
+    not a scale on each further row's price (`_common.CostCalibration`); on c64 of robustness draw 2058 it drafts
+    every row instead of 2-3 (0.962 -> 1.001 of fixed depth 1); not on by default: on the development draws it moved
+    the rest within chance, slightly down in expectation (robustness README, goodput (29)).
     `draft_clip` (default 3): a step's measured draft seconds enter the calibration's draft fit at most that many
     times the fit's own price for the step (`_common.CostCalibration`). A resumption after many idle steps also
     feeds the draft every token its rows skipped; the first such step is left out of the fit, but a second one
@@ -130,7 +135,8 @@ class Goodput(Policy):
                  catch_up: bool = True, sticky_pad: bool = True, cautious_pad: bool = True,
                  drain_tail: str = "balanced", calibration_prior_at: str = "confidence",
                  stream_value: str = "slot_time", position_paired: bool = True, tie_tolerance: float = 0.01,
-                 pad_context: bool = True, draft_clip: float = 3.0, extend_bar: str = "ratio"):
+                 pad_context: bool = True, draft_clip: float = 3.0, extend_bar: str = "ratio",
+                 draft_fixed: bool = False):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
         self.prior_strength = as_float(prior_strength, "policy.prior_strength", min=0)
@@ -164,6 +170,7 @@ class Goodput(Policy):
         if 0.0 < self.draft_clip < 1.0:
             raise ConfigError(f"policy.draft_clip must be 0 (off) or >= 1, got {self.draft_clip}")
         self.extend_bar = as_choice(extend_bar, "policy.extend_bar", {"plan", "ratio"})
+        self.draft_fixed = as_bool(draft_fixed, "policy.draft_fixed")
         self._seq = PerRequest(6)   # accepted, rejections, sum of confidences, drafted; verified confidence, tokens
         self.reset()
 
@@ -175,7 +182,8 @@ class Goodput(Policy):
         self._seq.reset()
         self._costs = StepCost(pad_context=self.pad_context)
         self._calib = CostCalibration(memory=self.cost_memory, sticky=self.sticky_pad,
-                                      cautious=self.cautious_pad, draft_clip=self.draft_clip)
+                                      cautious=self.cautious_pad, draft_clip=self.draft_clip,
+                                      draft_fixed=self.draft_fixed)
         self._pool = None   # the batch-wide sums (_Pool), made at the first plan from view.acceptance_prior
         self._G = 0.0
         self._max_id, self._quiet, self._max_n = -1, 0, 0   # newest request, steps since one joined, largest batch

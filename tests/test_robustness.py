@@ -451,6 +451,34 @@ def test_cost_calibration_draft_clip_bounds_one_steps_pull_and_still_learns_a_de
         assert cal.params("draft")[0] * 1e-3 + cal.params("draft")[1] == pytest.approx(4e-3, rel=0.05)
 
 
+def test_cost_calibration_draft_fixed_reads_an_unidentified_excess_as_a_fixed_cost_per_forward():
+    """`draft_fixed`: draft forwards whose model price barely varies (0.28 ms, +-1 %: memory-bound, as c64 of
+    robustness draw 2058) and that cost 1.33 ms more each (the clock's position overhead) are fitted as scale 1 and
+    1.33 ms a forward; the plain fit splits the excess and its scale multiplies every further row's price. Where the
+    price per forward varies (identified), both fits find the same scale and fixed part; where the model overprices,
+    a scale below 1 and no fixed part."""
+    rng = np.random.default_rng(11)
+    plain, fixed = CostCalibration(), CostCalibration(draft_fixed=True)
+    for _ in range(300):
+        k = float(rng.integers(1, 4))
+        pred = k * 0.28e-3 * (1 + rng.uniform(-0.01, 0.01))
+        for cal in (plain, fixed):
+            cal.observe(_verify_step(0.02, 0.02, forwards=k, draft_pred=pred, draft_measured=pred + k * 1.33e-3))
+    assert fixed.params("draft") == pytest.approx((1.0, 1.33e-3), rel=0.02)
+    assert plain.params("draft")[0] > 1.5
+    for draft_fixed in (False, True):   # identified: the price per forward varies 4-fold
+        cal = CostCalibration(draft_fixed=draft_fixed)
+        for _ in range(300):
+            k = float(rng.integers(1, 4))
+            pred = k * rng.uniform(0.25e-3, 1e-3)
+            cal.observe(_verify_step(0.02, 0.02, forwards=k, draft_pred=pred, draft_measured=2.0 * pred + k * 0.5e-3))
+        assert cal.params("draft") == pytest.approx((2.0, 0.5e-3), rel=0.05)
+    over = CostCalibration(draft_fixed=True)
+    for _ in range(300):
+        over.observe(_verify_step(0.02, 0.02, forwards=1.0, draft_pred=1e-3, draft_measured=0.6e-3))
+    assert over.params("draft") == pytest.approx((0.6, 0.0), abs=0.01)
+
+
 def _verify_step(pred, measured, forwards=0, draft_pred=0.0, draft_measured=0.0):
     """What CostCalibration.observe reads of a view: the step's predicted and measured verify (and draft)."""
     from types import SimpleNamespace
