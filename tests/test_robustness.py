@@ -1244,3 +1244,23 @@ def test_paired_also_judges_a_variant_on_the_means_of_replicates(tmp_path, capsy
     with pytest.raises(SystemExit, match="--also averages replicates"):
         paired.main([str(tmp_path / "d0"), str(tmp_path / "v0"), "--whole", "--also", str(tmp_path / "d1"),
                      str(tmp_path / "v1")])
+
+
+def test_history_reads_every_held_out_draws_results_as_analyze_wrote_them(tmp_path, capsys):
+    """history.py: one row per results.md (heldout_seed*/ and the latest) from analyze.py's own table; a results.md
+    without one of its policies is left out with a line on stderr; none at all is a one-line exit."""
+    import analyze
+    import history
+    base = {f"fixed{k}": 100.0 for k in range(1, 9)}
+    pols = {"none": 90.0, "goodput": 98.0, "oracle_expected": 101.0, "batch_scaled": 95.0, "confidence": 99.5}
+    _fake_draw(tmp_path / "d" / "seed2099", {0: {**base, **pols}, 1: {**base, **pols, "goodput": 102.0}})
+    (tmp_path / "heldout_seed2099").mkdir()
+    (tmp_path / "heldout_seed2099" / "results.md").write_text(analyze.report(tmp_path / "d" / "seed2099", "x"))
+    _fake_draw(tmp_path / "d" / "seed2100", {0: {**base, "none": 100.0, "goodput": 99.0}})   # no bound's row
+    (tmp_path / "results.md").write_text(analyze.report(tmp_path / "d" / "seed2100", "x"))
+    history.main(["--dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert "| 2099 | 0.980 | 1 | 1.000 | 0 | - | 1.010 | 0 | 1.010 | 0 | - | 0.950 / 2 / 0 | 0.995 / 0 / 0 |" in out
+    assert "2100 |" not in out and "no row for oracle_expected, batch_scaled, confidence, left out" in err
+    with pytest.raises(SystemExit, match="no analyze.py results.md"):
+        history.main(["--dir", str(tmp_path), "--since", "3000"])
