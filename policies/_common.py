@@ -268,7 +268,8 @@ class CostCalibration:
     further row, which such data cannot tell. A small draft's forward at a small batch costs a nearly constant time
     the roofline can miss (launches, an engine's own fixed costs), not a multiple of its rows' price (c64 of
     robustness draw 2058: 1.33 ms per forward fitted as scale 3.8 and 0.56 ms; goodput drafted 2-3 rows a step
-    where every row paid, 0.962 of fixed depth 1 against 1.005 with the true cost). goodput sets it on.
+    where every row paid, 0.962 of fixed depth 1 against 1.005 with the true cost). goodput's `draft_fixed`, off by
+    default (it moved the development draws' other cells within chance, slightly down in expectation).
     """
 
     PHASES = ("draft", "verify")
