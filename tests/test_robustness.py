@@ -1264,3 +1264,21 @@ def test_history_reads_every_held_out_draws_results_as_analyze_wrote_them(tmp_pa
     assert "2100 |" not in out and "no row for oracle_expected, batch_scaled, confidence, left out" in err
     with pytest.raises(SystemExit, match="no analyze.py results.md"):
         history.main(["--dir", str(tmp_path), "--since", "3000"])
+
+
+def test_analyze_stalls_takes_the_prefills_inside_a_requests_decode_out_of_its_tpot(tmp_path, capsys):
+    """analyze.py --stalls C: per policy, TPOT p50, the requests whose decode (after the first token) held a step
+    that prefilled another prompt, and TPOT p50 with those prefill seconds taken out of each request's."""
+    import analyze
+    d = tmp_path / "seed1" / "c5" / "goodput"
+    d.mkdir(parents=True)
+    (d / "steps.csv").write_text("step,time_s,prefill_s\n0,0.0,0.5\n1,0.5,0.0\n2,1.0,0.4\n3,1.4,0.0\n")
+    # request 0 decodes over (0.5, 2.5): the prefill at 1.0 (0.4 s) is inside; request 1 over (1.4, 2.0): none
+    (d / "requests.csv").write_text("request_id,output_len,first_token_s,finish_s,tpot_s\n"
+                                    "0,11,0.5,2.5,0.2\n1,11,1.4,2.0,0.06\n")
+    analyze.main([str(tmp_path / "seed1"), "--stalls", "c5"])
+    out = capsys.readouterr().out
+    # TPOT p50 of 0.2 and 0.06: 130 ms; without the stall, 0.2 - 0.4 / 10 = 0.16 and 0.06: 110 ms
+    assert "  goodput: 130.00, 1 of 2, 110.00" in out
+    with pytest.raises(SystemExit, match="no cell c6"):
+        analyze.main([str(tmp_path / "seed1"), "--stalls", "6"])

@@ -18,6 +18,8 @@ confidences of tokens not drafted yet), estimation splits further into informati
 oracle_expected (what no causal policy can know) and estimation given it = goodput_true / oracle_causal.
 Writes results.md and figures to --out (default: the draw dir), and the README's results section when --readme
 is given. `--show 74,127`: prints those cells' ratios for every policy (and TPOT on poisson cells), writes nothing.
+`--stalls 217`: a cell's TPOT p50 per policy with and without the prefills that stalled its requests' decode;
+`--stalls all`: over every poisson cell, each policy's TPOT p50 against the best of none / fixed 1-8, both ways.
 """
 from __future__ import annotations
 
@@ -199,6 +201,69 @@ def show(rows, ids) -> str:
     return "\n".join(out)
 
 
+def _tpot_split(d: Path) -> tuple[float, int, int, float] | None:
+    """One run's (TPOT p50, requests whose decode held another request's prefill, requests, TPOT p50 without the
+    prefill seconds inside each request's decode), from its steps.csv and requests.csv; None where it has none."""
+    import csv
+    import statistics
+    sf, rf = d / "steps.csv", d / "requests.csv"
+    if not (sf.is_file() and rf.is_file()):
+        return None
+    with open(sf, newline="") as f:
+        pre = [(float(r["time_s"]), float(r["prefill_s"])) for r in csv.DictReader(f) if float(r["prefill_s"]) > 0]
+    with open(rf, newline="") as f:
+        reqs = [r for r in csv.DictReader(f) if int(r["output_len"]) > 1]
+    if not reqs:
+        return None
+    tp, net, hit = [], [], 0
+    for r in reqs:
+        a, b = float(r["first_token_s"]), float(r["finish_s"])
+        inside = [x for t, x in pre if a < t < b]
+        hit += bool(inside)
+        tp.append(float(r["tpot_s"]))
+        net.append(tp[-1] - sum(inside) / (int(r["output_len"]) - 1))
+    return statistics.median(tp), hit, len(reqs), statistics.median(net)
+
+
+def stalls_summary(draw: Path, pols=("goodput", "oracle_expected", "batch_scaled", "confidence")) -> str:
+    """Over every poisson cell: each policy's TPOT p50 against the lowest of none and fixed 1-8, as is and with the
+    prefill stalls taken out of both (the policy's decode alone)."""
+    cells, _ = load(draw)
+    got = {p: [] for p in pols}
+    for c in cells:
+        if c.get("kind") != "poisson":
+            continue
+        split = {p: _tpot_split(draw / f"c{c['id']}" / p) for p in (*BASELINES, *pols)}
+        if any(v is None for v in split.values()):
+            continue
+        best = min(split[b][0] for b in BASELINES), min(split[b][3] for b in BASELINES)
+        for p in pols:
+            got[p].append((split[p][0] / best[0], split[p][3] / best[1]))
+    out = [f"TPOT p50 / the lowest of none and fixed 1-8 on {len(next(iter(got.values())))} poisson cells: as is, and "
+           "with the prefills that stalled each request's decode taken out"]
+    for p, v in got.items():
+        if v:
+            out.append(f"  {p}: as is worst {max(x for x, _ in v):.3f}, > 1.02 in {sum(x > 1.02 for x, _ in v)}; "
+                       f"decode alone worst {max(y for _, y in v):.3f}, > 1.02 in {sum(y > 1.02 for _, y in v)}")
+    return "\n".join(out)
+
+
+def stalls(draw: Path, cid: int, pols=None) -> str:
+    """A poisson cell's TPOT p50 per policy, and how much of it is other requests' prefills: a step that prefills
+    an admitted prompt stalls every running request's decode, so a request's TPOT holds the prefill seconds of the
+    steps inside its decode (after its first token, before it finishes) over its output tokens. Per policy: TPOT
+    p50, the requests with such a step, and TPOT p50 with those seconds taken out (`_tpot_split`)."""
+    d = draw / f"c{cid}"
+    if not d.is_dir():
+        raise SystemExit(f"analyze.py: --stalls: no cell c{cid} in {draw}")
+    out = [f"c{cid}: TPOT p50 (ms), requests whose decode held another request's prefill, TPOT p50 without it"]
+    for p in pols or [*BASELINES, *ADAPTIVE, *BOUNDS]:
+        got = _tpot_split(d / p)
+        if got is not None:
+            out.append(f"  {p}: {1e3 * got[0]:.2f}, {got[1]} of {got[2]}, {1e3 * got[3]:.2f}")
+    return "\n".join(out)
+
+
 def figure(rows, out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for p, m in (("goodput", "o"), ("batch_scaled", "s"), ("confidence", "^"), ("oracle_expected", "x")):
@@ -243,7 +308,19 @@ def main(argv=None):
     ap.add_argument("--readme", type=Path, default=None)
     ap.add_argument("--label", default="")
     ap.add_argument("--show", default=None, help="c1,c2 or 1,2: print these cells' ratios only (writes nothing)")
+    ap.add_argument("--stalls", default=None, help="a cell id: its TPOT p50 with and without other requests' "
+                    "prefills, per policy; all: every poisson cell's, against the baselines (writes nothing)")
     a = ap.parse_args(argv)
+    if a.stalls is not None:
+        if a.stalls.strip() == "all":
+            print(stalls_summary(a.draw))
+            return
+        try:
+            cid = int(a.stalls.strip().lstrip("c"))
+        except ValueError:
+            raise SystemExit(f"analyze.py: --stalls {a.stalls!r}: expected a cell id, e.g. 217 or c217") from None
+        print(stalls(a.draw, cid))
+        return
     if a.show is not None:
         try:
             ids = {int(x.strip().lstrip("c")) for x in a.show.split(",") if x.strip()}
