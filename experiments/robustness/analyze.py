@@ -24,8 +24,10 @@ is given. `--show 74,127`: prints those cells' ratios for every policy (and TPOT
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -204,8 +206,6 @@ def show(rows, ids) -> str:
 def _tpot_split(d: Path) -> tuple[float, int, int, float] | None:
     """One run's (TPOT p50, requests whose decode held another request's prefill, requests, TPOT p50 without the
     prefill seconds inside each request's decode), from its steps.csv and requests.csv; None where it has none."""
-    import csv
-    import statistics
     sf, rf = d / "steps.csv", d / "requests.csv"
     if not (sf.is_file() and rf.is_file()):
         return None
