@@ -732,7 +732,7 @@ def _by_position_small(column, K, G, costs, n, base):
 
 def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarray | None = None,
                   rates: np.ndarray | None = None, factors: np.ndarray | None = None,
-                  trials: float | None = None) -> tuple[int, float]:
+                  trials: float | None = None, ends: np.ndarray | None = None) -> tuple[int, float]:
     """The one depth k in 0..kmax for every row that maximises expected emitted tokens / step time:
     E_k = sum_i (1 - a_i^(k+1)) / (1 - a_i) (Leviathan et al.), T_k = verify[n k] + k x draft[n] (StepCost-like
     tables). Adding position k is worth it exactly when its expected tokens beat the goodput times its cost,
@@ -744,26 +744,42 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
     that is the plain k, whatever the remaining lengths. `factors` (per draft position, e.g.
     `PositionFactors.factor`): position p's draft is accepted with probability a_i x f_p, not a_i. `trials`
     (the evidence an estimate a rests on, in drafted tokens): price the draft by the estimate's posterior
-    predictive (`_expected_tokens`) instead of the estimate alone.
+    predictive (`_expected_tokens`) instead of the estimate alone. `ends` (per row, e.g. `draft_caps`: its
+    remaining tokens - 1): a row drafts at most that deep whatever k (a draft past a request's last token is never
+    emitted), so depth k gives row i min(k, ends_i) drafts, and the step pays for those: its verify carries their
+    sum, and the draft runs (and a padded verify opens) as many positions as the deepest row gets.
     Returns (k, predicted goodput)."""
     ks = np.arange(kmax + 1)
     e = _expected_tokens(acceptance, ks, factors, trials)   # [k, row] expected tokens per step
     n = e.shape[1]
-    T = costs.verify[np.minimum(n * ks, costs.verify.size - 1)] + ks * costs.draft[n]
+    got = None if ends is None else np.minimum(ks[:, None], np.asarray(ends, np.int64)[None, :])   # [k, row]
+    if got is None:
+        x, deep = n * ks, ks
+    else:   # drafts row i gets at depth k
+        e = np.take_along_axis(e, got, axis=0)
+        x, deep = got.sum(axis=1), got.max(axis=1, initial=0)
+    T = costs.verify[np.minimum(x, costs.verify.size - 1)] + deep * costs.draft[n]
     pad = costs.pad
     if pad is not None and len(pad):   # what opening positions 0..k-1 adds (PolicyTime, a padded verify)
         opened = np.concatenate([[0.0], np.cumsum(pad)])
-        T = T + opened[np.minimum(ks, opened.size - 1)]
+        T = T + opened[np.minimum(deep, opened.size - 1)]
     if remaining is None:
         g = e.sum(axis=1) / T
     else:
         if rates is not None:
             f = _expected_tokens(rates, ks, factors)
+            f = f if got is None else np.take_along_axis(f, got, axis=0)
             e = e.mean(axis=1, keepdims=True) * f / f.mean(axis=1, keepdims=True)
         rem = np.asarray(remaining, float)
         g = float(rem.sum()) / ((rem[None, :] / e).max(axis=1) * T)
     k = int(np.argmax(g))
     return k, float(g[k])
+
+
+def draft_caps(view, kmax: int) -> np.ndarray:
+    """Per row, the most drafts worth making: its remaining tokens - 1 (a step emits at most what the request has
+    left, so a draft past its last token is never emitted), in 0..kmax."""
+    return np.clip(view.remaining - 1, 0, kmax)
 
 
 def _expected_tokens(acceptance, ks: np.ndarray, factors: np.ndarray | None = None,
@@ -1137,7 +1153,11 @@ class CostAwareDepth:
             rest = (view.remaining, shrunk_rates(st[:, 0], st[:, 1], a), f, t)
         else:
             rest = (None, None, f, t)
-        k, g = uniform_depth(a, costs, kmax, *rest)
+        # rows near their end draft less (the policies clip at `draft_caps`): priced so, but not while draining,
+        # where the fluid max_i remaining_i / e_i of a batch that ends within a step or two is far too hopeful
+        # (300 rows with ~6 tokens left at a = 0.95 drafted 5 deep to end in one step, and took 4)
+        ends = draft_caps(view, kmax) if rest[0] is None else None
+        k, g = uniform_depth(a, costs, kmax, *rest, ends=ends)
         if k and self.catch_up:
             k = self._catch_up(view, k, g, a, costs, rest, level)
         if k:   # what keep_drafting needs to price positions past k (`confidence`'s `extend`)
@@ -1145,7 +1165,7 @@ class CostAwareDepth:
         if k == 0 and self.probe and may_probe(self._probes, self._pool.sum(), self.prior_tokens, view.batch_size):
             # thin evidence: would a draft pay at a level `probe` standard errors higher? then try one
             hi = min(level + self.probe * math.sqrt(level * (1.0 - level) / trials), 0.999)
-            k = int(uniform_depth(np.full(view.batch_size, hi), costs, kmax, factors=f)[0] > 0)
+            k = int(uniform_depth(np.full(view.batch_size, hi), costs, kmax, factors=f, ends=ends)[0] > 0)
             late = view.draft_lag > 2
             if k and self.catch_up and late.any():   # a probe catches up at most one idle step's worth of rows
                 ok = catch_up_rows(view, late, float(costs.verify[0]), padded=self._padded())

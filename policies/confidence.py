@@ -2,7 +2,8 @@ import numpy as np
 
 from specdepth.errors import as_bool, as_float, as_int
 
-from ._common import ConfidenceCalibration, CostAwarePolicy, as_padded, fit_token_cap, keep_by_margin
+from ._common import (ConfidenceCalibration, CostAwarePolicy, as_padded, draft_caps, fit_token_cap,
+                      keep_by_margin)
 
 
 class ConfidenceThreshold(CostAwarePolicy):
@@ -41,6 +42,7 @@ class ConfidenceThreshold(CostAwarePolicy):
     as `batch_scaled`: where a step pays the policy's own time, a cap > 0 also pays a drafting step's extra.
     `catch_up` as `batch_scaled`: a cap > 0 after idle steps only if it pays for the draft's catch-up.
     `predictive` as `batch_scaled` (off): the cap priced by the level's posterior predictive.
+    As `batch_scaled`, no row drafts past its request's end (`_common.draft_caps`), and the cap is priced so.
     """
 
     name = "confidence"
@@ -78,7 +80,7 @@ class ConfidenceThreshold(CostAwarePolicy):
                 if free > 0 and k > 0:
                     depths[np.argsort(-view.acceptance, kind="stable")[:free]] = 1
         self._cum = np.ones(n)
-        return fit_token_cap(depths, view)
+        return fit_token_cap(np.minimum(depths, draft_caps(view, self.cap(view))), view)
 
     def reset(self):
         super().reset()

@@ -127,7 +127,8 @@ def test_trace_replay_shows_keep_drafting_the_recorded_confidences(tmp_path):
         path.write_text(json.dumps({**rec, "unverified": unv}) + "\n")
         run_sim(tmp_path / f"hand{len(drafted)}", "policy=confidence", "policy.threshold=0.5", "policy.max_depth=4",
                 "policy.cost_aware=false",   # plan max_depth: the confidences alone stop the drafts
-                "engine.token_budget=4096", "workload.batch_size=1", "workload.output_len=4", "acceptance=trace",
+                # (6 tokens: after the prefill's, 5 left, room for max_depth drafts; none past a request's end)
+                "engine.token_budget=4096", "workload.batch_size=1", "workload.output_len=6", "acceptance=trace",
                 f"acceptance.path={path}")
         first = (tmp_path / f"hand{len(drafted)}" / "steps.csv").read_text().splitlines()[1].split(",")
         drafted.append(int(first[4]))

@@ -241,6 +241,34 @@ def test_cost_aware_depth_does_not_stop_drafting_for_good_after_a_few_unlucky_re
 
 
 @pytest.mark.parametrize("pol", ["batch_scaled", "confidence"])
+def test_cost_aware_depth_drafts_no_row_past_its_requests_end(pol):
+    """A draft past a request's last token is never emitted: no row drafts more than its remaining tokens - 1
+    (c109 of robustness draw 2057, batch 1: the last step of a 34-token request drafted 5 for its 1 token), at
+    any batch (a closed batch of mixed lengths and a stream, at a = 0.9 where the policies draft deep)."""
+    base = ["hardware=h200", "model=llama3_8b", "acceptance=iid", "acceptance.alpha=0.9", "workload.prompt_len=200",
+            f"policy={pol}"]
+    cells = (["workload=closed", "workload.batch_size=1", "workload.output_len=34"],
+             ["workload=closed", "workload.batch_size=6", "workload.output_len={dist: uniform, low: 8, high: 40}"],
+             ["workload=poisson", "workload.rate=40", "workload.num_requests=24", "workload.output_len=12"])
+    for cell in cells:
+        parts = build(cfg("engine.progress=false", *base, *cell))
+        policy, seen = parts["engine"].policy, []
+
+        def plan(view, _plan=policy.plan):
+            depths = _plan(view)
+            seen.append((np.asarray(depths).copy(), view.remaining.copy()))
+            return depths
+
+        policy.plan = plan
+        parts["engine"].run()
+        depths = np.concatenate([d for d, _ in seen])
+        remaining = np.concatenate([r for _, r in seen])
+        assert depths.max() >= 3, cell   # it drafts deep here: the clip is what keeps the ends short
+        assert (depths <= np.maximum(remaining - 1, 0)).all(), cell
+        assert (remaining <= 3).any(), cell   # plans were made near requests' ends
+
+
+@pytest.mark.parametrize("pol", ["batch_scaled", "confidence"])
 def test_cost_aware_depth_probes_a_level_its_prior_hides(pol):
     """At batch 300 on h100_sxm (past the ridge) no draft pays at the prior level 0.7, so without probing the
     policies draft only as the batch ends and never learn that a = 0.95 here (c125 of seed 2030: 0.80 of fixed
@@ -287,6 +315,24 @@ def test_uniform_depth_drain_follows_the_slowest_row_and_equals_the_plain_depth_
     noisy = np.array([0.6, 0.9, 0.75, 0.85])   # rows alike (equal rates) with noisy estimates: the plain k
     for rem in (np.full(n, 100), np.array([100, 50, 30, 10])):
         assert uniform_depth(noisy, costs, K, rem, np.full(n, 0.78))[0] == uniform_depth(noisy, costs, K)[0]
+
+
+def test_uniform_depth_with_ends_prices_each_row_at_the_drafts_it_gets():
+    """`ends`: row i drafts min(k, ends_i); its tokens and the step's verify (their sum), draft forwards and padded
+    positions (the deepest row's) are priced so: brute force over k, and rows at their end never make k > 0."""
+    from specdepth.policies._common import Tables, _expected_tokens, uniform_depth
+    n, K = 3, 6
+    costs = Tables(np.linspace(10e-3, 13e-3, n * K + 1), np.r_[0.0, np.full(n, 1e-3)], np.full(K, 0.4e-3))
+    a, ends = np.array([0.9, 0.8, 0.7]), np.array([6, 2, 0])
+    g = []
+    for k in range(K + 1):
+        got = np.minimum(k, ends)
+        e = sum(float(_expected_tokens(a[i:i + 1], np.array([got[i]]))[0, 0]) for i in range(n))
+        g.append(e / (costs.verify[got.sum()] + got.max() * costs.draft[n] + costs.pad[:got.max()].sum()))
+    k, best = uniform_depth(a, costs, K, ends=ends)
+    assert k == int(np.argmax(g)) and best == pytest.approx(max(g))
+    assert uniform_depth(a, costs, K, ends=np.zeros(n, np.int64))[0] == 0
+    assert uniform_depth(a, costs, K, ends=np.full(n, K))[0] == uniform_depth(a, costs, K)[0]
 
 
 def test_expected_tokens_posterior_predictive_is_the_beta_mean_of_a_power_and_tends_to_the_plain_rate():
