@@ -1002,7 +1002,8 @@ def test_paired_comparison_reads_the_variant_against_the_draws_own_baselines(tmp
     # a subset: --only on a cell key, --range on a dotted one (cells without it are left out)
     for args, kept in ((["--only", "acc=confidence"], 1), (["--only", "acc=iid,confidence"], 2),
                        (["--range", "acceptance.calibration=:0.9"], 1), (["--range", "acceptance.calibration=0.8:"], 0),
-                       (["--only", "kind=closed", "--range", "acceptance.alpha=0.9:"], 0)):
+                       (["--only", "kind=closed", "--range", "acceptance.alpha=0.9:"], 0),
+                       (["--only", "cell=1"], 1), (["--only", "id=1"], 1)):   # cell= as run.py's: the id
         if kept:
             paired.main([str(tmp_path / "draw"), str(tmp_path / "var"), "--moved", "0", *args])
             out = capsys.readouterr().out

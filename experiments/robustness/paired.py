@@ -11,7 +11,7 @@ Prints, for each policy, the figures analyze.py reports (worst and geo-mean rati
 cells below 0.99 / 0.95, cells more than 1 % below none, worst TPOT p50 ratio and cells above 1.02 on poisson
 cells) for the draw's runs and the variant's, over the cells both have, and the cells that moved most.
 `--only key=a,b` keeps the cells whose cells.json `key` is one of the values (as run.py's --only: kind, acc,
-hardware, model, ...); `--range dotted.key=lo:hi` the cells whose value there (e.g. acceptance.calibration) is in
+hardware, model, cell (the id), ...); `--range dotted.key=lo:hi` the cells whose value there (e.g. acceptance.calibration) is in
 [lo, hi) (either end may be empty); a cell without the key is left out.
 
 `--whole`: the variant is a whole draw (every policy, the baselines too) run with a change that moves every
@@ -57,6 +57,7 @@ def keeps(cell: dict, only: list[str], ranges: list[str]) -> bool:
     """Whether a cell passes every --only key=a,b and --range dotted.key=lo:hi."""
     for spec in only:
         key, _, vals = spec.partition("=")
+        key = "id" if key == "cell" else key   # run.py's cell=0,5: the cells.json id
         if str(_value(cell, key)) not in vals.split(","):
             return False
     for spec in ranges:
