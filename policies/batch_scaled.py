@@ -31,7 +31,8 @@ class BatchScaled(CostAwarePolicy):
     posterior predictive (`_common._expected_tokens`: a Beta belief worth the level's trials), which drafts deeper
     on thin evidence; tried on the development draws and not better (experiments/robustness/README.md).
     No row drafts past its request's end (`_common.draft_caps`: at most its remaining tokens - 1, `min_depth`
-    included), and the depth is priced with those caps (until 2026-12-03 a request's last step drafted the whole
+    included), and while requests may still join the depth is priced with those caps (not while draining:
+    `_common.CostAwareDepth._best_depth`; until 2026-12-03 a request's last step drafted the whole
     depth, for nothing: at batch 1 that step's drafts were ~2 % of a 34-token request's time, c109 of robustness
     draw 2057)."""
 

@@ -42,7 +42,8 @@ class ConfidenceThreshold(CostAwarePolicy):
     as `batch_scaled`: where a step pays the policy's own time, a cap > 0 also pays a drafting step's extra.
     `catch_up` as `batch_scaled`: a cap > 0 after idle steps only if it pays for the draft's catch-up.
     `predictive` as `batch_scaled` (off): the cap priced by the level's posterior predictive.
-    As `batch_scaled`, no row drafts past its request's end (`_common.draft_caps`), and the cap is priced so.
+    As `batch_scaled`, no row drafts past its request's end (`_common.draft_caps`), and while requests may still join
+    the cap is priced so.
     """
 
     name = "confidence"
