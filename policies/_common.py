@@ -1088,8 +1088,10 @@ class CostAwareDepth:
 
     def __init__(self, drain: bool = True, prior: float | None = None, prior_tokens: float = 10.0,
                  memory: float = 2000.0, probe: float = 2.0, positions: bool = True, idle_replan: int = 0,
-                 policy_time: bool = False, catch_up: bool = False, predictive: bool = False):
+                 policy_time: bool = False, catch_up: bool = False, predictive: bool = False,
+                 position_prior: float = 20.0, position_optimism: float = 2.0):
         self.drain = drain
+        self.position_prior, self.position_optimism = position_prior, position_optimism
         self.predictive = predictive
         self.catch_up = catch_up
         self.prior, self.prior_tokens, self.memory, self.probe = prior, prior_tokens, memory, probe
@@ -1103,7 +1105,7 @@ class CostAwareDepth:
         self._calib = CostCalibration()
         self._seq = PerRequest(2)   # accepted drafts, rejections (trials = their sum)
         self._pool = None   # all requests' [accepted, rejected], forgetting; from the prior at the first step
-        self._pos = PositionFactors()
+        self._pos = PositionFactors(self.position_prior, self.position_optimism)
         self._level = None   # the level the last depth was priced at
         self._probes = 0   # probe steps so far
         self._idle = IdleReplan(self.idle_replan)
@@ -1333,8 +1335,11 @@ class CostAwarePolicy(Policy):
     them and resets)."""
 
     def __init__(self, max_depth: int, use_budget: bool, drain: bool, probe: float = 2.0, positions: bool = True,
-                 idle_replan: int = 8, policy_time: bool = True, catch_up: bool = True, predictive: bool = False):
+                 idle_replan: int = 8, policy_time: bool = True, catch_up: bool = True, predictive: bool = False,
+                 position_prior: float = 20.0, position_optimism: float = 2.0):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
+        self.position_prior = as_float(position_prior, "policy.position_prior", min=0)
+        self.position_optimism = as_float(position_optimism, "policy.position_optimism", min=0)
         self.predictive = as_bool(predictive, "policy.predictive")
         self.use_budget = bool(use_budget)
         self.drain = as_bool(drain, "policy.drain")
@@ -1352,7 +1357,8 @@ class CostAwarePolicy(Policy):
     def reset(self):
         self._depth = CostAwareDepth(self.drain, probe=self.probe, positions=self.positions,
                                      idle_replan=self.idle_replan, policy_time=self.policy_time,
-                                     catch_up=self.catch_up, predictive=self.predictive)
+                                     catch_up=self.catch_up, predictive=self.predictive,
+                                     position_prior=self.position_prior, position_optimism=self.position_optimism)
 
     def observe(self, view, accepted):
         self._depth.observe(view, accepted)

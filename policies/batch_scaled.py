@@ -30,20 +30,23 @@ class BatchScaled(CostAwarePolicy):
     else they are held at 0 (`_common.CostAwareDepth`). `predictive` (default off): price a depth by the level's
     posterior predictive (`_common._expected_tokens`: a Beta belief worth the level's trials), which drafts deeper
     on thin evidence; tried on the development draws and not better (experiments/robustness/README.md).
+    `position_prior` (20) / `position_optimism` (2): the per-position factors' pseudo-tokens toward 1 and the
+    standard errors a factor below 1 is raised by (`_common.PositionFactors`, as goodput's; lower values were a few
+    hundredths of a percent better on the development draws, not adopted).
     No row drafts past its request's end (`_common.draft_caps`: at most its remaining tokens - 1, `min_depth`
     included), and while requests may still join the depth is priced with those caps (not while draining:
-    `_common.CostAwareDepth._best_depth`; until 2026-12-03 a request's last step drafted the whole
-    depth, for nothing: at batch 1 that step's drafts were ~2 % of a 34-token request's time, c109 of robustness
-    draw 2057)."""
+    `_common.CostAwareDepth._best_depth`; until 2026-12-03 a request's last step drafted the whole depth, for
+    nothing: at batch 1 that step's drafts were ~2 % of a 34-token request's time, c109 of robustness draw 2057)."""
 
     name = "batch_scaled"
     depth_param = "max_depth"
 
     def __init__(self, max_depth: int = 8, min_depth: int = 0, use_budget: bool = False, drain: bool = True,
                  probe: float = 2.0, positions: bool = True, idle_replan: int = 8, policy_time: bool = True,
-                 catch_up: bool = True, predictive: bool = False):
+                 catch_up: bool = True, predictive: bool = False, position_prior: float = 20.0,
+                 position_optimism: float = 2.0):
         super().__init__(max_depth, use_budget, drain, probe, positions, idle_replan, policy_time, catch_up,
-                         predictive)
+                         predictive, position_prior, position_optimism)
         self.min_depth = as_int(min_depth, "policy.min_depth", min=0, max=self.max_depth)
 
     def plan(self, view):

@@ -41,7 +41,8 @@ class ConfidenceThreshold(CostAwarePolicy):
     a cap of 0 is kept without replanning for a few steps while the batch holds the same requests. `policy_time`
     as `batch_scaled`: where a step pays the policy's own time, a cap > 0 also pays a drafting step's extra.
     `catch_up` as `batch_scaled`: a cap > 0 after idle steps only if it pays for the draft's catch-up.
-    `predictive` as `batch_scaled` (off): the cap priced by the level's posterior predictive.
+    `predictive` as `batch_scaled` (off): the cap priced by the level's posterior predictive. `position_prior` and
+    `position_optimism` as `batch_scaled`.
     As `batch_scaled`, no row drafts past its request's end (`_common.draft_caps`), and while requests may still join
     the cap is priced so.
     """
@@ -52,13 +53,13 @@ class ConfidenceThreshold(CostAwarePolicy):
     def __init__(self, threshold: float = 0.3, max_depth: int = 8, use_budget: bool = False, cost_aware: bool = True,
                  drain: bool = True, probe: float = 2.0, positions: bool = True, idle_replan: int = 8,
                  policy_time: bool = True, catch_up: bool = True, predictive: bool = False, calibrate: bool = True,
-                 extend: int = 8):
+                 extend: int = 8, position_prior: float = 20.0, position_optimism: float = 2.0):
         self.threshold = as_float(threshold, "policy.threshold", min=0, max=1)
         self.calibrate = as_bool(calibrate, "policy.calibrate")
         self.extend = as_int(extend, "policy.extend", min=0)
         self.cost_aware = bool(cost_aware)
         super().__init__(max_depth, use_budget, drain, probe, positions, idle_replan, policy_time, catch_up,
-                         predictive)
+                         predictive, position_prior, position_optimism)
 
     def plan(self, view):
         n = view.batch_size

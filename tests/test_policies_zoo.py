@@ -731,3 +731,25 @@ def test_goodput_global_ranking_drains_like_the_position_ranking():
     for ranking in ("position", "global"):
         assert depths[ranking, False][0] == depths[ranking, False][1]
         assert depths[ranking, True][0] > depths[ranking, True][1], (ranking, depths)
+
+
+@pytest.mark.parametrize("cls", [BatchScaled, ConfidenceThreshold])
+def test_cost_aware_position_factor_prior_and_optimism_are_options(cls):
+    """`position_prior` / `position_optimism` (as goodput's): the per-position factors' pseudo-tokens toward 1 and
+    the standard errors a factor below 1 is raised by. A position whose drafts were accepted half as often as the
+    first's: the factor is lower with fewer pseudo-tokens and with less optimism, and the defaults are 20 and 2."""
+    from specdepth.policies._common import PositionFactors
+    assert (cls().position_prior, cls().position_optimism) == (20.0, 2.0)
+    f = {}
+    for prior, opt in ((20.0, 2.0), (20.0, 1.0), (5.0, 1.0)):
+        pos = cls(position_prior=prior, position_optimism=opt)._depth._pos
+        assert isinstance(pos, PositionFactors) and (pos.prior, pos.optimism) == (prior, opt)
+        cols = np.arange(2)[None, :]
+        # at the estimate 0.5: position 0 accepted 32 of 64 (as estimated), position 1 8 of 32 (half as often)
+        drafted, accepted = np.full(64, 2), np.tile([2, 1, 1, 1, 0, 0, 0, 0], 8)
+        pos.add(cols < np.minimum(drafted, accepted + 1)[:, None], cols < accepted[:, None], np.full(64, 0.5))
+        f[prior, opt] = pos.factor(2)
+    assert f[20.0, 2.0][1] > f[20.0, 1.0][1] > f[5.0, 1.0][1]
+    for bad in ({"position_prior": -1}, {"position_optimism": "lots"}):
+        with pytest.raises(ConfigError, match=f"policy.{next(iter(bad))}"):
+            cls(**bad)
