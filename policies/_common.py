@@ -1354,6 +1354,11 @@ class CostAwarePolicy(Policy):
         """The deepest depth this step may plan: the policy's and the engine's max_depth."""
         return min(self.max_depth, view.max_depth)
 
+    def finish(self, depths: np.ndarray, view) -> np.ndarray:
+        """A plan's last step: no row past its request's end (`draft_caps`), then within the engine's token cap
+        (`fit_token_cap`)."""
+        return fit_token_cap(np.minimum(depths, draft_caps(view, self.cap(view))), view)
+
     def reset(self):
         self._depth = CostAwareDepth(self.drain, probe=self.probe, positions=self.positions,
                                      idle_replan=self.idle_replan, policy_time=self.policy_time,

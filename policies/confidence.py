@@ -2,8 +2,7 @@ import numpy as np
 
 from specdepth.errors import as_bool, as_float, as_int
 
-from ._common import (ConfidenceCalibration, CostAwarePolicy, as_padded, draft_caps, fit_token_cap,
-                      keep_by_margin)
+from ._common import ConfidenceCalibration, CostAwarePolicy, as_padded, keep_by_margin
 
 
 class ConfidenceThreshold(CostAwarePolicy):
@@ -82,7 +81,7 @@ class ConfidenceThreshold(CostAwarePolicy):
                 if free > 0 and k > 0:
                     depths[np.argsort(-view.acceptance, kind="stable")[:free]] = 1
         self._cum = np.ones(n)
-        return fit_token_cap(np.minimum(depths, draft_caps(view, self.cap(view))), view)
+        return self.finish(depths, view)
 
     def reset(self):
         super().reset()

@@ -6,7 +6,7 @@ from specdepth.errors import ConfigError, as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
 from ._common import (CatchUpPadding, CostCalibration, IdleReplan, PerRequest, PolicyTime, PositionFactors, StepCost,
-                      best_prefix, catch_up_rows, keep_by_margin, may_probe, pad_extra, plan_by_position,
+                      best_prefix, catch_up_rows, draft_caps, keep_by_margin, may_probe, pad_extra, plan_by_position,
                       plan_pays_catch_up, row_cost, thin_evidence, tie_bands)
 
 
@@ -280,7 +280,7 @@ class Goodput(Policy):
         self._ratio = None   # `extend_bar=ratio`: the step's expected tokens and seconds so far
         self._a = a = self._alpha(view)
         remaining = view.remaining
-        rowcap = np.clip(remaining - 1, 0, K)
+        rowcap = draft_caps(view, K)
         self._tab = costs = self._tables(view, K)
         S0 = np.cumprod(np.minimum(a[:, None] * self._pool.positions.factor(K), 0.999), axis=1)   # slot survival
         S = np.where(np.arange(K)[None, :] >= rowcap[:, None], 0.0, S0)   # past the request's end: worth nothing

@@ -3,7 +3,7 @@ import numpy as np
 from specdepth.errors import as_int
 from specdepth.policy import Policy
 
-from ._common import StepCost, best_prefix
+from ._common import StepCost, best_prefix, draft_caps
 
 
 class Oracle(Policy):
@@ -35,7 +35,7 @@ class Oracle(Policy):
         K = min(self.max_depth, view.max_depth, (view.max_num_batched_tokens - n) // n)
         if K <= 0:
             return np.zeros(n, np.int64)
-        a = np.minimum(np.minimum(view.oracle_accept, K), np.maximum(view.remaining - 1, 0))
+        a = np.minimum(view.oracle_accept, draft_caps(view, K))
         if not a.any():
             return np.zeros(n, np.int64)
         costs = self._costs.update(view, K)

@@ -1,6 +1,6 @@
 import numpy as np
 
-from ._common import keep_by_margin
+from ._common import draft_caps, keep_by_margin
 from .oracle_expected import OracleExpected
 
 
@@ -30,7 +30,7 @@ class OracleCausal(OracleExpected):
         self._s = np.ones(view.batch_size)
         if not depths.any():
             return depths
-        return np.where(depths > 0, np.clip(view.remaining - 1, 0, self._K), 0)
+        return np.where(depths > 0, draft_caps(view, self._K), 0)
 
     def keep_drafting(self, view, position, confidence):
         drafting = ~np.isnan(confidence)

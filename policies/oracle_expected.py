@@ -3,7 +3,7 @@ import numpy as np
 from specdepth.errors import as_bool, as_int
 from specdepth.policy import Policy
 
-from ._common import StepCost, plan_by_position, plan_pays_catch_up
+from ._common import StepCost, draft_caps, plan_by_position, plan_pays_catch_up
 
 
 class OracleExpected(Policy):
@@ -49,7 +49,7 @@ class OracleExpected(Policy):
             return np.zeros(n, np.int64)
         remaining = view.remaining
         S = np.cumprod(self._probs(view)[:, :K], axis=1)
-        S[np.arange(K)[None, :] >= np.clip(remaining - 1, 0, K)[:, None]] = 0.0
+        S[np.arange(K)[None, :] >= draft_caps(view, K)[:, None]] = 0.0
         self._tab = costs = self._costs.update(view, K, view.true_cost)
         depths, self._G = plan_by_position(S, costs, self._G, tie=remaining, nested=True)
         if not self.catch_up:

@@ -11,8 +11,8 @@ Prints, for each policy, the figures analyze.py reports (worst and geo-mean rati
 cells below 0.99 / 0.95, cells more than 1 % below none, worst TPOT p50 ratio and cells above 1.02 on poisson
 cells) for the draw's runs and the variant's, over the cells both have, and the cells that moved most.
 `--only key=a,b` keeps the cells whose cells.json `key` is one of the values (as run.py's --only: kind, acc,
-hardware, model, cell (the id), ...); `--range dotted.key=lo:hi` the cells whose value there (e.g. acceptance.calibration) is in
-[lo, hi) (either end may be empty); a cell without the key is left out.
+hardware, model, cell (the id), ...); `--range dotted.key=lo:hi` the cells whose value there (e.g.
+acceptance.calibration) is in [lo, hi) (either end may be empty); a cell without the key is left out.
 
 `--whole`: the variant is a whole draw (every policy, the baselines too) run with a change that moves every
 policy's throughput, e.g. an engine switch (`run.py --seed S --out outputs/variant backend.group_prefill=false`):
