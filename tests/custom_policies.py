@@ -116,3 +116,25 @@ class InterruptedInCallback(Policy):
 
         ctypes.CFUNCTYPE(None)(interrupt)()
         raise RuntimeError("no compiled object yet (the interrupted callback's work)")
+
+
+class InterruptedInCallbackThenGoesOn(Policy):
+    """Ctrl-C as it lands in a callback from compiled code whose work does not fail after it (a finalizer, a
+    compilation that goes on): Python cannot raise it there, and the run would go on to its end. Each step then
+    takes a millisecond, so that the run lasts seconds."""
+
+    def reset(self):
+        self._steps = 0
+
+    def plan(self, view):
+        import ctypes
+        import time
+
+        def interrupt():
+            raise KeyboardInterrupt
+
+        if self._steps == 0:
+            ctypes.CFUNCTYPE(None)(interrupt)()
+        self._steps += 1
+        time.sleep(0.001)
+        return np.full(view.batch_size, 1, dtype=np.int64)

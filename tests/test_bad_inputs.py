@@ -385,6 +385,21 @@ def test_ctrl_c_inside_a_callback_from_compiled_code_is_still_an_interrupt(tmp_p
     assert result_files(tmp_path) == [] and not (tmp_path / "run").exists()
 
 
+def test_ctrl_c_swallowed_by_a_callback_that_goes_on_still_stops_the_run(tmp_path):
+    """A Ctrl-C that lands in a callback from compiled code, where nothing fails after it, is raised again in the
+    main thread: the run stops at once, exit 130, nothing left (once such a run went on to its end, exit 0: CI)."""
+    import time
+
+    start = time.time()
+    p = cli("workload.batch_size=4", "workload.output_len=5000", "policy=none", "~policy.depth",
+            "policy._target_=custom_policies.InterruptedInCallbackThenGoesOn", "hydra.run.dir=run", cwd=tmp_path,
+            env_extra={"PYTHONPATH": str(ROOT / "tests")})
+    assert p.returncode == 130, p.stderr
+    assert "interrupted" in p.stderr and "Traceback" not in p.stdout + p.stderr
+    assert result_files(tmp_path) == [] and not (tmp_path / "run").exists()
+    assert time.time() - start < 30, "the run went on after the Ctrl-C"
+
+
 def test_summary_of_a_refusal_is_not_json(tmp_path):
     """A refused run writes no summary.json that a report could mistake for a result."""
     code, out = _main(["policy=fixed", "engine.max_depth=2", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)

@@ -12,8 +12,10 @@ import functools
 import json
 import logging
 import os
+import _thread
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 import hydra
@@ -287,21 +289,28 @@ def _task(cfg: DictConfig):
     hc = HydraConfig.get()
     run_dir, multirun = hc.runtime.output_dir, hc.mode == RunMode.MULTIRUN
     try:
+        return _job(cfg, run_dir, multirun)
+    except KeyboardInterrupt:   # wherever it lands, the run dir holds no half-written result afterwards
+        _interrupt_handled()
+        try:
+            _discard_run_dir(run_dir)
+        except KeyboardInterrupt:   # pressed again while cleaning up: clean up, then stop
+            _discard_run_dir(run_dir)
+        raise
+
+
+def _job(cfg: DictConfig, run_dir: str, multirun: bool):
+    try:
         summary = run(cfg, run_dir)
     except SpecdepthError as e:
         if _interrupted(e):   # a Ctrl-C that could not be raised (_unraisable) made this fail
-            _discard_run_dir(run_dir)
             raise KeyboardInterrupt from None
         if _debug() and not multirun:
             _discard_run_dir(run_dir)
             raise
         return _job_failed(run_dir, f"specdepth: error: {checks.one_line(e)}", multirun)
-    except KeyboardInterrupt:
-        _discard_run_dir(run_dir)
-        raise
     except Exception as e:  # a bug, not the user's input: a sweep records it and goes on
         if _interrupted(e):   # Ctrl-C inside compiled code arrives wrapped in a SystemError
-            _discard_run_dir(run_dir)
             raise KeyboardInterrupt from None
         if not multirun or _debug():
             _discard_run_dir(run_dir)
@@ -314,6 +323,7 @@ def _task(cfg: DictConfig):
 
 def _interrupted(e: BaseException) -> bool:
     if _SWALLOWED[0]:   # a Ctrl-C that Python could not raise (_unraisable): what failed after it is its doing
+        _interrupt_handled()
         return True
     seen = 0
     while e is not None and seen < 20:
@@ -324,17 +334,35 @@ def _interrupted(e: BaseException) -> bool:
 
 
 _SWALLOWED = [False]   # a KeyboardInterrupt reached sys.unraisablehook during this command
+_REDELIVERY: list = [None]   # the timer that raises a swallowed Ctrl-C again (_unraisable), until it is handled
 
 
 def _unraisable(u) -> None:
     """sys.unraisablehook of the `specdepth` command. A Ctrl-C that lands in a callback from compiled code
     (numba compiling a kernel on its first use, inside llvmlite's ctypes callback) cannot propagate: Python
     prints "Exception ignored ..." with a traceback and the code goes on, to fail on what the callback left
-    undone ("RuntimeError: no compiled object yet"). Remember it, quietly; main() then reports the interrupt."""
+    undone ("RuntimeError: no compiled object yet"). Remember it, quietly; main() then reports the interrupt.
+    Where nothing fails after it (the compilation went on; a finalizer) the run would go on to its end: the
+    interrupt is delivered again in a moment, in the main thread, where it can be raised (once a run went on to
+    exit 0 after a Ctrl-C: CI)."""
     if u.exc_type is not None and issubclass(u.exc_type, KeyboardInterrupt):
         _SWALLOWED[0] = True
+        if _REDELIVERY[0] is None:
+            _REDELIVERY[0] = threading.Timer(_REDELIVER_S, _thread.interrupt_main)
+            _REDELIVERY[0].daemon = True
+            _REDELIVERY[0].start()
         return
     sys.__unraisablehook__(u)
+
+
+def _interrupt_handled() -> None:
+    """The Ctrl-C is being handled: a swallowed one need not be raised again (_unraisable)."""
+    timer, _REDELIVERY[0] = _REDELIVERY[0], False
+    if timer:
+        timer.cancel()
+
+
+_REDELIVER_S = 0.05   # a swallowed Ctrl-C is raised again this much later (_unraisable)
 
 
 def _debug() -> bool:
@@ -357,10 +385,12 @@ def main():
     os.environ["_SPECDEPTH_FULL_ERROR"] = "1" if debug else ""
     os.environ["HYDRA_FULL_ERROR"] = "1"   # Hydra re-raises; the errors are reported here
     sweeps.last_failures.clear()
-    _SWALLOWED[0] = False
+    _SWALLOWED[0], _REDELIVERY[0] = False, None
     hook, sys.unraisablehook = sys.unraisablehook, _unraisable
     try:
         _task()
+        if _SWALLOWED[0]:   # the run ended before the swallowed Ctrl-C could be raised again (_unraisable)
+            raise KeyboardInterrupt
     except KeyboardInterrupt:
         print(_INTERRUPTED, file=sys.stderr, flush=True)
         raise SystemExit(130) from None
@@ -382,6 +412,7 @@ def main():
               f"(HYDRA_FULL_ERROR=1 shows the traceback)", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     finally:
+        _interrupt_handled()
         sys.unraisablehook = hook
         os.environ.pop("_SPECDEPTH_FULL_ERROR", None)
         if saved is None:
