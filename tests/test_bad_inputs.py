@@ -369,7 +369,7 @@ def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path):
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    assert proc.returncode == 130, f"stderr: {err[-2000:]}\nstdout: {out[-2000:]}"
     assert "interrupted" in err and "Traceback" not in out + err
     assert result_files(tmp_path) == [] and not (tmp_path / "run").exists()
 
