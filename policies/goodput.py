@@ -61,11 +61,14 @@ class Goodput(Policy):
     verified tokens, a calibration that many standard errors higher is tried; if a draft pays there, one token
     per row (`_probe`): at most PROBE_ROUNDS steps a run, and past them only the rows never verified (requests that
     joined since), once they are a quarter of the batch (`_probe_rows`). `calibration_prior`: the pseudo verified
-    tokens (accepted / confidence = 1) that calibration starts from; `calibration_prior_at=confidence` (default)
-    counts them at the verified drafts' mean confidence, so that they weigh as many tokens whatever the draft's
-    confidence scale; `one`, the rule before
-    (with calibration_prior=1), at confidence 1: worth 9 tokens of the shipped real pair (mean confidence 0.11)
-    and about 1 of a calibrated draft at 0.85.
+    tokens (accepted / confidence = 1) that calibration starts from; `calibration_prior_at=confidence` counts them
+    at the verified drafts' mean confidence, so that they weigh as many tokens whatever the draft's confidence
+    scale (the rule from 2026-12-02 to 2026-12-03); `one`, the rule before (with calibration_prior=1), at confidence
+    1: worth 9 tokens of the shipped real pair (mean confidence 0.11) and about 1 of a calibrated draft at 0.85;
+    `mixture` (default since 2026-12-03): the calibration is the posterior median under a prior on its log that is
+    mostly a calibrated draft (within ~30 %) and partly one off by any factor (`_Pool._mixture`), so that little
+    evidence leaves it near 1 whatever the confidences' scale and strong evidence wins; the pseudo-tokens then serve
+    the probe's gates only (`evidence`, as `confidence` counts them).
     `row_calibration` (standard errors, 0 = off): where the rows' outcomes spread more than one calibration of
     the draft's confidence explains, each row is priced by its own calibration, shrunk toward the batch's
     (`_row_calibration`).
@@ -133,7 +136,7 @@ class Goodput(Policy):
                  drain_value: str = "time", calibration_prior: float = 8.0, probe: float = 2.0,
                  row_calibration: float = 5.0, idle_replan: int = 8, policy_time: bool = True,
                  catch_up: bool = True, sticky_pad: bool = True, cautious_pad: bool = True,
-                 drain_tail: str = "balanced", calibration_prior_at: str = "confidence",
+                 drain_tail: str = "balanced", calibration_prior_at: str = "mixture",
                  stream_value: str = "slot_time", position_paired: bool = True, tie_tolerance: float = 0.01,
                  pad_context: bool = True, draft_clip: float = 3.0, extend_bar: str = "ratio",
                  draft_fixed: bool = False):
@@ -153,7 +156,7 @@ class Goodput(Policy):
         self.position_optimism = as_float(position_optimism, "policy.position_optimism", min=0)
         self.calibration_prior = as_float(calibration_prior, "policy.calibration_prior", min=0, min_open=True)
         self.calibration_prior_at = as_choice(calibration_prior_at, "policy.calibration_prior_at",
-                                              {"one", "confidence"})
+                                              {"one", "confidence", "mixture"})
         self.probe = as_float(probe, "policy.probe", min=0)
         self.row_calibration = as_float(row_calibration, "policy.row_calibration", min=0)
         self.idle_replan = as_int(idle_replan, "policy.idle_replan", min=0)
@@ -261,7 +264,8 @@ class Goodput(Policy):
             at_one = self.calibration_prior_at == "one"
             self._pool = _Pool(self.position_prior, self.position_optimism, self.position_paired, accepted=10.0 * r,
                                rejected=10.0 - 10.0 * r, conf_sum=10.0 * r, cal_accepted=k if at_one else 0.0,
-                               cal_conf=k if at_one else 0.0, cal_tokens=0.0 if at_one else k)
+                               cal_conf=k if at_one else 0.0, cal_tokens=0.0 if at_one else k,
+                               mixture=self.calibration_prior_at == "mixture")
         n = view.batch_size
         K = min(self.max_depth, view.max_depth, (view.max_num_batched_tokens - n) // n)
         if K <= 0:
@@ -562,6 +566,12 @@ class Goodput(Policy):
             self._pool.positions.add(verified, cols < accepted[:, None], self._a, drafted)
 
 
+MIXTURE_PRIOR = ((0.9, 0.3), (0.1, 1.5))   # (weight, sd of log c) of each normal of _Pool._mixture's prior
+_MIX_GRID = np.linspace(-5.0, 5.0, 201)   # log c
+_MIX_EXP = np.exp(_MIX_GRID)
+_MIX_LOGPRIOR = np.log(sum(w / s * np.exp(-0.5 * (_MIX_GRID / s) ** 2) for w, s in MIXTURE_PRIOR))
+
+
 class _Pool:
     """Batch-wide decayed sums: accepted drafts, rejections, the drafts' confidence sum and count, and the
     accepted drafts / confidence sum over verified tokens (the draft's calibration). Goodput starts the rate at
@@ -573,8 +583,10 @@ class _Pool:
     without the optimism, goodput reached 0.98 of fixed depth 2 at iid a = 0.5, batch 4-32, experiments/pareto)."""
 
     def __init__(self, position_prior=20.0, position_optimism=2.0, position_paired=False, accepted=7.0, rejected=3.0,
-                 conf_sum=7.0, drafted=10.0, cal_accepted=1.0, cal_conf=1.0, cal_tokens=0.0):
+                 conf_sum=7.0, drafted=10.0, cal_accepted=1.0, cal_conf=1.0, cal_tokens=0.0, mixture=False):
         self.accepted, self.rejected, self.conf_sum, self.drafted = accepted, rejected, conf_sum, drafted
+        self.mixture = mixture   # calibration: the posterior median under MIXTURE_PRIOR (calibration_prior_at=mixture)
+        self._mix = None   # its last (accepted, confidence) sums and value
         self.cal_accepted, self.cal_conf = cal_accepted, cal_conf
         self.verified = cal_conf + cal_tokens   # verified draft tokens (the calibration's prior counted as tokens)
         self._pw = cal_tokens   # the pseudo-tokens' weight (forgotten as the sums are)
@@ -588,8 +600,34 @@ class _Pool:
 
     @property
     def calibration(self) -> float:
+        if self.mixture:
+            return self._mixture()
         m = self._pseudo
         return (self.cal_accepted + m) / (self.cal_conf + m) if self.cal_conf + m > 0.0 else 1.0
+
+    def _mixture(self) -> float:
+        """`calibration_prior_at=mixture`: the posterior median of the draft's calibration c (accepted = c x
+        confidence) from the verified drafts' accepted and confidence sums (A, E; Poisson likelihood c^A e^(-c E),
+        as the ratio A / E), under a prior on log c that is a mixture (MIXTURE_PRIOR): 0.9 N(0, 0.3^2), a draft
+        calibrated within about a third, and 0.1 N(0, 1.5^2), a draft that may be off by any factor up to ~20. The
+        median, not the mean: the wide part lifts the prior's mean of c to 1.24 with no evidence at all (its median
+        is 1). Little evidence stays near 1 whatever the confidences' scale: 16 drafts at confidence 0.07, none
+        accepted (c188 of robustness draw 2060, a stream whose first request's draft barely ever guessed right),
+        give 0.88, where 8 pseudo-tokens at those drafts' own confidence (`confidence`) give 0.33 and priced the next
+        requests (confidence 0.26 and 0.34, accepted as often) below what a draft costs for the rest of their runs.
+        Strong evidence far from 1 wins: the shipped real pair (accepted 4.8 x its confidence) reads 1.8 after 10
+        verified drafts, 4.1 after 20, 4.5 after 33 (`confidence`: 3.1, 3.7, 4.1; `one` with 8: 1.5, 1.8, 2.2).
+        Developed on robustness draws 2059-2060, mixture weights and widths chosen there (0.5 / 0.35 and 0.5 / 1.5
+        first: mixed), experiments/robustness/README.md."""
+        A, E = self.cal_accepted, self.cal_conf
+        if self._mix is not None and self._mix[0] == A and self._mix[1] == E:
+            return self._mix[2]
+        ll = _MIX_LOGPRIOR + A * _MIX_GRID - E * _MIX_EXP
+        w = np.exp(ll - ll.max())
+        cdf = np.cumsum(w) - 0.5 * w   # at the grid points (each holds half its own mass)
+        c = math.exp(float(np.interp(0.5 * float(w.sum()), cdf, _MIX_GRID)))
+        self._mix = (A, E, c)
+        return c
 
     def evidence(self) -> tuple[float, float]:
         """(accepted, verified) drafts the calibration rests on, its prior's included (the pseudo-tokens accepted

@@ -239,6 +239,29 @@ def test_goodput_calibration_prior_weighs_the_same_tokens_whatever_the_confidenc
     assert progress(one_lo, 0.1) < 0.2 < progress(one_hi, 0.8)   # the old prior: 8 units of confidence
 
 
+def test_goodput_mixture_calibration_stays_near_one_on_little_evidence_and_follows_strong_evidence_anywhere():
+    """calibration_prior_at=mixture: the posterior median under a prior on log c that is mostly a calibrated draft
+    (0.9, sd 0.3) and partly an uncalibrated one (0.1, sd 1.5). 16 drafts at confidence 0.07, none accepted (c188 of
+    robustness draw 2060; likely whatever c is), leave it near 1, where 8 pseudo-tokens at those drafts' confidence
+    fall to 0.33; a draft accepted 4.8 x as often as its confidence says (the shipped real pair) is learnt from 20
+    verified drafts on at least as well as with those pseudo-tokens (slower before: 1.8 against 3.1 at 10); a
+    calibrated draft's evidence keeps it at 1, and much evidence of c = 0.5 gives 0.5. Its evidence (the probe's
+    gates) is the pseudo-tokens' at the verified drafts' confidence."""
+    def pool(mixture, n, acc, conf):
+        p = _Pool(accepted=7.0, rejected=3.0, conf_sum=7.0, drafted=10.0, cal_accepted=0.0, cal_conf=0.0,
+                  cal_tokens=8.0, mixture=mixture)
+        assert p.calibration == pytest.approx(1.0, abs=0.02)
+        p.add(1.0, acc * n, (1 - acc) * n, conf * n, n, conf * n, n)   # n verified drafts at confidence conf
+        return p
+
+    assert pool(True, 16, 0.0, 0.07).calibration > 0.8 and pool(False, 16, 0.0, 0.07).calibration < 0.4
+    for n in (20, 33):
+        assert pool(True, n, 0.543, 0.113).calibration >= pool(False, n, 0.543, 0.113).calibration > 3.0
+    assert pool(True, 200, 0.6, 0.6).calibration == pytest.approx(1.0, abs=0.02)
+    assert pool(True, 400, 0.25, 0.5).calibration == pytest.approx(0.5, abs=0.03)
+    assert pool(True, 16, 0.5, 0.8).evidence() == pytest.approx(pool(False, 16, 0.5, 0.8).evidence())
+
+
 def test_goodput_respects_remaining_tokens_and_token_cap():
     p = Goodput(use_confidence=False)
     p._pool = _pool(0.95)
@@ -386,7 +409,10 @@ def test_goodput_row_calibration_prices_a_confident_wrong_row_by_its_own_outcome
     """Two rows whose draft says 0.1 for every token: row 0's drafts are always rejected, row 1's always
     accepted (the shipped tiny pair at batch 2 came close: 11 of 51 against 38 of 38). The batch-wide
     calibration prices them alike; row_calibration gives each its own, once their outcomes spread beyond
-    what one calibration explains. Rows whose outcomes agree keep the batch-wide calibration exactly."""
+    what one calibration explains. Rows whose outcomes agree keep the batch-wide calibration exactly, and so do
+    rows with one token each. (Two each were too few until calibration_prior_at=mixture, 2026-12-03: its
+    batch-wide calibration stays near 1 on 4 tokens, 1.2 where the pseudo-tokens at confidence 0.1 said 2.3, and
+    2 of 2 accepted at confidence 0.1 are then unlikely for one row, p = 0.014.)"""
     def run(outcomes, z, steps=20):
         p = Goodput(row_calibration=z)
         for _ in range(steps):
@@ -399,7 +425,7 @@ def test_goodput_row_calibration_prices_a_confident_wrong_row_by_its_own_outcome
     split = run([0, 1], 5.0)
     assert split._cal[0] < 0.5 * split._pool.calibration < split._cal[1]
     assert split._a[0] < 0.5 * split._a[1]
-    for p in (run([0, 1], 0.0), run([1, 1], 5.0), run([0, 1], 5.0, steps=2)):   # off; alike; too few tokens
+    for p in (run([0, 1], 0.0), run([1, 1], 5.0), run([0, 1], 5.0, steps=1)):   # off; alike; too few tokens
         assert p._cal.tolist() == [p._pool.calibration] * 2
         assert p._a[0] == p._a[1]
 
