@@ -387,13 +387,20 @@ def test_ctrl_c_inside_a_callback_from_compiled_code_is_still_an_interrupt(tmp_p
 
 def test_ctrl_c_swallowed_by_a_callback_that_goes_on_still_stops_the_run(tmp_path):
     """A Ctrl-C that lands in a callback from compiled code, where nothing fails after it, is raised again in the
-    main thread: the run stops at once, exit 130, nothing left (once such a run went on to its end, exit 0: CI)."""
+    main thread: the run stops at once, exit 130, nothing left (once such a run went on to its end, exit 0: CI).
+    The child gets SIGINT's default disposition, so that Python handles Ctrl-C there, as in a terminal (a test
+    runner started in the background without job control passes SIGINT on ignored; see the test above)."""
+    import signal
+    import subprocess
     import time
 
+    from sdtest import CLI
     start = time.time()
-    p = cli("workload.batch_size=4", "workload.output_len=5000", "policy=none", "~policy.depth",
-            "policy._target_=custom_policies.InterruptedInCallbackThenGoesOn", "hydra.run.dir=run", cwd=tmp_path,
-            env_extra={"PYTHONPATH": str(ROOT / "tests")})
+    p = subprocess.run([CLI, "workload.batch_size=4", "workload.output_len=5000", "policy=none", "~policy.depth",
+                        "policy._target_=custom_policies.InterruptedInCallbackThenGoesOn", "hydra.run.dir=run"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, HYDRA_FULL_ERROR="0", PYTHONPATH=str(ROOT / "tests")),
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert p.returncode == 130, p.stderr
     assert "interrupted" in p.stderr and "Traceback" not in p.stdout + p.stderr
     assert result_files(tmp_path) == [] and not (tmp_path / "run").exists()

@@ -347,10 +347,11 @@ def _unraisable(u) -> None:
     exit 0 after a Ctrl-C: CI)."""
     if u.exc_type is not None and issubclass(u.exc_type, KeyboardInterrupt):
         _SWALLOWED[0] = True
-        if _REDELIVERY[0] is None:
-            _REDELIVERY[0] = threading.Timer(_REDELIVER_S, _thread.interrupt_main)
-            _REDELIVERY[0].daemon = True
-            _REDELIVERY[0].start()
+        timer = _REDELIVERY[0]
+        if timer is None or (timer is not False and not timer.is_alive()):   # again, if that one was swallowed too
+            _REDELIVERY[0] = timer = threading.Timer(_REDELIVER_S, _thread.interrupt_main)
+            timer.daemon = True
+            timer.start()
         return
     sys.__unraisablehook__(u)
 
