@@ -387,7 +387,8 @@ def test_ctrl_c_inside_a_callback_from_compiled_code_is_still_an_interrupt(tmp_p
 
 def test_ctrl_c_swallowed_by_a_callback_that_goes_on_still_stops_the_run(tmp_path):
     """A Ctrl-C that lands in a callback from compiled code, where nothing fails after it, is raised again in the
-    main thread: the run stops at once, exit 130, nothing left (once such a run went on to its end, exit 0: CI).
+    main thread: the run stops at once, exit 130, nothing left (without it such a run goes on to its end; CI once
+    saw a Ctrl-C'd run exit 0, likely so).
     The child gets SIGINT's default disposition, so that Python handles Ctrl-C there, as in a terminal (a test
     runner started in the background without job control passes SIGINT on ignored; see the test above)."""
     import signal

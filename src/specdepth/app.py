@@ -343,8 +343,8 @@ def _unraisable(u) -> None:
     prints "Exception ignored ..." with a traceback and the code goes on, to fail on what the callback left
     undone ("RuntimeError: no compiled object yet"). Remember it, quietly; main() then reports the interrupt.
     Where nothing fails after it (the compilation went on; a finalizer) the run would go on to its end: the
-    interrupt is delivered again in a moment, in the main thread, where it can be raised (once a run went on to
-    exit 0 after a Ctrl-C: CI)."""
+    interrupt is delivered again in a moment, in the main thread, where it can be raised (CI once saw a run exit 0
+    after its Ctrl-C; this is the likeliest cause, not reproduced here in 77 tries)."""
     if u.exc_type is not None and issubclass(u.exc_type, KeyboardInterrupt):
         _SWALLOWED[0] = True
         timer = _REDELIVERY[0]
