@@ -1071,6 +1071,15 @@ def test_replicates_run_the_same_cells_with_other_seeds_and_average_over_them(tm
     assert "| one draw | 0.947 (c0) | 1 |" in out   # goodput 90 / oracle_expected 95: more than 2 % below
     assert "| mean of replicates | 0.995 (c0) | 0 |" in out   # 94.5 / 95
     assert "TPOT" not in out   # no poisson cell
+    replicates.main([str(tmp_path / "r0"), str(tmp_path / "r1"), "--policies", "goodput,oracle_expected",
+                     "--show", "c0"])
+    out = capsys.readouterr().out
+    assert "| c0 | one draw | 0.900 | 0.950 |" in out   # each policy / that draw's best baseline (fixed1, 100)
+    assert "| c0 | mean of replicates | 1.050 | 1.056 |" in out   # 94.5 and 95 / fixed1's mean, 90
+    with pytest.raises(SystemExit, match="--show: cell.s. 7 not in every folder"):
+        replicates.main([str(tmp_path / "r0"), str(tmp_path / "r1"), "--policies", "goodput", "--show", "7"])
+    with pytest.raises(SystemExit, match="--show takes cell ids"):
+        replicates.main([str(tmp_path / "r0"), str(tmp_path / "r1"), "--show", "x"])
 
     # a poisson cell: TPOT p50 judged the same way, against the lowest baseline's mean
     tpot = {"none": 9.0, **{f"fixed{k}": 5.0 + k for k in range(2, 9)}}

@@ -8,7 +8,10 @@ each policy's TPOT p50 averaged over the replicates, against the lowest of none 
     .venv/bin/python experiments/robustness/run.py --seed 2046 --max-tokens 1000 --replicate 1 --out outputs/rep1
     ...                                                                           --replicate 7 --out outputs/rep7
     .venv/bin/python experiments/robustness/replicates.py outputs/robustness/seed2046 outputs/rep*/seed2046 \\
-        [--policies goodput,batch_scaled,confidence,oracle_expected,oracle_causal] [--out FILE]
+        [--policies goodput,batch_scaled,confidence,oracle_expected,oracle_causal] [--out FILE] [--show 203,65]
+
+`--show 203,65`: also, per named cell, each policy's ratio to the best baseline, one draw and mean of replicates
+(e.g. `--policies goodput,goodput_true,oracle_expected` to see how much of a cell's gap the true cost closes).
 
 The first folder is the draw itself (replicate 0). A cell counts where every folder holds all of none, fixed
 1-8 and the policies. On a run of a few steps one draw of outcomes decides, and the best of nine fixed
@@ -59,7 +62,21 @@ def _tpot_lines(loaded: list, pols: tuple, policies: tuple) -> list[str]:
     return lines
 
 
-def figures(folders: list[Path], policies: tuple) -> tuple[list[str], dict]:
+def _show_lines(cells: list, single: dict, mean: dict, policies: tuple, show: tuple) -> list[str]:
+    """`--show`: the named cells' ratios to the best baseline, one draw and mean of replicates, per policy."""
+    missing = [c for c in show if c not in single]
+    if missing:
+        raise SystemExit(f"replicates.py: --show: cell(s) {', '.join(map(str, missing))} not in every folder with "
+                         f"none, fixed 1-8 and the policies (cells there: {len(cells)})")
+    lines = ["", "| cell | figures | " + " | ".join(policies) + " |", "|---|---|" + "---:|" * len(policies)]
+    for c in show:
+        for name, t in (("one draw", single), ("mean of replicates", mean)):
+            best = max(t[c][b] for b in BASELINES)
+            lines.append(f"| c{c} | {name} | " + " | ".join(f"{t[c][p] / best:.3f}" for p in policies) + " |")
+    return lines
+
+
+def figures(folders: list[Path], policies: tuple, show: tuple = ()) -> tuple[list[str], dict]:
     pols = BASELINES + policies
     loaded = [load(f) for f in folders]   # each folder's summaries read once, for both tables
     cells, single, mean = _draw_and_mean(loaded, pols, "throughput_tok_s")
@@ -85,6 +102,8 @@ def figures(folders: list[Path], policies: tuple) -> tuple[list[str], dict]:
             worst = min(cells, key=rel.get)
             lines.append(f"| {name} | {rel[worst]:.3f} (c{worst}) | {sum(v < 0.98 for v in rel.values())} |")
             out["goodput/oracle_expected", name] = rel
+    if show:
+        lines += _show_lines(cells, single, mean, policies, show)
     return lines + _tpot_lines(loaded, pols, policies), out
 
 
@@ -93,11 +112,16 @@ def main(argv=None):
     ap.add_argument("folders", nargs="+", type=Path, help="the draw's folder first, then its replicates'")
     ap.add_argument("--policies", default="goodput,batch_scaled,confidence,oracle_expected,oracle_causal")
     ap.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
+    ap.add_argument("--show", default="", help="cell ids, e.g. 203,65: those cells' ratios per policy")
     a = ap.parse_args(argv)
+    try:
+        show = tuple(int(c) for c in a.show.replace("c", "").split(",") if c.strip())
+    except ValueError:
+        raise SystemExit(f"replicates.py: --show takes cell ids separated by commas (e.g. 203,65), got {a.show!r}")
     for f in a.folders:
         if not (f / "cells.json").is_file():
             raise SystemExit(f"replicates.py: {f} holds no cells.json (a run.py output folder, <out>/seed<seed>)")
-    lines, _ = figures(a.folders, tuple(p for p in a.policies.split(",") if p))
+    lines, _ = figures(a.folders, tuple(p for p in a.policies.split(",") if p), show)
     text = "\n".join(lines) + "\n"
     print(text, end="")
     if a.out:
