@@ -231,8 +231,10 @@ def pad_extra(costs, drafted: np.ndarray, view=None) -> float:
     predicted = None if view is None else view.predicted_verify_s   # None before verification
     if predicted is not None and n:
         ctx = view.context_lens
-        return float(view.cost.verify_time(np.full(n, int(ctx.max()), np.int64), np.full(n, k, np.int64))
-                     - predicted)
+        top = int(ctx.max())
+        if n == 1 or (int(ctx.min()) == top and int(drafted.min()) == k):   # nothing to pad: the same shapes
+            return 0.0                                                      # as predicted (one cost-model call less)
+        return float(view.cost.verify_time(np.full(n, top, np.int64), np.full(n, k, np.int64)) - predicted)
     if n == 0 or k == 0:   # nothing drafted: nothing to pad (and a plan that drafts nothing may build no tables)
         return 0.0
     v = costs.verify
