@@ -62,17 +62,17 @@ def _tpot_lines(loaded: list, pols: tuple, policies: tuple) -> list[str]:
     return lines
 
 
-def _show_lines(cells: list, single: dict, mean: dict, policies: tuple, show: tuple) -> list[str]:
-    """`--show`: the named cells' ratios to the best baseline, one draw and mean of replicates, per policy."""
-    missing = [c for c in show if c not in single]
+def _show_lines(cells: list, ratios: dict, policies: tuple, show: tuple) -> list[str]:
+    """`--show`: the named cells' ratios to the best baseline (`figures`' per-cell ratios), one draw and mean of
+    replicates, per policy."""
+    missing = [c for c in show if c not in cells]
     if missing:
         raise SystemExit(f"replicates.py: --show: cell(s) {', '.join(map(str, missing))} not in every folder with "
                          f"none, fixed 1-8 and the policies (cells there: {len(cells)})")
     lines = ["", "| cell | figures | " + " | ".join(policies) + " |", "|---|---|" + "---:|" * len(policies)]
     for c in show:
-        for name, t in (("one draw", single), ("mean of replicates", mean)):
-            best = max(t[c][b] for b in BASELINES)
-            lines.append(f"| c{c} | {name} | " + " | ".join(f"{t[c][p] / best:.3f}" for p in policies) + " |")
+        for name in ("one draw", "mean of replicates"):
+            lines.append(f"| c{c} | {name} | " + " | ".join(f"{ratios[p, name][c]:.3f}" for p in policies) + " |")
     return lines
 
 
@@ -103,7 +103,7 @@ def figures(folders: list[Path], policies: tuple, show: tuple = ()) -> tuple[lis
             lines.append(f"| {name} | {rel[worst]:.3f} (c{worst}) | {sum(v < 0.98 for v in rel.values())} |")
             out["goodput/oracle_expected", name] = rel
     if show:
-        lines += _show_lines(cells, single, mean, policies, show)
+        lines += _show_lines(cells, out, policies, show)
     return lines + _tpot_lines(loaded, pols, policies), out
 
 

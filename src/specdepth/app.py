@@ -335,6 +335,7 @@ def _interrupted(e: BaseException) -> bool:
 
 _SWALLOWED = [False]   # a KeyboardInterrupt reached sys.unraisablehook during this command
 _REDELIVERY: list = [None]   # the timer that raises a swallowed Ctrl-C again (_unraisable), until it is handled
+_REDELIVER_S = 0.05   # a swallowed Ctrl-C is raised again this much later (_unraisable)
 
 
 def _unraisable(u) -> None:
@@ -361,9 +362,6 @@ def _interrupt_handled() -> None:
     timer, _REDELIVERY[0] = _REDELIVERY[0], False
     if timer:
         timer.cancel()
-
-
-_REDELIVER_S = 0.05   # a swallowed Ctrl-C is raised again this much later (_unraisable)
 
 
 def _debug() -> bool:
