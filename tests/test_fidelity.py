@@ -489,3 +489,22 @@ def test_interleaved_alternates_the_order_and_pairs_within_a_repetition():
     assert mean == pytest.approx((1.0 / 1.1 + 1.5 / 2.2) / 2)
     with pytest.raises(SystemExit, match="--baselines"):
         il.main(["--baselines", "fixed3", "none", "goodput"])
+
+
+def test_interleaved_judges_against_the_baseline_best_by_its_mean_with_a_t_interval():
+    from scipy import stats
+    il = _module(ROOT / "experiments" / "real_pareto" / "interleaved.py")
+    for df in (1, 2, 5, 30):
+        assert il.t975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=1e-3)
+    assert il.t975(31) >= stats.t.ppf(0.975, 31) and il.t975(500) >= stats.t.ppf(0.975, 500)   # conservative
+    # fixed1 is best in rep 0 only, by luck; none has the smaller mean (1.5 s against 1.6 s), so none is the
+    # baseline of every repetition: 1.0 / 1.1 and 2.0 / 2.2, both 0.909 (the per-repetition best gives 1.5 / 2.2)
+    decode = {"none": [1.0, 2.0], "fixed1": [0.9, 2.3], "goodput": [1.1, 2.2]}
+    best, of_means, mean, ci, lo, hi = il.paired_by_mean(decode, ["none", "fixed1"])["goodput"]
+    assert best == "none" and of_means == pytest.approx(1.5 / 1.65)
+    assert mean == lo == hi == pytest.approx(1 / 1.1) and ci == (pytest.approx(1 / 1.1), pytest.approx(1 / 1.1))
+    r = [1.0 / 1.1, 2.0 / 2.4, 1.5 / 1.4]   # the interval is the textbook one
+    got = il.paired_by_mean({"none": [1.0, 2.0, 1.5], "goodput": [1.1, 2.4, 1.4]}, ["none"])["goodput"]
+    half = stats.t.ppf(0.975, 2) * stats.tstd(r) / 3 ** 0.5
+    assert got[3] == (pytest.approx(sum(r) / 3 - half, abs=1e-3), pytest.approx(sum(r) / 3 + half, abs=1e-3))
+    assert il.paired_by_mean({"none": [1.0], "goodput": [1.1]}, ["none"])["goodput"][3] is None

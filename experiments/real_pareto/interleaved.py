@@ -16,8 +16,13 @@ variant, the mean over repetitions of the summary's verify, draft and overhead s
 
 `--order alternate`: odd repetitions run the variants in reverse order, so that a machine speeding up or slowing
 down steadily over a repetition favours no variant (forward, the default: the same order every time).
-`--baselines a,b`: a second table, per batch and other variant, the best baseline's decode seconds in the same
-repetition / the variant's, mean over repetitions [min-max] (issue 12's real-backend figure, paired per repetition).
+`--baselines a,b`: a second table, per batch and other variant, against the baselines:
+* issue 12's real-backend figure: the best baseline's mean decode seconds over the repetitions / the variant's (the
+  best baseline is the one with the smallest mean, as `max(none, best fixed)` picks it from the means), then the
+  paired ratio per repetition (that baseline's decode seconds / the variant's, same repetition): mean, a 95 %
+  t-interval of that mean (it needs 2 repetitions or more), and [min-max];
+* the best baseline of each repetition / the variant's, mean [min-max]: the luckiest baseline of every repetition,
+  which the machine's noise biases against the variant (kept for the figures quoted before 2026-12-03).
 """
 from __future__ import annotations
 
@@ -76,12 +81,16 @@ def main(argv=None):
             print(f"| {b} | {v} | {m[0]:.3f} | {m[1]:.3f} | {m[2]:.3f} | {m[3]:.3f} | {m[3] / first:.3f} |")
     if base:
         print()
-        print("| batch | variant | best baseline's decode s / the variant's, same repetition: mean [min-max] |")
-        print("|---:|---|---|")
+        print("| batch | variant | best baseline (by mean) | its mean decode s / the variant's | paired per "
+              "repetition: mean, 95 % CI [min-max] | each repetition's best baseline / the variant: mean [min-max] |")
+        print("|---:|---|---|---:|---|---|")
         for b in batches:
-            for v, (mean, lo, hi) in paired({k[1]: [r[3] for r in rs] for k, rs in res.items() if k[0] == b},
-                                            base).items():
-                print(f"| {b} | {v} | {mean:.3f} [{lo:.3f}-{hi:.3f}] |")
+            decode = {k[1]: [r[3] for r in rs] for k, rs in res.items() if k[0] == b}
+            each = paired(decode, base)
+            for v, (best, of_means, mean, ci, lo, hi) in paired_by_mean(decode, base).items():
+                ci_s = "n/a" if ci is None else f"{ci[0]:.3f}-{ci[1]:.3f}"
+                print(f"| {b} | {v} | {best} | {of_means:.3f} | {mean:.3f}, {ci_s} [{lo:.3f}-{hi:.3f}] | "
+                      f"{each[v][0]:.3f} [{each[v][1]:.3f}-{each[v][2]:.3f}] |")
 
 
 def schedule(variants: list, rep: int, order: str) -> list:
@@ -99,6 +108,36 @@ def paired(decode: dict, baselines: list) -> dict:
             continue
         r = [min(decode[b][i] for b in baselines) / t for i, t in enumerate(ts)]
         out[v] = (statistics.mean(r), min(r), max(r))
+    return out
+
+
+# two-sided 95 % quantiles of Student's t, by degrees of freedom (1-30); past 30: 2.04 to 60, 2.00 to 120, 1.98
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    """Student's t two-sided 95 % quantile for df >= 1 (a table; conservative past 30)."""
+    return _T975[df - 1] if df <= 30 else 2.04 if df <= 60 else 2.00 if df <= 120 else 1.98
+
+
+def paired_by_mean(decode: dict, baselines: list) -> dict:
+    """decode[variant] = decode seconds per repetition. The best baseline is the one with the smallest mean decode
+    seconds; for each variant not a baseline: (that baseline, its mean / the variant's mean, the mean of the
+    per-repetition ratios (baseline / variant, same repetition), their 95 % t-interval (None with one
+    repetition), min, max)."""
+    best = min(baselines, key=lambda b: statistics.mean(decode[b]))
+    out = {}
+    for v, ts in decode.items():
+        if v in baselines:
+            continue
+        r = [decode[best][i] / t for i, t in enumerate(ts)]
+        m = statistics.mean(r)
+        ci = None
+        if len(r) > 1:
+            h = t975(len(r) - 1) * statistics.stdev(r) / len(r) ** 0.5
+            ci = (m - h, m + h)
+        out[v] = (best, statistics.mean(decode[best]) / statistics.mean(ts), m, ci, min(r), max(r))
     return out
 
 
