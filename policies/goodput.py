@@ -6,8 +6,12 @@ from specdepth.errors import ConfigError, as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
 from ._common import (CatchUpPadding, CostCalibration, IdleReplan, PerRequest, PolicyTime, PositionFactors, StepCost,
-                      best_prefix, catch_up_rows, draft_caps, keep_by_margin, may_probe, pad_extra, plan_by_position,
-                      plan_pays_catch_up, row_cost, thin_evidence, tie_bands)
+                      best_prefix, catch_up_rows, draft_caps, expected_max, keep_by_margin, may_probe, pad_extra,
+                      plan_by_position, plan_pays_catch_up, row_cost, thin_evidence, tie_bands)
+
+
+MAY_END = 0.1   # `drain_makespan` judges a batch only where every row's chance to end the run (_time_weights) is this
+#                 or more
 
 
 class Goodput(Policy):
@@ -121,6 +125,15 @@ class Goodput(Policy):
     one step's 36 ms against ~1 ms priced set the draft's scale at 10.7 and goodput drafted nothing for the rest of
     the run (0.968 of fixed depth 1; with the clip 0.999, `goodput_true` 0.995). A draft truly dearer than priced is
     still learnt, at most that factor a step. 0: as measured, the rule before 2026-12-02.
+    `drain_makespan` (default on since 2026-12-03): in a closed batch's drain, a plan that drafts every row is
+    dropped (nothing drafts) where, kept to the run's end, it is expected to end the run later than no drafts
+    (`_makespan_veto`, `_longer_than_none`). The drain's weights price a row's tokens by its chance to end the run,
+    the slope of the run's expected end in the rows' means; drafting also spreads when each row finishes, and the
+    run ends with the last of them: on 8 requests x 16 tokens at a = 0.3 with engine overheads, one draft a row
+    gives 2.4 % more tokens a step's second, and 10 % more decode time (experiments/robustness/warm_start.py, where
+    the bound `oracle_expected`, which plans each step alone, loses as goodput did). Judged only once as many drafts
+    as rows were verified, so that a veto at the prior level does not keep the batch from learning a level that
+    pays, and only where every row may end the run (`MAY_END`).
     `drain_after` > 0 also drains once the batch has shrunk below its largest size and no request joined
     for that many steps (a guess at the end of an online stream; off by default: on the development draw it
     raised the worst closed-batch cell but hurt TPOT on poisson cells).
@@ -139,7 +152,7 @@ class Goodput(Policy):
                  drain_tail: str = "balanced", calibration_prior_at: str = "mixture",
                  stream_value: str = "slot_time", position_paired: bool = True, tie_tolerance: float = 0.01,
                  pad_context: bool = True, draft_clip: float = 3.0, extend_bar: str = "ratio",
-                 draft_fixed: bool = False):
+                 draft_fixed: bool = False, drain_makespan: bool = True):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
         self.prior_strength = as_float(prior_strength, "policy.prior_strength", min=0)
@@ -174,6 +187,7 @@ class Goodput(Policy):
             raise ConfigError(f"policy.draft_clip must be 0 (off) or >= 1, got {self.draft_clip}")
         self.extend_bar = as_choice(extend_bar, "policy.extend_bar", {"plan", "ratio"})
         self.draft_fixed = as_bool(draft_fixed, "policy.draft_fixed")
+        self.drain_makespan = as_bool(drain_makespan, "policy.drain_makespan")
         self._seq = PerRequest(6)   # accepted, rejections, sum of confidences, drafted; verified confidence, tokens
         self.reset()
 
@@ -199,6 +213,8 @@ class Goodput(Policy):
         self._dbar = None   # mean drafts of the rows drafted last step
         self._probes = 0   # probe steps so far (_probe)
         self._row_cost = {}   # c1 of _time_weights per (batch, context bucket, cost model)
+        self._fixed = 1.0   # the fixed share of a step's time (_time_weights' c0 / verify[0]; `drain_makespan`)
+        self._p_min = 0.0   # the least chance of a row to end the run (_time_weights; `drain_makespan`)
         self._idle = IdleReplan(self.idle_replan)   # plans that draft nothing, kept (`idle_replan`)
         self._ptime = PolicyTime()   # its own time per step, where a step pays it (`policy_time`)
         self._pad = CatchUpPadding()   # whether the engine pads the draft's catch-up (`catch_up`)
@@ -297,6 +313,9 @@ class Goodput(Policy):
         self._G = G
         if self.catch_up and depths.any():
             depths = self._catch_up(view, depths, S, costs, remaining)
+        if self._makespan_veto(depths, S, costs, remaining, n):
+            self._G = float(n if w is None else w.sum()) / float(costs.verify[0])
+            return np.zeros(n, np.int64)
         if not depths.any() and self.probe:
             rows = self._probe_rows(view, n)
             if rows is not None:
@@ -311,6 +330,53 @@ class Goodput(Policy):
                 self._ratio = [E, E / self._G]
             depths = np.where(depths > 0, np.minimum(depths + self.extend, rowcap), 0)
         return depths
+
+    def _makespan_veto(self, depths, S, costs, remaining, n) -> bool:
+        """`drain_makespan`'s gate: in a closed batch's drain, on a plan that drafts every row, once as many drafts
+        as rows were verified (a veto at the prior level would keep the batch from ever learning a level that
+        pays: c167 of robustness draw 2063, beta acceptance with mean 0.85, vetoed at the prior 0.7 on its first
+        steps, went 1.043 -> 0.990 of the best fixed depth), whether the plan kept to the end ends the run later
+        than none (`_longer_than_none`).
+        A plan that leaves rows out is not judged: which rows it drafts changes from step to step, so a row left
+        out now does not set the run's end (c85 of robustness draw 2063, 94 rows of `confidence` acceptance). Nor
+        is a batch some of whose rows cannot end the run (`_time_weights`' chance below MAY_END: rows of other
+        lengths): the drain then drafts the rows that may, more than the plan kept to the end would (c109 of draw
+        2062, 102 rows of 42-127 tokens, went 0.995 -> 0.990 with every batch judged)."""
+        return bool(self.drain_makespan and self._closed and self._drained and n > 1 and depths.all()
+                    and self.drain_value == "time" and self._p_min >= MAY_END
+                    and self._pool.verified >= self.calibration_prior + n
+                    and self._longer_than_none(depths, S, costs, remaining))
+
+    def _longer_than_none(self, depths, S, costs, remaining) -> bool:
+        """`drain_makespan`: whether this plan, kept to the run's end, is expected to end the run later than
+        drafting nothing. The run ends with its slowest row. Without drafts row i takes exactly remaining_i steps;
+        drafting d_i tokens a step it emits e_i = 1 + sum of its slot survivals a step, with variance v_i, so its
+        steps are about normal, mean r_i / e_i and variance r_i v_i / e_i^3, and the last of the rows ends at the
+        expectation of their maximum (`_common.expected_max`), later than the slowest row's mean where several
+        rows may be last. The step's goodput G prices each row's tokens by its chance to end the run, which is the
+        maximum's slope in the rows' means, but not its growth with their spread: on 8 requests x 16 tokens at
+        a = 0.3 (b200, llama3_8b, a step 27 % dearer with one draft a row) it drafts every row for 2.4 % more
+        tokens a second, and fixed depth 1's runs take 13 steps of 4.38 ms where none's take 15 of 3.45 ms, 10 %
+        more decode time (experiments/robustness/warm_start.py). Time: the expected steps times the plan's
+        predicted seconds (the plan's expected tokens / G), against remaining.max() x verify[0]. Past the ridge a
+        step's time grows with its rows, and rows that finish early make the later steps cheaper: the steps are the
+        fixed share f of a step's time (`_time_weights`' c0 / verify[0]) times the run's expected end plus (1 - f) times
+        the rows' mean steps, for both. Closed batches only (a stream's tail also weighs its requests' latency)."""
+        K = S.shape[1]
+        j = np.arange(K)
+        Sd = np.where(j[None, :] < depths[:, None], S, 0.0)
+        L = Sd.sum(axis=1)                                   # accepted drafts a step: P(L > j) = S[:, j]
+        e = 1.0 + L
+        v = np.maximum((Sd * (2.0 * j + 1.0)[None, :]).sum(axis=1) - L * L, 0.0)
+        r = remaining.astype(np.float64)
+        mu = r / e
+        f = self._fixed if self.drain_value == "time" else 1.0
+        steps = f * expected_max(mu, np.sqrt(r * v / e ** 3)) + (1.0 - f) * float(mu.mean())
+        w = self._w
+        E = (float(depths.size) if w is None else float(w.sum())) + float(
+            ((S if w is None else S * w[:, None]) * (j[None, :] < depths[:, None])).sum())
+        t_plan = E / self._G if self._G > 0 else math.inf
+        return steps * t_plan > (f * float(r.max()) + (1.0 - f) * float(r.mean())) * float(costs.verify[0])
 
     def _plan_positions(self, S, costs, remaining):
         """plan_by_position on slot survivals S, weighted by the drain's weights where it drains; ties toward
@@ -482,6 +548,7 @@ class Goodput(Policy):
         last = int(np.argmax(steps))
         z = (steps - steps[last]) / np.sqrt(sd2 + sd2[last])
         p = np.exp(-0.5 * z * z)
+        self._p_min = float(p.min())   # `drain_makespan`: whether every row may end the run
         cost = view.true_cost if self.cost == "clock" else view.cost
         ctx = view.context_lens
         key = (n, int(math.log1p(float(ctx.mean())) * 50.0), id(cost))   # StepCost's buckets: 2 % of context
@@ -492,6 +559,7 @@ class Goodput(Policy):
             c1 = self._row_cost[key] = row_cost(cost, ctx)
         c1 *= self._calib.verify_scale() if self.cost == "calibrated" else 1.0
         c0 = max(float(self._tab.verify[0]) - n * c1, 0.0)
+        self._fixed = c0 / max(float(self._tab.verify[0]), 1e-300)   # `drain_makespan`: a step's fixed share
         w = (c1 + c0 * p / p.sum()) / e
         return w / max(float(w.max()), 1e-300)
 
