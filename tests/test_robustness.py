@@ -1374,6 +1374,8 @@ def test_warm_start_study_judges_mean_throughputs_and_tells_goodput_the_true_lev
     assert "| 0.5 | off | 0.980 [0.995] | 0.950 [0.950] |" in text and text.count("| fixed2 |") == 2
     with pytest.raises(SystemExit, match="--alphas"):
         ws.main(["--alphas", "x"])
+    with pytest.raises(SystemExit, match="unknown policy goodput@x, nope"):
+        ws.main(["--only", "goodput@x,nope,none"])
 
 
 def test_expected_max_of_normals_matches_a_monte_carlo_draw():
@@ -1402,3 +1404,22 @@ def test_goodput_drain_makespan_stops_drafting_where_the_slowest_row_makes_draft
                for m in (False, True))
     assert off["draft_tokens"] >= 8 * 8 and on["draft_tokens"] <= off["draft_tokens"] / 2
     assert on["throughput_tok_s"] >= off["throughput_tok_s"] + 0.01 * none
+
+
+def test_warm_start_variant_runs_beside_a_full_runs_table(tmp_path, capsys):
+    """--only P --base DIR: only P runs, and the table adds it as "P (variant)" to DIR's baselines and policies."""
+    import json
+
+    import warm_start as ws
+    cs = ws.cells([0.9], 1)
+    base = {f"{c['id']}|{p}": 100.0 for c in cs for p in ws.BASELINES + ws.JUDGED}
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "throughput.json").write_text(json.dumps(base))
+    ws.main(["--seeds", "1", "--alphas", "0.9", "--jobs", "1", "--only", "goodput", "--out", str(tmp_path / "v"),
+             "--base", str(tmp_path / "base"), "policies.goodput.probe=0"])
+    out = capsys.readouterr().out
+    assert "| goodput (variant) |" in out and "| 0.9 | on | 1.000 [1.000] |" in out
+    assert "probe: 0" in next((tmp_path / "v").rglob("config.yaml")).read_text()
+    with pytest.raises(SystemExit, match="lacks cells"):
+        ws.main(["--seeds", "2", "--alphas", "0.9", "--jobs", "1", "--only", "goodput", "--out", str(tmp_path / "v"),
+                 "--base", str(tmp_path / "base")])

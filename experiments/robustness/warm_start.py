@@ -125,9 +125,24 @@ def main(argv=None):
     cs = cells(alphas, a.seeds)
     out = Path(a.out)
     pols = BASELINES + JUDGED if a.only is None else tuple(a.only.split(","))
+    base = None
+    if a.only is not None and a.base is not None:   # read and checked before any run
+        try:
+            raw = json.loads((Path(a.base) / "throughput.json").read_text())
+            base = {tuple(k.split("|")): v for k, v in raw.items()}
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"warm_start.py: --base {a.base}: no readable throughput.json ({e})") from None
+        missing = [c["id"] for c in cs if (c["id"], "none") not in base]
+        if missing:
+            raise SystemExit(f"warm_start.py: --base {a.base} lacks cells of this run (e.g. {missing[0]}): run it "
+                             "with the same --seeds and --alphas")
     extra = tuple(a.overrides)
     work = [(c, p, str(out / c["id"] / p), extra) for c in cs for p in pols]
-    base_config(extra)
+    known = set(base_config(extra).policies)
+    bad = [p for p in pols if p.partition("@")[0] not in known or p.partition("@")[2] not in ("", "prior")]
+    if bad:
+        raise SystemExit(f"warm_start.py: --only: unknown policy {', '.join(bad)} (conf/experiment/robustness.yaml's "
+                         "policies, optionally with @prior)")
     _warm()
     t0 = time.perf_counter()
     if a.jobs > 1:
@@ -142,19 +157,10 @@ def main(argv=None):
     atomic_write(out / "throughput.json", json.dumps({f"{k[0]}|{k[1]}": v for k, v in got.items()}, indent=0))
     judged = JUDGED
     if a.only is not None:
-        if a.base is None:
+        if base is None:
             return
-        try:
-            base = json.loads((Path(a.base) / "throughput.json").read_text())
-        except (OSError, ValueError) as e:
-            raise SystemExit(f"warm_start.py: --base {a.base}: no readable throughput.json ({e})") from None
         judged = JUDGED + tuple(f"{p} (variant)" for p in pols)
-        got = {**{tuple(k.split("|")): v for k, v in base.items()}, **{(c, f"{p} (variant)"): t for (c, p), t in
-                                                                       got.items()}}
-        missing = [c["id"] for c in cs if (c["id"], "none") not in got]
-        if missing:
-            raise SystemExit(f"warm_start.py: --base {a.base} lacks cells of this run (e.g. {missing[0]}): run it "
-                             "with the same --seeds and --alphas")
+        got = {**base, **{(c, f"{p} (variant)"): t for (c, p), t in got.items()}}
     lines = table(cs, got, judged)
     print("\n".join(lines))
     if a.table:
