@@ -225,10 +225,12 @@ def normal_cdf(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
 
 
-def expected_max(mu: np.ndarray, sd: np.ndarray, points: int = 256) -> float:
+def expected_max(mu: np.ndarray, sd: np.ndarray, points: int = 256, grouped: bool = False) -> float:
     """E[max_i X_i] of independent X_i ~ normal(mu_i, sd_i^2) (sd_i = 0: the constant mu_i): lo + the integral
     of 1 - F from lo to hi, F the maximum's CDF (the product of the rows'), on `points` points; below lo =
-    max(mu - 6 sd) F is 0, above hi = max(mu + 6 sd) it is 1."""
+    max(mu - 6 sd) F is 0, above hi = max(mu + 6 sd) it is 1. `grouped`: rows that cannot reach lo + 6 sd are
+    left out and equal (mu, sd) pairs enter once, raised to their count (the same to rounding; for large
+    batches, `uniform_depth`)."""
     mu = np.asarray(mu, np.float64)
     sd = np.asarray(sd, np.float64)
     lo, hi = float((mu - 6.0 * sd).max()), float((mu + 6.0 * sd).max())
@@ -236,6 +238,13 @@ def expected_max(mu: np.ndarray, sd: np.ndarray, points: int = 256) -> float:
         return float(mu.max())
     x = np.linspace(lo, hi, points)
     spread = sd > 0.0
+    if grouped:
+        near = spread & (mu + 6.0 * sd > lo)
+        pairs, count = np.unique(np.stack([mu[near], sd[near]]), axis=1, return_counts=True)
+        F = np.prod(normal_cdf((x[None, :] - pairs[0][:, None]) / pairs[1][:, None]) ** count[:, None], axis=0)
+        if not spread.all():
+            F = F * (x >= float(mu[~spread].max()))
+        return lo + float(np.trapezoid(1.0 - F, x))
     F = np.prod(normal_cdf((x[None, :] - mu[spread, None]) / sd[spread, None]), axis=0)
     if not spread.all():
         F = F * (x >= float(mu[~spread].max()))
@@ -756,7 +765,8 @@ def _by_position_small(column, K, G, costs, n, base):
 
 def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarray | None = None,
                   rates: np.ndarray | None = None, factors: np.ndarray | None = None,
-                  trials: float | None = None, ends: np.ndarray | None = None) -> tuple[int, float]:
+                  trials: float | None = None, ends: np.ndarray | None = None,
+                  spread: bool = False) -> tuple[int, float]:
     """The one depth k in 0..kmax for every row that maximises expected emitted tokens / step time:
     E_k = sum_i (1 - a_i^(k+1)) / (1 - a_i) (Leviathan et al.), T_k = verify[n k] + k x draft[n] (StepCost-like
     tables). Adding position k is worth it exactly when its expected tokens beat the goodput times its cost,
@@ -772,6 +782,9 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
     remaining tokens - 1): a row drafts at most that deep whatever k (a draft past a request's last token is never
     emitted), so depth k gives row i min(k, ends_i) drafts, and the step pays for those: its verify carries their
     sum, and the draft runs (and a padded verify opens) as many positions as the deepest row gets.
+    `spread` (with `remaining`): the batch ends with the last of its rows, not the slowest row's mean: row i's steps
+    are about normal, mean r_i / e_i(k) and variance r_i v_i(k) / e_i(k)^3 (v: the variance of its tokens a step,
+    from the survivals), and the run takes their expected maximum (`expected_max`), as goodput's `drain_makespan`.
     Returns (k, predicted goodput)."""
     ks = np.arange(kmax + 1)
     e = _expected_tokens(acceptance, ks, factors, trials)   # [k, row] expected tokens per step
@@ -795,7 +808,15 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
             f = f if got is None else np.take_along_axis(f, got, axis=0)
             e = e.mean(axis=1, keepdims=True) * f / f.mean(axis=1, keepdims=True)
         rem = np.asarray(remaining, float)
-        g = float(rem.sum()) / ((rem[None, :] / e).max(axis=1) * T)
+        if spread and got is None and rem.size > 1:   # (one row: its mean, exactly)
+            surv = np.diff(e, axis=0)   # [p, row]: P(drafts 0..p survive)
+            L2 = np.concatenate([np.zeros((1, e.shape[1])),
+                                 np.cumsum((2.0 * np.arange(kmax) + 1.0)[:, None] * surv, axis=0)])
+            sd = np.sqrt(rem[None, :] * np.maximum(L2 - (e - 1.0) ** 2, 0.0) / e ** 3)
+            steps = np.array([expected_max(rem / e[k], sd[k], grouped=True) for k in ks])
+        else:
+            steps = (rem[None, :] / e).max(axis=1)
+        g = float(rem.sum()) / (steps * T)
     k = int(np.argmax(g))
     return k, float(g[k])
 
@@ -1113,8 +1134,9 @@ class CostAwareDepth:
     def __init__(self, drain: bool = True, prior: float | None = None, prior_tokens: float = 10.0,
                  memory: float = 2000.0, probe: float = 2.0, positions: bool = True, idle_replan: int = 0,
                  policy_time: bool = False, catch_up: bool = False, predictive: bool = False,
-                 position_prior: float = 20.0, position_optimism: float = 2.0):
+                 position_prior: float = 20.0, position_optimism: float = 2.0, makespan: bool = False):
         self.drain = drain
+        self.makespan = makespan
         self.position_prior, self.position_optimism = position_prior, position_optimism
         self.predictive = predictive
         self.catch_up = catch_up
@@ -1183,7 +1205,7 @@ class CostAwareDepth:
         # where the fluid max_i remaining_i / e_i of a batch that ends within a step or two is far too hopeful
         # (300 rows with ~6 tokens left at a = 0.95 drafted 5 deep to end in one step, and took 4)
         ends = draft_caps(view, kmax) if rest[0] is None else None
-        k, g = uniform_depth(a, costs, kmax, *rest, ends=ends)
+        k, g = uniform_depth(a, costs, kmax, *rest, ends=ends, spread=self.makespan and rest[0] is not None)
         if k and self.catch_up:
             k = self._catch_up(view, k, g, a, costs, rest, level)
         if k:   # what keep_drafting needs to price positions past k (`confidence`'s `extend`)
@@ -1360,8 +1382,9 @@ class CostAwarePolicy(Policy):
 
     def __init__(self, max_depth: int, use_budget: bool, drain: bool, probe: float = 2.0, positions: bool = True,
                  idle_replan: int = 8, policy_time: bool = True, catch_up: bool = True, predictive: bool = False,
-                 position_prior: float = 20.0, position_optimism: float = 2.0):
+                 position_prior: float = 20.0, position_optimism: float = 2.0, drain_makespan: bool = False):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
+        self.drain_makespan = as_bool(drain_makespan, "policy.drain_makespan")
         self.position_prior = as_float(position_prior, "policy.position_prior", min=0)
         self.position_optimism = as_float(position_optimism, "policy.position_optimism", min=0)
         self.predictive = as_bool(predictive, "policy.predictive")
@@ -1387,7 +1410,8 @@ class CostAwarePolicy(Policy):
         self._depth = CostAwareDepth(self.drain, probe=self.probe, positions=self.positions,
                                      idle_replan=self.idle_replan, policy_time=self.policy_time,
                                      catch_up=self.catch_up, predictive=self.predictive,
-                                     position_prior=self.position_prior, position_optimism=self.position_optimism)
+                                     position_prior=self.position_prior, position_optimism=self.position_optimism,
+                                     makespan=self.drain_makespan)
 
     def observe(self, view, accepted):
         self._depth.observe(view, accepted)

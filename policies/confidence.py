@@ -43,7 +43,7 @@ class ConfidenceThreshold(CostAwarePolicy):
     `predictive` as `batch_scaled` (off): the cap priced by the level's posterior predictive. `position_prior` and
     `position_optimism` as `batch_scaled`.
     As `batch_scaled`, no row drafts past its request's end (`_common.draft_caps`), and while requests may still join
-    the cap is priced so.
+    the cap is priced so. `drain_makespan` as `batch_scaled` (default off, tried 2026-12-03).
     """
 
     name = "confidence"
@@ -52,13 +52,14 @@ class ConfidenceThreshold(CostAwarePolicy):
     def __init__(self, threshold: float = 0.3, max_depth: int = 8, use_budget: bool = False, cost_aware: bool = True,
                  drain: bool = True, probe: float = 2.0, positions: bool = True, idle_replan: int = 8,
                  policy_time: bool = True, catch_up: bool = True, predictive: bool = False, calibrate: bool = True,
-                 extend: int = 8, position_prior: float = 20.0, position_optimism: float = 2.0):
+                 extend: int = 8, position_prior: float = 20.0, position_optimism: float = 2.0,
+                 drain_makespan: bool = False):
         self.threshold = as_float(threshold, "policy.threshold", min=0, max=1)
         self.calibrate = as_bool(calibrate, "policy.calibrate")
         self.extend = as_int(extend, "policy.extend", min=0)
         self.cost_aware = bool(cost_aware)
         super().__init__(max_depth, use_budget, drain, probe, positions, idle_replan, policy_time, catch_up,
-                         predictive, position_prior, position_optimism)
+                         predictive, position_prior, position_optimism, drain_makespan)
 
     def plan(self, view):
         n = view.batch_size

@@ -1423,3 +1423,23 @@ def test_warm_start_variant_runs_beside_a_full_runs_table(tmp_path, capsys):
     with pytest.raises(SystemExit, match="lacks cells"):
         ws.main(["--seeds", "2", "--alphas", "0.9", "--jobs", "1", "--only", "goodput", "--out", str(tmp_path / "v"),
                  "--base", str(tmp_path / "base")])
+
+
+def test_uniform_depth_spread_prices_the_last_row_to_finish_not_the_slowest_rows_mean():
+    """`spread` (batch_scaled / confidence `drain_makespan`): 8 rows x 16 tokens at a = 0.3, one draft a row 27 %
+    dearer a step: by the rows' mean steps (16 / 1.3 = 12.3) depth 1 pays (2.4 % more tokens a second); by the
+    expected last of them (~13.7 steps) it does not. At a = 0.8 depth stays > 0."""
+    from specdepth.policies._common import Tables, expected_max, uniform_depth
+    n, K = 8, 4
+    costs = Tables(np.r_[3.45e-3, np.full(n * K, 3.45e-3)], np.r_[0.0, np.full(n, 0.93e-3)])
+    low, rem = np.full(n, 0.3), np.full(n, 16)
+    assert uniform_depth(low, costs, K, rem)[0] == 1 and uniform_depth(low, costs, K, rem, spread=True)[0] == 0
+    high = np.full(n, 0.8)
+    assert uniform_depth(high, costs, K, rem, spread=True)[0] > 0
+    one = Tables(costs.verify[:K + 1], costs.draft[:2])   # one row: the row's mean steps, exactly as without
+    for a in (0.3, 0.6, 0.9):
+        assert uniform_depth(np.full(1, a), one, K, np.array([16]), spread=True) == \
+            uniform_depth(np.full(1, a), one, K, np.array([16]))
+    # the grouped maximum is the plain one: equal rows enter once, raised to their count
+    mu, sd = np.r_[np.full(6, 10.0), 12.0, 3.0], np.r_[np.full(6, 1.0), 0.5, 0.2]
+    assert expected_max(mu, sd, grouped=True) == pytest.approx(expected_max(mu, sd), rel=1e-9)
