@@ -240,12 +240,10 @@ def expected_max(mu: np.ndarray, sd: np.ndarray, points: int = 256, grouped: boo
     spread = sd > 0.0
     if grouped:
         near = spread & (mu + 6.0 * sd > lo)
-        pairs, count = np.unique(np.stack([mu[near], sd[near]]), axis=1, return_counts=True)
-        F = np.prod(normal_cdf((x[None, :] - pairs[0][:, None]) / pairs[1][:, None]) ** count[:, None], axis=0)
-        if not spread.all():
-            F = F * (x >= float(mu[~spread].max()))
-        return lo + float(np.trapezoid(1.0 - F, x))
-    F = np.prod(normal_cdf((x[None, :] - mu[spread, None]) / sd[spread, None]), axis=0)
+        (m, s), count = np.unique(np.stack([mu[near], sd[near]]), axis=1, return_counts=True)
+        F = np.prod(normal_cdf((x[None, :] - m[:, None]) / s[:, None]) ** count[:, None], axis=0)
+    else:
+        F = np.prod(normal_cdf((x[None, :] - mu[spread, None]) / sd[spread, None]), axis=0)
     if not spread.all():
         F = F * (x >= float(mu[~spread].max()))
     return lo + float(np.trapezoid(1.0 - F, x))

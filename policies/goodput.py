@@ -324,9 +324,7 @@ class Goodput(Policy):
             self._s = np.ones(n)
             if self.extend_bar == "ratio" and self.extend and self._G > 0:
                 self._planned = depths
-                Sw = S if w is None else S * w[:, None]
-                E = (float(n) if w is None else float(w.sum())) + float(
-                    (Sw * (np.arange(K)[None, :] < depths[:, None])).sum())
+                E = self._plan_value(S, depths)
                 self._ratio = [E, E / self._G]
             depths = np.where(depths > 0, np.minimum(depths + self.extend, rowcap), 0)
         return depths
@@ -370,13 +368,18 @@ class Goodput(Policy):
         v = np.maximum((Sd * (2.0 * j + 1.0)[None, :]).sum(axis=1) - L * L, 0.0)
         r = remaining.astype(np.float64)
         mu = r / e
-        f = self._fixed if self.drain_value == "time" else 1.0
+        f = self._fixed   # (_makespan_veto judges drain_value=time only, where _time_weights set it)
         steps = f * expected_max(mu, np.sqrt(r * v / e ** 3)) + (1.0 - f) * float(mu.mean())
-        w = self._w
-        E = (float(depths.size) if w is None else float(w.sum())) + float(
-            ((S if w is None else S * w[:, None]) * (j[None, :] < depths[:, None])).sum())
-        t_plan = E / self._G if self._G > 0 else math.inf
+        t_plan = self._plan_value(S, depths) / self._G if self._G > 0 else math.inf
         return steps * t_plan > (f * float(r.max()) + (1.0 - f) * float(r.mean())) * float(costs.verify[0])
+
+    def _plan_value(self, S, depths) -> float:
+        """The plan's expected tokens as its goodput G counts them: one a row (the drain's weights where it drains)
+        plus the planned slots' survivals, weighted alike; E / G is the plan's predicted seconds."""
+        w = self._w
+        Sw = S if w is None else S * w[:, None]
+        return (float(S.shape[0]) if w is None else float(w.sum())) + float(
+            (Sw * (np.arange(S.shape[1])[None, :] < depths[:, None])).sum())
 
     def _plan_positions(self, S, costs, remaining):
         """plan_by_position on slot survivals S, weighted by the drain's weights where it drains; ties toward
