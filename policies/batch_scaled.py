@@ -38,11 +38,11 @@ class BatchScaled(CostAwarePolicy):
     `_common.CostAwareDepth._best_depth`; until 2026-12-03 a request's last step drafted the whole depth, for
     nothing: c109 of robustness draw 2057, one request of 34 tokens, went 0.970 -> 0.988 of the best baseline in
     the mean of 8 draws, experiments/robustness/README.md).
-    `drain_makespan` (default off, tried 2026-12-03): draining, the depth is priced by the expected last of the rows
+    `drain_makespan` (default on since 2026-12-03): draining, the depth is priced by the expected last of the rows
     to finish (`_common.uniform_depth`'s `spread`: each row's steps about normal), not the slowest row's mean
     steps, since drafting spreads when the rows finish. Better on balance on robustness draws 2061-2063 and on
-    experiments/robustness/warm_start.py, with a few cells lost (README, batch_scaled); not yet judged on a
-    held-out draw."""
+    experiments/robustness/warm_start.py, with a few cells lost; held-out draw 2065 is the first run with it on
+    (experiments/robustness/README.md, batch_scaled)."""
 
     name = "batch_scaled"
     depth_param = "max_depth"
@@ -50,7 +50,7 @@ class BatchScaled(CostAwarePolicy):
     def __init__(self, max_depth: int = 8, min_depth: int = 0, use_budget: bool = False, drain: bool = True,
                  probe: float = 2.0, positions: bool = True, idle_replan: int = 8, policy_time: bool = True,
                  catch_up: bool = True, predictive: bool = False, position_prior: float = 20.0,
-                 position_optimism: float = 2.0, drain_makespan: bool = False):
+                 position_optimism: float = 2.0, drain_makespan: bool = True):
         super().__init__(max_depth, use_budget, drain, probe, positions, idle_replan, policy_time, catch_up,
                          predictive, position_prior, position_optimism, drain_makespan)
         self.min_depth = as_int(min_depth, "policy.min_depth", min=0, max=self.max_depth)

@@ -43,7 +43,7 @@ class ConfidenceThreshold(CostAwarePolicy):
     `predictive` as `batch_scaled` (off): the cap priced by the level's posterior predictive. `position_prior` and
     `position_optimism` as `batch_scaled`.
     As `batch_scaled`, no row drafts past its request's end (`_common.draft_caps`), and while requests may still join
-    the cap is priced so. `drain_makespan` as `batch_scaled` (default off, tried 2026-12-03).
+    the cap is priced so. `drain_makespan` as `batch_scaled` (default on since 2026-12-03).
     """
 
     name = "confidence"
@@ -53,7 +53,7 @@ class ConfidenceThreshold(CostAwarePolicy):
                  drain: bool = True, probe: float = 2.0, positions: bool = True, idle_replan: int = 8,
                  policy_time: bool = True, catch_up: bool = True, predictive: bool = False, calibrate: bool = True,
                  extend: int = 8, position_prior: float = 20.0, position_optimism: float = 2.0,
-                 drain_makespan: bool = False):
+                 drain_makespan: bool = True):
         self.threshold = as_float(threshold, "policy.threshold", min=0, max=1)
         self.calibrate = as_bool(calibrate, "policy.calibrate")
         self.extend = as_int(extend, "policy.extend", min=0)
