@@ -1312,7 +1312,7 @@ class ConfidenceCalibration:
 
     def __call__(self, c: np.ndarray) -> np.ndarray:
         """The acceptance probability of tokens drafted with confidence c (NaN stays NaN)."""
-        return 1.0 / (1.0 + np.exp(-(self.a + self.b * self.logit(c))))
+        return _sigmoid(self.a + self.b * self.logit(c))
 
     def add(self, confidences: np.ndarray | None, drafted: np.ndarray, accepted: np.ndarray) -> None:
         """A step's verified drafts: row i's positions below min(drafted, accepted + 1), accepted below
@@ -1334,21 +1334,43 @@ class ConfidenceCalibration:
 
     def _fit(self, steps: int = 4) -> None:
         """Newton on the ridge-penalised log-likelihood (penalty prior/8 x ((a)^2 + (b - 1)^2): Fisher
-        information of `prior` tokens at p = 1/2 spread over the scale's both parameters)."""
+        information of `prior` tokens at p = 1/2 spread over the scale's both parameters), each step halved
+        until the objective does not fall. A full step from a fit of nearly separated tokens (all rejected below
+        some confidence, all accepted above) can overshoot to where the sigmoid saturates, and plain Newton then
+        runs away: a = 40, b = 114 on c146 of robustness draw 2065, a step function of the confidence (and an
+        overflow in exp)."""
         lam = self.prior / 8.0
-        a, b, x, n = self.a, self.b, self.x, self.n
+        a, b, x, n, acc = self.a, self.b, self.x, self.n, self.acc
+
+        def objective(a, b):
+            z = a + b * x
+            return float(acc @ -np.logaddexp(0.0, -z) + (n - acc) @ -np.logaddexp(0.0, z)) \
+                - 0.5 * lam * (a * a + (b - 1.0) ** 2)
+
+        f = objective(a, b)
         for _ in range(steps):
-            p = 1.0 / (1.0 + np.exp(-(a + b * x)))
-            r = self.acc - n * p
+            p = _sigmoid(a + b * x)
+            r = acc - n * p
             w = n * p * (1.0 - p)
             g0, g1 = float(r.sum()) - lam * a, float(r @ x) - lam * (b - 1.0)
             h00, h01, h11 = float(w.sum()) + lam, float(w @ x), float(w @ (x * x)) + lam
             det = h00 * h11 - h01 * h01
             da, db = (h11 * g0 - h01 * g1) / det, (h00 * g1 - h01 * g0) / det
-            a, b = a + da, b + db
+            for _ in range(30):   # concave objective: a short enough step along the Newton direction gains
+                f_new = objective(a + da, b + db)
+                if f_new >= f - 1e-12 * abs(f):
+                    break
+                da, db = 0.5 * da, 0.5 * db
+            a, b, f = a + da, b + db, f_new
             if abs(da) + abs(db) < 1e-6:
                 break
         self.a, self.b = a, b
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-z)); exp's overflow for z below about -709 is the exact limit 0, not a warning."""
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-z))
 
 
 def shrunk_rates(accepted: np.ndarray, rejected: np.ndarray, level: np.ndarray) -> np.ndarray:

@@ -481,6 +481,34 @@ def test_confidence_calibration_recovers_a_known_platt_scale_from_the_verified_d
     assert abs(cal.b - 1.2) < 0.1
 
 
+def test_confidence_calibration_fit_does_not_run_away_on_nearly_separated_tokens():
+    """The verified tokens of c146 of robustness draw 2065 (confidence policy), per bin of logit(c): all rejected
+    below a confidence, nearly all accepted above. From the fit the step before had reached, a full Newton step
+    overshoots to where the sigmoid saturates and plain Newton settled at a = 52, b = 120 (a step function of the
+    confidence, with overflows in exp). Halved steps reach the penalised optimum from any start: there the
+    gradient vanishes, and no RuntimeWarning is raised."""
+    import warnings
+    from specdepth.policies._common import ConfidenceCalibration
+    n = np.array([0, 0, 0, .9, 1, 0, 1, 0, 1.9, 3.8, 2.9, 5.8, 6.8, 10.7, 12.4, 17.4, 10.6, 13.6, 11.6, 3.9, 8.7,
+                  10.6, 5.7, 5.7, 5.8, 3.9, 5.8, 2.9])
+    acc = np.array([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1.9, 2.9, 6.8, 7.7, 12.6, 7.7, 12.6, 10.6, 3.9, 8.7, 9.7, 5.7,
+                    5.7, 4.9, 3.9, 5.8, 2.9])
+    fits = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for start in ((0.0, 1.0), (2.0, 1.5), (5.0, 3.0)):
+            cal = ConfidenceCalibration()
+            cal.n, cal.acc, (cal.a, cal.b) = n.copy(), acc.copy(), start
+            for _ in range(5):
+                cal._fit()
+            p = 1 / (1 + np.exp(-(cal.a + cal.b * cal.x)))
+            lam = cal.prior / 8
+            grad = ((acc - n * p).sum() - lam * cal.a, (acc - n * p) @ cal.x - lam * (cal.b - 1))
+            assert abs(grad[0]) < 1e-6 and abs(grad[1]) < 1e-6, (start, cal.a, cal.b, grad)
+            fits.append((cal.a, cal.b))
+    assert np.allclose(fits, fits[0]) and abs(fits[0][1]) < 3, fits
+
+
 def test_confidence_threshold_is_on_the_calibrated_acceptance():
     """calibrate=true (default): the threshold is on the acceptance the confidence stands for. A draft accepted
     3/4 of the time whose confidence says 0.2: calibrated, its tokens pass a threshold of 0.3; raw, they stop
