@@ -1337,7 +1337,7 @@ class ConfidenceCalibration:
         information of `prior` tokens at p = 1/2 spread over the scale's both parameters), each step halved
         until the objective does not fall. A full step from a fit of nearly separated tokens (all rejected below
         some confidence, all accepted above) can overshoot to where the sigmoid saturates, and plain Newton then
-        runs away: a = 40, b = 114 on c146 of robustness draw 2065, a step function of the confidence (and an
+        runs away, settling at a = 52, b = 120 on c146 of robustness draw 2065: a step function of the confidence (an
         overflow in exp)."""
         lam = self.prior / 8.0
         a, b, x, n, acc = self.a, self.b, self.x, self.n, self.acc
