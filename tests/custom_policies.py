@@ -138,3 +138,12 @@ class InterruptedInCallbackThenGoesOn(Policy):
         self._steps += 1
         time.sleep(0.001)
         return np.full(view.batch_size, 1, dtype=np.int64)
+
+
+class Overflowing(Policy):
+    """Depth 1 everywhere, computed through an exp that overflows every step (a numerical slip a user's policy
+    can make: the run goes on, numpy warns)."""
+
+    def plan(self, view):
+        big = np.exp(np.full(view.batch_size, 1000.0))   # inf, and a RuntimeWarning
+        return np.minimum(big, 1.0).astype(np.int64)

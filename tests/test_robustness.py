@@ -1284,6 +1284,25 @@ def test_paired_whole_and_analyze_show_read_what_the_draws_hold(tmp_path, capsys
         paired.main([str(tmp_path / "a"), str(tmp_path / "nothing"), "--whole"])
 
 
+def test_analyze_lists_the_runs_whose_summary_records_a_runtime_warning(tmp_path):
+    """results.md names each run whose summary.json `warnings` holds a RuntimeWarning (app.runtime_warnings), not
+    the config warnings beside it; a draw with none has no such section."""
+    import json
+    import analyze
+    base = {f"fixed{k}": 100.0 for k in range(1, 9)}
+    _fake_draw(tmp_path / "a", {0: {**base, "none": 100.0, "goodput": 98.0}, 1: {**base, "none": 100.0}})
+    assert "RuntimeWarning" not in analyze.report(tmp_path / "a", "fake")
+    for cid, pol, warned in ((0, "goodput", ["engine.max_batch_size caps the batch",
+                                             "RuntimeWarning at x.py:3: overflow encountered in exp (2 times)"]),
+                             (1, "none", ["engine.max_batch_size caps the batch"])):
+        f = tmp_path / "a" / f"c{cid}" / pol / "summary.json"
+        f.write_text(json.dumps({**json.loads(f.read_text()), "warnings": warned}))
+    text = analyze.report(tmp_path / "a", "fake")
+    assert text.endswith("Runs whose summary.json records a RuntimeWarning (numerical trouble): 1\n  - c0 h200/"
+                         "llama3_8b/iid/closed/b4/L32 goodput: RuntimeWarning at x.py:3: overflow encountered in exp "
+                         "(2 times)\n"), text[-400:]
+
+
 def test_paired_also_judges_a_variant_on_the_means_of_replicates(tmp_path, capsys):
     """paired.py --also DRAW_R VARIANT_R: both sides (the baselines too) are the mean over the draw and its
     replicates, on the cells every folder holds; with --whole or --base it exits with one line."""

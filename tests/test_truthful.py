@@ -43,6 +43,43 @@ def test_uncapped_batch_has_no_warning(tmp_path):
     assert s["max_running"] == 6 and s["warnings"] == []
 
 
+# ---- numerical trouble is part of the results ---------------------------------------------------------------
+OVERFLOWING = ("policy=none", "~policy.depth", "policy._target_=custom_policies.Overflowing",
+               "workload.batch_size=3", "workload.output_len=8")
+
+
+def test_runtime_warnings_of_a_run_are_recorded_in_its_summary_every_time(tmp_path):
+    """A policy whose plan() overflows in exp every step: the run completes, and summary.json's `warnings` says
+    which warning, where and how many times (once per plan() call, i.e. per step). Run twice in this process: the
+    second run records it too (Python by itself shows a warning once per place and process)."""
+    import warnings
+    for name in ("one", "two"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")   # the interpreter's own default, whatever pytest set
+            s = _run(tmp_path, *OVERFLOWING, name=name)
+        steps = sum(1 for _ in open(tmp_path / name / "steps.csv")) - 1
+        assert s["steps"] == steps and steps > 1
+        assert s["warnings"] == [f"RuntimeWarning at custom_policies.py:{_line('np.exp(np.full')}: overflow "
+                                 f"encountered in exp ({steps} times)"], (name, s["warnings"])
+
+
+def test_runtime_warnings_made_errors_still_fail_the_run(tmp_path):
+    """-W error::RuntimeWarning is the user's: the recording does not override it, the run fails cleanly,
+    naming the policy and the warning, and leaves no result."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        code, out = _main(["engine.progress=false", *OVERFLOWING, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert code == 2 and "raised RuntimeWarning: overflow encountered in exp" in out, out[-3000:]
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def _line(text: str) -> int:
+    """The line of tests/custom_policies.py that holds `text`."""
+    lines = (Path(__file__).parent / "custom_policies.py").read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
 # ---- depth against the engine's cap ------------------------------------------------------------------------
 def test_depth_at_the_cap_runs_and_the_label_is_what_ran(tmp_path):
     s = _run(tmp_path, "policy=fixed", "policy.depth=2", "engine.max_depth=2", "workload.output_len=16")

@@ -17,7 +17,7 @@ goodput_true / goodput. Where the draw has `oracle_causal` runs (oracle_expected
 confidences of tokens not drafted yet), estimation splits further into information = oracle_causal /
 oracle_expected (what no causal policy can know) and estimation given it = goodput_true / oracle_causal.
 Writes results.md and figures to --out (default: the draw dir), and the README's results section when --readme
-is given. `--show 74,127`: prints those cells' ratios for every policy (and TPOT on poisson cells), writes nothing.
+is given; results.md lists the runs whose summary.json records a RuntimeWarning, if any (app.runtime_warnings). `--show 74,127`: prints those cells' ratios for every policy (and TPOT on poisson cells), writes nothing.
 `--stalls 217`: a cell's TPOT p50 per policy with and without the prefills that stalled its requests' decode;
 `--stalls all`: over every poisson cell, each policy's TPOT p50 against the best of none / fixed 1-8, both ways.
 """
@@ -298,7 +298,24 @@ def report(draw: Path, label: str) -> str:
     for p in ("goodput", "batch_scaled", "confidence", "oracle_expected"):
         b = below_none(rows, p)
         lines += ["", f"Cells where `{p}` is more than 1 % below `none`: {len(b)}"] + b
+    warned = runtime_warned(cells, runs)
+    if warned:
+        lines += ["", f"Runs whose summary.json records a RuntimeWarning (numerical trouble): {len(warned)}"] + warned
     return "\n".join(lines) + "\n"
+
+
+def runtime_warned(cells, runs) -> list[str]:
+    """One line per run whose summary.json `warnings` holds a RuntimeWarning that app.runtime_warnings recorded
+    (runs made before 2026-12-04 recorded none: their draws show no such section, which does not say they had
+    none)."""
+    by_id = {c["id"]: c for c in cells}
+    out = []
+    for (cid, pol), s in sorted(runs.items()):
+        found = [w for w in s.get("warnings") or [] if "Warning at " in w]
+        if found:
+            where = _where(dict(cell=by_id[cid]))
+            out.append(f"  - {where} {pol}: " + "; ".join(found))
+    return out
 
 
 def main(argv=None):

@@ -16,6 +16,8 @@ import _thread
 import shutil
 import sys
 import threading
+import warnings
+from collections import Counter
 from pathlib import Path
 
 import hydra
@@ -132,7 +134,7 @@ def build(cfg: DictConfig) -> dict:
     workload = make(cfg, "workload")
     policy = make(cfg, "policy")
     checks.check_policy(policy, engine_cfg)
-    warnings = [w for w in [checks.batch_limits(workload, engine_cfg)] if w]
+    notes = [w for w in [checks.batch_limits(workload, engine_cfg)] if w]
     executor = make(cfg, "backend", cost=cost, acceptance_model=acceptance, model=model, seed=seed,
                     decode=cfg.get("decode"), engine=engine_cfg)
     parallel.check_backend(executor, cost)
@@ -143,7 +145,7 @@ def build(cfg: DictConfig) -> dict:
     engine = Engine(policy, executor, cost, engine_cfg, requests, capacity=capacity)
     return dict(seed=seed, engine=engine, model=model, hardware=hardware, cost=cost, acceptance=acceptance,
                 workload=workload, policy=policy, executor=executor, machine=machine, budget_source=budget_source,
-                warnings=warnings, parallel=parallel, capacity=capacity)
+                warnings=notes, parallel=parallel, capacity=capacity)
 
 
 def _choice(group: str, default):
@@ -227,7 +229,9 @@ def _execute(cfg: DictConfig, run_dir: str | Path, text: str) -> dict:
     if logger is not None:
         logger.start(OmegaConf.to_container(cfg, resolve=True), str(run_dir), meta)
     try:
-        res = parts["engine"].run()
+        with runtime_warnings() as seen:
+            res = parts["engine"].run()
+        meta["warnings"] = meta["warnings"] + seen
         summary = summarize(res, **meta)
         summary["peak_kv_gb"] = parts["capacity"].peak_kv_gb   # per GPU, target + draft KV (issue 16)
         tables = {"steps.csv": (STEP_COLUMNS, res.steps), "requests.csv": (REQUEST_COLUMNS, res.requests)}
@@ -249,6 +253,46 @@ def _execute(cfg: DictConfig, run_dir: str | Path, text: str) -> dict:
             except Exception as e:
                 log.warning("logger.finish failed: %s", e)
     return summary
+
+
+@contextlib.contextmanager
+def runtime_warnings():
+    """Yields a list that, once the block is done, holds each distinct RuntimeWarning raised inside it (numpy's
+    overflow, invalid value, division by zero: numerical trouble in a policy or an executor) as one line with its
+    count and where it came from; each is also logged. summary.json's `warnings` keeps them, so that they are seen
+    in the results of every run they happened in, not once per worker process on a terminal (Python shows a
+    warning once per place and process). A filter that makes RuntimeWarning an error (`-W error::RuntimeWarning`,
+    PYTHONWARNINGS) or ignores it is left as it is; other warnings are shown as usual."""
+    counts: Counter = Counter()
+    lines: list[str] = []
+    with warnings.catch_warnings():   # restores the filters and showwarning on the way out
+        if _runtime_action() not in ("error", "ignore"):
+            warnings.simplefilter("always", RuntimeWarning)
+        show = warnings.showwarning
+
+        def record(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, RuntimeWarning):
+                counts[f"{category.__name__} at {Path(filename).name}:{lineno}: {message}"] += 1
+            else:
+                show(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = record
+        try:
+            yield lines
+        finally:
+            for text, n in counts.items():
+                lines.append(f"{text} ({n} time{'s' if n > 1 else ''})")
+                log.warning("%s", lines[-1])
+
+
+def _runtime_action() -> str:
+    """What the warning filters do with a RuntimeWarning raised anywhere (the first filter that matches any
+    message and module)."""
+    for action, message, category, module, lineno in warnings.filters:
+        if issubclass(RuntimeWarning, category) and lineno == 0 and (message is None or message.match("")) \
+                and (module is None or module.match("")):
+            return action
+    return warnings.defaultaction
 
 
 def format_summary(s: dict) -> str:
