@@ -101,3 +101,19 @@ def test_cheap_readme_commands_run_as_written(tmp_path):
         sys.path.remove(str(tmp_path))
     from specdepth.report import main as report_main
     assert report_main([str(tmp_path / "outputs/multirun/default"), "--no-plots"]) == 0
+
+
+def test_every_policy_preset_key_is_documented_in_its_row_of_docs_policies():
+    """docs/policies.md has a row per conf/policy preset, and that row names every key the preset sets (a new
+    option lands in the docs with its config)."""
+    import yaml
+    rows = {m.group(1): line for line in (ROOT / "docs" / "policies.md").read_text().splitlines()
+            if (m := re.match(r"\| `([a-z_0-9]+)` \|", line))}
+    missing = {}
+    for f in sorted((ROOT / "conf" / "policy").glob("*.yaml")):
+        keys = [k for k in (yaml.safe_load(f.read_text()) or {}) if not k.startswith("_")]
+        row = rows.get(f.stem)
+        gone = keys if row is None else [k for k in keys if f"`{k}`" not in row and f"`{k}:" not in row]
+        if gone:
+            missing[f.stem] = gone
+    assert len(rows) >= 13 and not missing, missing
