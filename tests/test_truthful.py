@@ -187,6 +187,59 @@ def test_result_files_follow_the_umask(tmp_path, umask, mode):
     assert (tmp_path / "f.txt").stat().st_mode & 0o777 == mode
 
 
+def test_atomic_open_and_atomic_savefig_leave_the_old_file_whole_when_the_write_fails(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from specdepth.results import atomic_open, atomic_savefig
+    table = tmp_path / "t.csv"
+    with atomic_open(table) as f:
+        f.write("a,b\r\n1,2\n")
+    assert table.read_bytes() == b"a,b\r\n1,2\n"   # as written: no newline translation (csv's own terminators)
+    with pytest.raises(RuntimeError, match="stop"):
+        with atomic_open(table) as f:
+            f.write("half a ta")
+            raise RuntimeError("stop")
+    assert table.read_bytes() == b"a,b\r\n1,2\n"
+    fig, ax = plt.subplots(figsize=(2, 2))
+    ax.plot([0, 1])
+    png = tmp_path / "f.png"
+    atomic_savefig(fig, png, dpi=20)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError):   # a format matplotlib does not know: nothing is written
+        atomic_savefig(fig, tmp_path / "f.nosuchformat", dpi=20)
+    plt.close(fig)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["f.png", "t.csv"]   # and no temporary file is left
+
+
+# files experiment scripts may write directly: (script, the line's text)
+_DIRECT_WRITES = {
+    # runs on a GPU machine where specdepth may not be installed (its docstring): plain open()
+    ("roofline/cuda_roofline.py", 'with open(out / "cuda_roofline.csv", "w", newline="") as f:'),
+    ("roofline/cuda_roofline.py", "fig.savefig(path, dpi=100)"),
+    # the training log, streamed line by line while training runs: not a result file
+    ("tiny_pair/train.py", 'self.f = open(path, "w", buffering=1)'),
+    # the pair's prompt set, written with the model directory that save_pretrained writes file by file
+    ("tiny_pair/train.py",
+     'Dataset.from_list(prompts).to_json(str(out / "prompts.jsonl"), lines=True, orient="records")'),
+}
+
+
+def test_experiment_scripts_write_their_files_atomically():
+    """Every table, figure and JSON an experiment script writes goes through specdepth.results (atomic_write,
+    atomic_open, atomic_savefig), so an analysis stopped halfway leaves the old file or the whole new one (the
+    guide: results are written atomically), except the few writes listed in _DIRECT_WRITES, with their reasons."""
+    import re
+    direct = re.compile(r"\.write_(text|bytes)\(|(?<!atomic_)savefig\(|\bopen\([^)]*[\"']w|\.to_(csv|json)\(")
+    found = set()
+    for path in sorted((ROOT / "experiments").rglob("*.py")):
+        for line in path.read_text().splitlines():
+            if direct.search(line) and not line.lstrip().startswith("#"):
+                found.add((path.relative_to(ROOT / "experiments").as_posix(), line.strip()))
+    assert found == _DIRECT_WRITES, sorted(found ^ _DIRECT_WRITES)
+
+
 # ---- sweeps finish; failures are recorded and counted --------------------------------------------------------
 def test_a_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     from specdepth.report import main as report_main, render

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from specdepth.report import collect
+from specdepth.results import atomic_open, atomic_savefig
 
 
 def decode_steps(run_dir: str) -> dict:
@@ -75,7 +76,7 @@ def analyze(sweep_dir, out_dir) -> tuple[list[dict], list[dict]]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, data in (("breadth_vs_depth.csv", table), ("cost_model.csv", cm)):
-        with open(out_dir / name, "w", newline="") as f:
+        with atomic_open(out_dir / name) as f:
             w = csv.DictWriter(f, fieldnames=list(data[0]), lineterminator="\n")
             w.writeheader()
             for row in data:
@@ -112,7 +113,7 @@ def plot(table, path: Path) -> None:
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    atomic_savefig(fig, path, dpi=90)
     plt.close(fig)
 
 

@@ -37,6 +37,7 @@ def main(argv=None):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specdepth.hf import Runner
+    from specdepth.results import atomic_open
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -66,7 +67,7 @@ def main(argv=None):
                          torch=torch.__version__))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "cpu_forward.csv", "w", newline="") as f:
+    with atomic_open(out / "cpu_forward.csv") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
         w.writeheader()
         for r in rows:

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from specdepth.report import collect
+from specdepth.results import atomic_open, atomic_savefig
 
 FIXED = ("fixed1", "fixed2", "fixed4", "fixed8")
 
@@ -77,7 +78,7 @@ def crossovers(rows: list[dict]) -> list[dict]:
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
-    with open(path, "w", newline="") as f:
+    with atomic_open(path) as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
         w.writeheader()
         for r in rows:
@@ -111,7 +112,7 @@ def plot_fixed(rows, path: Path) -> None:
     axes[0, 0].legend(fontsize=7)
     fig.suptitle("Fixed depth vs no speculation (llama3_8b + 1B draft, roofline, i.i.d. acceptance)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    atomic_savefig(fig, path, dpi=80)
     plt.close(fig)
 
 
@@ -146,7 +147,7 @@ def plot_adaptive(rows, path: Path, hw: str = "h100_sxm") -> None:
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=7)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
-    fig.savefig(path, dpi=80)
+    atomic_savefig(fig, path, dpi=80)
     plt.close(fig)
 
 

@@ -30,6 +30,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
 from specdepth.report import collect, replace_results  # noqa: E402
+from specdepth.results import atomic_open, atomic_savefig, atomic_write  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 POL_ORDER = ("none", "fixed1", "fixed2", "fixed3", "fixed4", "fixed6", "fixed8", "batch_scaled", "confidence",
@@ -239,7 +240,7 @@ def figures(results: dict, out: Path) -> list[str]:
         ax.set_title(f"{label}\nMAE {100 * m:.1f}%, max {100 * mx:.1f}%", fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "sim_vs_real.png", dpi=130)
+    atomic_savefig(fig, out / "sim_vs_real.png", dpi=130)
     plt.close(fig)
     made.append("sim_vs_real.png")
     # 2. error by batch and policy (last variant = the calibrated one when there are several)
@@ -262,7 +263,7 @@ def figures(results: dict, out: Path) -> list[str]:
     ax.set_title(f"{label}: error per cell (mean over repetitions)", fontsize=9)
     ax.legend(fontsize=6, ncol=3)
     fig.tight_layout()
-    fig.savefig(out / "error_by_batch.png", dpi=130)
+    atomic_savefig(fig, out / "error_by_batch.png", dpi=130)
     plt.close(fig)
     made.append("error_by_batch.png")
     # 3. time split, real vs each sim variant, per batch
@@ -289,7 +290,7 @@ def figures(results: dict, out: Path) -> list[str]:
     ax.set_title("where the time goes: real backend vs simulator", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "time_split.png", dpi=130)
+    atomic_savefig(fig, out / "time_split.png", dpi=130)
     plt.close(fig)
     made.append("time_split.png")
     return made
@@ -297,7 +298,7 @@ def figures(results: dict, out: Path) -> list[str]:
 
 def write_csv(results: dict, out: Path):
     keys = None
-    with open(out / "cells.csv", "w", newline="") as f:
+    with atomic_open(out / "cells.csv") as f:
         for label, rows in results.items():
             for r in rows:
                 r = dict(sim=label, **r)
@@ -351,7 +352,7 @@ def report(real_dir: Path, sim_dirs: list[Path], out: Path) -> str:
         md += ["", f"Time split ({label}), seconds summed over policies and repetitions:", "", parts_table(rows)]
     md += ["", "Figures: " + ", ".join(f"[{f}]({f})" for f in figs)]
     text = "\n".join(md) + "\n"
-    (out / "results.md").write_text(text)
+    atomic_write(out / "results.md", text)
     return text
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from specdepth.cost import forward_flops
 from specdepth.models import ModelArch
 from specdepth.report import collect
+from specdepth.results import atomic_open, atomic_savefig
 
 
 def decode_only(run_dir: str) -> tuple[float, float, int, float]:
@@ -90,7 +91,7 @@ def analyze(sweep_dir, out_dir) -> list[dict]:
             speedup_h100=r["throughput_tok_s"] / base["row"]["throughput_tok_s"]))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "flops.csv", "w", newline="") as f:
+    with atomic_open(out_dir / "flops.csv") as f:
         w = csv.DictWriter(f, fieldnames=list(out[0]), lineterminator="\n")
         w.writeheader()
         for row in out:
@@ -124,7 +125,7 @@ def plot(out: list[dict], path: Path) -> None:
     fig.text(0.5, 0.005, "markers: simulator (llama3_8b + llama3.2-1b, batch 1, 2048 tokens); "
              "lines: analytic expectation", ha="center", fontsize=8)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(path, dpi=90)
+    atomic_savefig(fig, path, dpi=90)
     plt.close(fig)
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import json
 import math
 import os
@@ -233,6 +232,8 @@ def plot_roofline(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from specdepth.results import atomic_savefig
     ctxs = sorted({r["context"] for r in rows})
     mid = ctxs[len(ctxs) // 2] if ctxs else 0
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -250,7 +251,7 @@ def plot_roofline(rows: list[dict], path: Path, title: str) -> None:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    atomic_savefig(fig, path, dpi=100)
     plt.close(fig)
 
 
@@ -400,6 +401,8 @@ def plot_crossover(ctx: Ctx, rows: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from specdepth.results import atomic_savefig
     alphas = ctx.plan["alphas"]
     fig, axes = plt.subplots(1, len(alphas), figsize=(6 * len(alphas), 4.2), squeeze=False)
     for ax, a in zip(axes[0], alphas):
@@ -417,7 +420,7 @@ def plot_crossover(ctx: Ctx, rows: list[dict], path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    atomic_savefig(fig, path, dpi=100)
     plt.close(fig)
 
 

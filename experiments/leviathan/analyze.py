@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import sys
 from pathlib import Path
 
 from specdepth.report import collect
+from specdepth.results import atomic_open, atomic_savefig
 
 # optimal depths quoted by the reference notes (shared/reference/anchors.md) for Leviathan et al.'s setting
 ANCHORS = {(0.8, 0.02): 11, (0.8, 0.05): 8, (0.8, 0.1): 6, (0.8, 0.2): 4, (0.7, 0.05): 6, (0.9, 0.05): 13}
@@ -66,7 +66,7 @@ def analyze(sweep_dir, out_dir) -> tuple[list[dict], list[dict]]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, data in (("leviathan.csv", table), ("optimal_depth.csv", opt)):
-        with open(out_dir / name, "w", newline="") as f:
+        with atomic_open(out_dir / name) as f:
             w = csv.DictWriter(f, fieldnames=list(data[0]), lineterminator="\n")
             w.writeheader()
             for row in data:
@@ -129,7 +129,7 @@ def plot(table, opt, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    atomic_savefig(fig, path, dpi=90)
     plt.close(fig)
 
 
@@ -180,7 +180,7 @@ def main(argv=None):
         spread = seed_spread(a.seeds, table)
         if spread:
             seeds = [k for k in spread[0] if k.startswith("seed")]
-            with open(Path(a.out) / "seeds.csv", "w", newline="") as f:
+            with atomic_open(Path(a.out) / "seeds.csv") as f:
                 w = csv.DictWriter(f, fieldnames=list(spread[0]), lineterminator="\n")
                 w.writeheader()
                 for row in spread:

@@ -16,6 +16,8 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from specdepth.results import atomic_savefig, atomic_write
+
 HERE = Path(__file__).resolve().parent
 FIXED = ("fixed1", "fixed2", "fixed3", "fixed4", "fixed6", "fixed8")
 DEPTH = {"none": 0, **{f: int(f[5:]) for f in FIXED}}
@@ -158,7 +160,7 @@ def figures(rows, out_dir: Path) -> list[str]:
         fig.suptitle(f"{m} (TP {rs[0]['tp']}) on {hw}: fixed depths vs batch, per context")
         fig.tight_layout()
         name = f"speedup_{m}_{hw}.png"
-        fig.savefig(out_dir / name, dpi=110)
+        atomic_savefig(fig, out_dir / name, dpi=110)
         plt.close(fig)
         made.append(name)
     made.append(_best_depth_figure(plt, dense, out_dir))
@@ -187,7 +189,7 @@ def _best_depth_figure(plt, dense, out_dir) -> str:
         ax.set_xlabel("batch (blank: past the memory limit)")
         ax.set_title(f"{key[0]} on {key[1]}", fontsize=9)
     fig.colorbar(im, ax=axes, label="best fixed depth")
-    fig.savefig(out_dir / "best_depth.png", dpi=110)
+    atomic_savefig(fig, out_dir / "best_depth.png", dpi=110)
     plt.close(fig)
     return "best_depth.png"
 
@@ -211,7 +213,7 @@ def _tuned_figure(plt, rows, out_dir) -> str:
     axes[0].set_ylabel("decode throughput / best fixed depth")
     axes[-1].legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(out_dir / "tuned.png", dpi=110)
+    atomic_savefig(fig, out_dir / "tuned.png", dpi=110)
     plt.close(fig)
     return "tuned.png"
 
@@ -234,7 +236,7 @@ def _moe_figure(plt, rows, out_dir) -> str:
     axes[-1].legend(fontsize=6)
     fig.suptitle("qwen3_30b_a3b (MoE, TP 1) + qwen3-0.6b draft")
     fig.tight_layout()
-    fig.savefig(out_dir / "moe.png", dpi=110)
+    atomic_savefig(fig, out_dir / "moe.png", dpi=110)
     plt.close(fig)
     return "moe.png"
 
@@ -250,7 +252,7 @@ def main(argv=None):
              "\n## Best fixed depth per context and batch\n", *best_depth_table(rows),
              "\n## Policies tuned at 1k, relative to the best fixed depth of each cell\n", *tuned_table(rows),
              "\n## MoE: speed-up over none vs batch\n", *moe_table(rows)]
-    (path.parent / "results.md").write_text("\n".join(parts) + "\n")
+    atomic_write(path.parent / "results.md", "\n".join(parts) + "\n")
     print("\n".join(parts))
     print("figures:", ", ".join(figures(rows, path.parent)))
 

@@ -30,6 +30,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from specdepth.report import collect, replace_results  # noqa: E402
+from specdepth.results import atomic_savefig, atomic_write  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -214,7 +215,7 @@ def figures(cells: dict, out: Path) -> list[str]:
             axes[0][-1].legend(fontsize=6.5, loc="best")
             fig.tight_layout()
             path = out / f"{fname}_{hw}.png"
-            fig.savefig(path, dpi=110)
+            atomic_savefig(fig, path, dpi=110)
             plt.close(fig)
             made.append(path.name)
     return made
@@ -282,7 +283,7 @@ def main(argv=None):
                         "### Seed replicates: goodput / max(none, best fixed), end to end", "", seeds, "",
                         replicate_table(dirs, "e2e"), ""]
     text = "\n".join(parts) + "\n"
-    (out / "results.md").write_text(text)
+    atomic_write(out / "results.md", text)
     replace_results(a.readme, text)
     print(verdict(dec, "decode"))
     print(verdict(e2e, "e2e"))

@@ -24,7 +24,6 @@ from pathlib import Path
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import OmegaConf
 
 from specdepth.app import CONF_DIR, run
 from specdepth.errors import SpecdepthError

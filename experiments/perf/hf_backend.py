@@ -144,6 +144,8 @@ def main():
     a = ap.parse_args()
     import torch
     from transformers import AutoModelForCausalLM
+
+    from specdepth.results import atomic_write
     torch.set_num_threads(a.threads)
     root = Path(tempfile.mkdtemp(prefix="hfbench_"))
     nt, nd = build_pair(root)
@@ -199,7 +201,7 @@ def main():
                             prompt_len=a.prompt_len, output_len=a.output_len, repeats=a.repeats,
                             torch=torch.__version__)
     if a.json:
-        Path(a.json).write_text(json.dumps(figures, indent=2) + "\n")
+        atomic_write(Path(a.json), json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from specdepth.app import CONF_DIR, build
+from specdepth.results import atomic_open
 
 STEADY = ["workload=poisson", "workload.rate=1e9", "workload.num_requests=1024", "engine.max_batch_size=64",
           "workload.max_concurrency=64", "workload.prompt_len=256"]
@@ -60,7 +61,7 @@ def main():
         rows.append(dict(case=name, tokens=tokens, steps=steps, tokens_per_cpu_s=rate))
         print(f"| {name} | {tokens} | {steps} | {rate:,.0f} |", flush=True)
     if a.json:
-        with open(a.json, "w") as f:
+        with atomic_open(a.json) as f:
             json.dump(rows, f, indent=2)
 
 

@@ -28,6 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from specdepth.report import collect, replace_results  # noqa: E402
+from specdepth.results import atomic_savefig, atomic_write  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 FIXED = ("fixed1", "fixed2", "fixed3", "fixed4", "fixed6", "fixed8")
@@ -264,7 +265,7 @@ def figure(cells: dict, metric: str, out: Path) -> str:
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     name = f"real_pareto_{metric}.png"
-    fig.savefig(out / name, dpi=130)
+    atomic_savefig(fig, out / name, dpi=130)
     plt.close(fig)
     return name
 
@@ -297,7 +298,7 @@ def report(sweep: Path, out: Path) -> str:
         md += ["", w]
     md += ["", "Figures: " + ", ".join(f"[{f}]({f})" for f in figs)]
     text = "\n".join(md) + "\n"
-    (out / "results.md").write_text(text)
+    atomic_write(out / "results.md", text)
     return text
 
 

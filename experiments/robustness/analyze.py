@@ -37,7 +37,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from specdepth.report import replace_results  # noqa: E402
-from specdepth.results import atomic_write  # noqa: E402
+from specdepth.results import atomic_savefig, atomic_write  # noqa: E402
 
 BASELINES = ("none",) + tuple(f"fixed{k}" for k in range(1, 9))
 ADAPTIVE = ("goodput", "batch_scaled", "confidence", "ema", "heuristic", "bandit", "disable_by_batch",
@@ -280,7 +280,7 @@ def figure(rows, out: Path) -> Path:
     ax.set_title("robustness draw: every cell")
     fig.tight_layout()
     path = out / "ratio_by_batch.png"
-    fig.savefig(path, dpi=110)
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
     return path
 

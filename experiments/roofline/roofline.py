@@ -23,6 +23,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from specdepth.app import CONF_DIR, make
+from specdepth.results import atomic_open, atomic_savefig
 
 HARDWARE = ("h100_sxm", "h200", "a100_80g")
 TOKENS = sorted({int(round(2 ** (i / 4))) for i in range(0, 4 * 13 + 1)})   # 1 .. 8192, 4 points per octave
@@ -109,7 +110,7 @@ def plot(rows: list[dict], path: Path, profiles=()) -> None:
         ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    atomic_savefig(fig, path, dpi=90)
     plt.close(fig)
 
 
@@ -136,7 +137,7 @@ def main(argv=None):
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = curves()
-    with open(out / "roofline.csv", "w", newline="") as f:
+    with atomic_open(out / "roofline.csv") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
         w.writeheader()
         for r in rows:

@@ -44,6 +44,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
+from specdepth.results import atomic_write  # noqa: E402
+
 DEPTH = 8
 
 
@@ -267,7 +269,7 @@ def main(argv=None):
         "torch": torch.__version__, "threads": torch.get_num_threads(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    atomic_write(args.out, json.dumps(results, indent=2) + "\n")
 
     print()
     print(f"params: target {n_t:,}, draft {n_d:,} ({n_d / n_t:.2%})")

@@ -33,6 +33,8 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
+from specdepth.results import atomic_write  # noqa: E402
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -341,7 +343,7 @@ def worker(rank, args, argv):
         "torch": torch.__version__, "processes": ws, "threads_per_process": torch.get_num_threads(),
         "n_prompts": len(prompts),
     }
-    (out / "train_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    atomic_write(out / "train_info.json", json.dumps(info, indent=2) + "\n")
     log(f"# saved to {out}; {len(prompts)} prompts; total wall time {total_s:.0f}s ({total_s / 60:.1f} min)")
     if ws > 1:
         dist.destroy_process_group()

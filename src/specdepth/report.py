@@ -23,7 +23,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 
 from ._resolvers import config_hash, run_identity
-from .results import _cell, timing_mode
+from .results import _cell, atomic_savefig, atomic_write, timing_mode
 
 KEYS = ("policy", "batch_size", "throughput_tok_s", "tokens_per_step", "acceptance_rate", "tpot_p50_s",
         "flops_per_token")
@@ -255,7 +255,6 @@ def _csv_value(v):
 
 def write_csv(rows: list[dict], path) -> Path:
     """One row per run: summary fields, then `cfg.<key>` for each key the sweep varied, then run_dir."""
-    from .results import atomic_write
 
     skip = {"run_dir", "config", "_baseline_key", "series", "facet"}
     cols = list(dict.fromkeys(k for r in rows for k in r if k not in skip))
@@ -332,10 +331,10 @@ def plot(rows: list[dict], out_dir) -> list[Path]:
             fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8, frameon=False)
         fig.tight_layout(rect=(0, 0.07 if handles else 0, 1, 0.96 if faceted else 1))
         path = out_dir / fname
-        tmp = out_dir / f".{fname}.tmp.png"
-        fig.savefig(tmp, dpi=110)
-        plt.close(fig)
-        tmp.replace(path)
+        try:
+            atomic_savefig(fig, path, dpi=110)
+        finally:
+            plt.close(fig)
         written.append(path)
     return written
 
@@ -430,7 +429,6 @@ RESULTS_BEGIN, RESULTS_END = "<!-- results:begin -->", "<!-- results:end -->"
 def replace_results(readme, text: str) -> bool:
     """Put `text` between the README's results markers (atomically); False when the file or a marker is
     missing. The studies' analyze.py scripts keep their README tables current with this."""
-    from .results import atomic_write
     p = Path(readme)
     if not p.is_file():
         return False

@@ -1,6 +1,7 @@
 """Atomic result files. summary.json is written last: its presence marks a complete run."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -20,15 +21,16 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` so that readers see the old file or the whole new one, never a part. The file
-    gets the mode a plain open() would give it (0666 minus the user's umask), not mkstemp's 0600."""
+def atomic_write(path: Path, text: str | bytes) -> None:
+    """Write `text` (str, or bytes as they are) to `path` so that readers see the old file or the whole new one,
+    never a part. The file gets the mode a plain open() would give it (0666 minus the user's umask), not
+    mkstemp's 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", newline="") as f:
+        with (os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", newline="")) as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -39,6 +41,28 @@ def atomic_write(path: Path, text: str) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def atomic_savefig(fig, path: Path, **kwargs) -> None:
+    """fig.savefig(path, **kwargs), atomically: the figure is rendered in memory, in the format path's suffix
+    names (png by default), and written with atomic_write, so a crash leaves the old figure or none."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", **kwargs)
+    atomic_write(path, buf.getvalue())
+
+
+
+@contextlib.contextmanager
+def atomic_open(path: Path):
+    """A text file to write into, as open(path, "w", newline="") gives one, that appears at `path` whole
+    (atomic_write) when the block ends; where the block raises, nothing is written and the old file stays:
+
+        with atomic_open(out / "table.csv") as f:
+            csv.writer(f).writerows(rows)
+    """
+    buf = io.StringIO(newline="")
+    yield buf
+    atomic_write(path, buf.getvalue())
 
 
 def plain(v):
