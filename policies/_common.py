@@ -1401,7 +1401,7 @@ class CostAwarePolicy(Policy):
     them and resets)."""
 
     def __init__(self, max_depth: int, use_budget: bool, drain: bool, probe: float = 2.0, positions: bool = True,
-                 idle_replan: int = 8, policy_time: bool = True, catch_up: bool = True, predictive: bool = False,
+                 idle_replan: int = 64, policy_time: bool = True, catch_up: bool = True, predictive: bool = False,
                  position_prior: float = 20.0, position_optimism: float = 2.0, drain_makespan: bool = False):
         self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
         self.drain_makespan = as_bool(drain_makespan, "policy.drain_makespan")

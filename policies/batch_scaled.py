@@ -48,7 +48,7 @@ class BatchScaled(CostAwarePolicy):
     depth_param = "max_depth"
 
     def __init__(self, max_depth: int = 8, min_depth: int = 0, use_budget: bool = False, drain: bool = True,
-                 probe: float = 2.0, positions: bool = True, idle_replan: int = 8, policy_time: bool = True,
+                 probe: float = 2.0, positions: bool = True, idle_replan: int = 64, policy_time: bool = True,
                  catch_up: bool = True, predictive: bool = False, position_prior: float = 20.0,
                  position_optimism: float = 2.0, drain_makespan: bool = True):
         super().__init__(max_depth, use_budget, drain, probe, positions, idle_replan, policy_time, catch_up,

@@ -50,7 +50,7 @@ class ConfidenceThreshold(CostAwarePolicy):
     depth_param = "max_depth"
 
     def __init__(self, threshold: float = 0.3, max_depth: int = 8, use_budget: bool = False, cost_aware: bool = True,
-                 drain: bool = True, probe: float = 2.0, positions: bool = True, idle_replan: int = 8,
+                 drain: bool = True, probe: float = 2.0, positions: bool = True, idle_replan: int = 64,
                  policy_time: bool = True, catch_up: bool = True, predictive: bool = False, calibrate: bool = True,
                  extend: int = 8, position_prior: float = 20.0, position_optimism: float = 2.0,
                  drain_makespan: bool = True):

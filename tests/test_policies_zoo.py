@@ -315,6 +315,28 @@ def test_policies_skip_replanning_while_no_draft_pays(policy):
         assert len(calls) == plans, (policy.__name__, most)
 
 
+@pytest.mark.parametrize("calibrate_idle", [True, False])
+def test_goodput_calibrate_idle_decides_whether_kept_idle_steps_feed_the_cost_calibration(calibrate_idle,
+                                                                                         monkeypatch):
+    """goodput's cost calibration sees every verified step with calibrate_idle=true; with false (the default) it
+    skips the steps whose idle plan `idle_replan` kept, and only those. Here (acceptance 0.05: no draft ever pays)
+    both run the same steps and draft nothing."""
+    from specdepth.policies import _common
+    fed, kept = [], []
+    real_observe, real_skip = _common.CostCalibration.observe, _common.IdleReplan.skip
+    monkeypatch.setattr(_common.CostCalibration, "observe",
+                        lambda self, *a, **k: fed.append(1) or real_observe(self, *a, **k))
+    monkeypatch.setattr(_common.IdleReplan, "skip", lambda self, view: kept.append(bool(real_skip(self, view)))
+                        or kept[-1])
+    eng = build(compose("policy=goodput", f"policy.calibrate_idle={str(calibrate_idle).lower()}", "policy.probe=0",
+                        "acceptance=iid", "acceptance.alpha=0.05", "workload=closed", "workload.batch_size=4",
+                        "workload.output_len=120", "engine.progress=false"))["engine"]
+    res = eng.run()
+    steps = len(res.steps)
+    assert steps == 119 and sum(kept) > steps // 2   # the plan kept on most steps (windows of 1, 2, 4, ..., 64)
+    assert len(fed) == (steps if calibrate_idle else steps - sum(kept))
+
+
 @pytest.mark.parametrize("requests_left", [0, 5])
 def test_goodput_probes_a_calibration_that_rests_on_few_tokens(requests_left):
     """A first step with 1 of 14 drafts accepted puts the draft's calibration at 0.31: at the estimate (0.4 x
