@@ -51,7 +51,6 @@ def atomic_savefig(fig, path: Path, **kwargs) -> None:
     atomic_write(path, buf.getvalue())
 
 
-
 @contextlib.contextmanager
 def atomic_open(path: Path):
     """A text file to write into, as open(path, "w", newline="") gives one, that appears at `path` whole
