@@ -126,7 +126,12 @@ def forward_flops(arch: ModelArch, ctx: np.ndarray, q: np.ndarray | None = None)
 
 
 class CostModel:
-    """Base class. Subclasses implement `_time(which, t, pairs, c, n)`; FLOPs are analytic for all."""
+    """Base class. Subclasses implement `_time(which, tokens, flops, ctx_tokens, seqs)`; FLOPs are analytic for
+    all. docs/plugins.md has the protocol."""
+
+    #: the tensor-parallel group (capacity.Parallel) a model splits each forward over; None: it models one
+    #: GPU, and the app refuses parallel.tensor > 1 with it
+    parallel = None
 
     def __init__(self, target: ModelArch, draft: ModelArch | None = None):
         self.target = target

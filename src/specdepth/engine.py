@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _kernels as _k
-from .acceptance import TraceRecorder
 from .clock import Clock
 from .cost import CostModel
 from .errors import ConfigError, PolicyError, SpecdepthError, as_bool, as_float, as_int
 from .executor import Executor
 from .policy import Policy, StepView
 from .rows import RowTable
+from .trace import TraceRecorder
 from .workload import Request
 
 STEP_COLUMNS = ("step", "time_s", "batch_size", "max_depth", "drafted", "accepted", "emitted", "verify_tokens",
