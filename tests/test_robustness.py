@@ -13,7 +13,7 @@ from sdtest import ROOT, cfg
 
 from specdepth.app import build, config_yaml
 from specdepth.errors import ConfigError
-from specdepth.policies._common import CostCalibration
+from specdepth.policies.kit import CostCalibration
 from specdepth.policy import Policy
 
 sys.path.insert(0, str(ROOT / "experiments" / "robustness"))
@@ -47,7 +47,7 @@ def test_closed_batch_of_identical_rows_finishes_in_no_more_steps_than_the_best_
 def test_tie_bands_make_estimates_closer_than_the_tolerance_one_estimate():
     """Values within tol (relative) of their band's highest share the band's mean; values further apart keep
     their order; tol = 0 leaves them as they are."""
-    from specdepth.policies._common import tie_bands
+    from specdepth.policies.kit import tie_bands
     a = np.array([0.7749, 0.7743, 0.7749, 0.5, 0.497, 0.9])
     b = tie_bands(a, 0.01)
     assert b[0] == b[1] == b[2] == pytest.approx((0.7749 * 2 + 0.7743) / 3)
@@ -293,7 +293,7 @@ def test_cost_aware_depth_probes_a_level_its_prior_hides(pol):
 def test_shrunk_rates_keep_real_differences_and_drop_chance_ones():
     """Rows alike (binomial noise only) all get the batch level; rows that really differ keep most of their
     difference; a single row, or nothing verified yet, gets the level."""
-    from specdepth.policies._common import shrunk_rates
+    from specdepth.policies.kit import shrunk_rates
     rng = np.random.default_rng(0)
     n = np.full(200, 40.0)
     alike = rng.binomial(40, 0.7, 200).astype(float)
@@ -308,7 +308,7 @@ def test_shrunk_rates_keep_real_differences_and_drop_chance_ones():
 
 
 def test_uniform_depth_drain_follows_the_slowest_row_and_equals_the_plain_depth_for_equal_rows():
-    from specdepth.policies._common import Tables, uniform_depth
+    from specdepth.policies.kit import Tables, uniform_depth
     n, K = 4, 8
     costs = Tables(np.linspace(10e-3, 12e-3, n * K + 1), np.r_[0.0, np.full(n, 3e-3)])   # 3 ms a position
     even = np.full(n, 0.8)
@@ -325,14 +325,14 @@ def test_uniform_depth_drain_follows_the_slowest_row_and_equals_the_plain_depth_
 def test_uniform_depth_with_ends_prices_each_row_at_the_drafts_it_gets():
     """`ends`: row i drafts min(k, ends_i); its tokens and the step's verify (their sum), draft forwards and padded
     positions (the deepest row's) are priced so: brute force over k, and rows at their end never make k > 0."""
-    from specdepth.policies._common import Tables, _expected_tokens, uniform_depth
+    from specdepth.policies.kit import Tables, expected_tokens, uniform_depth
     n, K = 3, 6
     costs = Tables(np.linspace(10e-3, 13e-3, n * K + 1), np.r_[0.0, np.full(n, 1e-3)], np.full(K, 0.4e-3))
     a, ends = np.array([0.9, 0.8, 0.7]), np.array([6, 2, 0])
     g = []
     for k in range(K + 1):
         got = np.minimum(k, ends)
-        e = sum(float(_expected_tokens(a[i:i + 1], np.array([got[i]]))[0, 0]) for i in range(n))
+        e = sum(float(expected_tokens(a[i:i + 1], np.array([got[i]]))[0, 0]) for i in range(n))
         g.append(e / (costs.verify[got.sum()] + got.max() * costs.draft[n] + costs.pad[:got.max()].sum()))
     k, best = uniform_depth(a, costs, K, ends=ends)
     assert k == int(np.argmax(g)) and best == pytest.approx(max(g))
@@ -340,25 +340,25 @@ def test_uniform_depth_with_ends_prices_each_row_at_the_drafts_it_gets():
     assert uniform_depth(a, costs, K, ends=np.full(n, K))[0] == uniform_depth(a, costs, K)[0]
 
 
-def test_expected_tokens_posterior_predictive_is_the_beta_mean_of_a_power_and_tends_to_the_plain_rate():
-    """_expected_tokens(trials=t): the chance that drafts 0..p all survive is E[a^(p+1)] under Beta(a t, (1-a) t)
+def testexpected_tokens_posterior_predictive_is_the_beta_mean_of_a_power_and_tends_to_the_plain_rate():
+    """expected_tokens(trials=t): the chance that drafts 0..p all survive is E[a^(p+1)] under Beta(a t, (1-a) t)
     (exact, by the Beta function), not a^(p+1); deeper drafts are worth more on thin evidence, and the plain
     figure comes back as t grows. uniform_depth with trials plans at least as deep as without."""
     import math
-    from specdepth.policies._common import Tables, _expected_tokens, uniform_depth
+    from specdepth.policies.kit import Tables, expected_tokens, uniform_depth
     ks = np.arange(9)
     for a, t in ((0.7, 10.0), (0.4, 3.0), (0.95, 50.0)):
         al, be = a * t, (1 - a) * t
         moment = [math.exp(math.lgamma(al + j) + math.lgamma(al + be) - math.lgamma(al) - math.lgamma(al + be + j))
                   for j in range(1, 9)]
         want = 1.0 + np.r_[0.0, np.cumsum(moment)]
-        got = _expected_tokens(np.array([a]), ks, None, t)[:, 0]
+        got = expected_tokens(np.array([a]), ks, None, t)[:, 0]
         assert np.allclose(got, want, rtol=1e-12)
-        plain = _expected_tokens(np.array([a]), ks)[:, 0]
+        plain = expected_tokens(np.array([a]), ks)[:, 0]
         assert np.all(got[2:] > plain[2:]) and np.isclose(got[1], plain[1])
-        assert np.allclose(_expected_tokens(np.array([a]), ks, None, 1e12)[:, 0], plain, rtol=1e-9)
+        assert np.allclose(expected_tokens(np.array([a]), ks, None, 1e12)[:, 0], plain, rtol=1e-9)
     f = np.array([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3])   # position factors multiply the predictive chain
-    got = _expected_tokens(np.array([0.7]), ks, f, 10.0)[:, 0]
+    got = expected_tokens(np.array([0.7]), ks, f, 10.0)[:, 0]
     step = np.minimum((0.7 * 10 + np.arange(8)) / (10 + np.arange(8)) * f, 0.999)
     assert np.allclose(got, 1.0 + np.r_[0.0, np.cumsum(np.cumprod(step))])
     n, K = 4, 8
@@ -372,8 +372,8 @@ def test_small_batch_search_plans_exactly_as_the_array_search(monkeypatch):
     """plan_by_position searches batches of up to _SMALL rows in Python floats (_SmallColumns): the same sums in
     the same order, so the same depths and goodput as the numpy search, with and without per-position
     rankings (nested), padded verifies and ties."""
-    from specdepth.policies import _common
-    from specdepth.policies._common import Tables, plan_by_position
+    from specdepth.policies.kit import search
+    from specdepth.policies.kit import Tables, plan_by_position
     rng = np.random.default_rng(7)
     checked = 0
     for n in (2, 3, 5, 9, 16):
@@ -389,9 +389,9 @@ def test_small_batch_search_plans_exactly_as_the_array_search(monkeypatch):
             for nested in (False, True):
                 args = (S, Tables(v, d, pad), 0.0, tie, nested, float(n) if not nested else float(n) * 0.9)
                 small = plan_by_position(*args)
-                monkeypatch.setattr(_common, "_SMALL", 0)
+                monkeypatch.setattr(search, "_SMALL", 0)
                 array = plan_by_position(*args)
-                monkeypatch.setattr(_common, "_SMALL", 16)
+                monkeypatch.setattr(search, "_SMALL", 16)
                 assert small[0].tolist() == array[0].tolist() and small[1] == array[1]
                 checked += int(small[0].any())
     assert checked > 20   # the cases plan drafts, not only empty plans
@@ -402,7 +402,7 @@ def test_position_factor_is_optimistic_only_where_it_rests_on_little_evidence():
     toward 1, so it is drafted again and the judgement corrected; on ample evidence the factor is the
     plain ratio (within its standard error); a factor above 1 is never raised; position_optimism=0 is the
     plain shrunk ratio."""
-    from specdepth.policies._common import PositionFactors
+    from specdepth.policies.kit import PositionFactors
     for opt, few_lo, few_hi in ((0.0, 0.88, 0.90), (2.0, 0.98, 1.0)):
         pos = PositionFactors(prior=20.0, optimism=opt)
         pos.accepted, pos.expected = np.array([50.0, 60.0]), np.array([50.0, 70.0])   # position 1: 0.86
@@ -422,7 +422,7 @@ def test_paired_position_factor_is_free_of_the_winners_curse():
     its factor settles low (experiments/pareto's a100_80g, iid a = 0.5: 0.88-0.92). Paired, it is measured
     against the first position's outcomes on the same row-steps, which the selection inflates alike: ~1. A
     real fall with depth (decay) is kept either way."""
-    from specdepth.policies._common import PositionFactors
+    from specdepth.policies.kit import PositionFactors
     for decay, lo, hi in ((1.0, 0.97, 1.03), (0.7, 0.67, 0.73)):
         rng = np.random.default_rng(5)
         f = {}
@@ -543,7 +543,7 @@ def test_cost_calibration_learns_padded_verifies_and_not_a_ragged_engines_consta
     tables charge it per opened position (Tables.pad). A ragged engine with a constant per-step cost, its
     padding feature barely varying (the case that once fooled a ridge fit), gets no padding term unless the
     calibration is `cautious` (the next test)."""
-    from policies._common import StepCost
+    from specdepth.policies.kit import StepCost
     rng = np.random.default_rng(5)
     padded, ragged = CostCalibration(memory=300.0), CostCalibration(memory=300.0, cautious=False)
     for _ in range(400):
@@ -864,7 +864,7 @@ def test_view_measured_policy_s_is_the_policy_time_a_step_pays(backend):
 
 
 def test_policy_time_prices_the_plan_a_drafting_step_pays_on_opening_the_first_position():
-    from specdepth.policies._common import PolicyTime, Tables
+    from specdepth.policies.kit import PolicyTime, Tables
     pt = PolicyTime(memory=1.0)
     tab = Tables(np.array([10e-3, 10e-3, 11e-3, 12e-3, 13e-3]), np.array([0.0, 1e-3, 1.5e-3]))
     assert pt.apply(tab) is tab                               # nothing measured (the simulator): as it is
@@ -928,7 +928,7 @@ def test_the_true_cost_of_a_padded_engine_is_priced_by_the_deepest_row():
     price a plan by the positions it opens: verify[x] is the verify without drafts, pad[p] what opening position p
     adds. (Spread evenly over the rows, x < n drafts once cost nothing: the padded query was truncated to one
     token, and oracle_expected drafted every row but two at batch 349, 0.62 of `none`: c191 of draw 2040.)"""
-    from specdepth.policies._common import StepCost
+    from specdepth.policies.kit import StepCost
     seen = []
 
     class Peek(Policy):
@@ -1174,7 +1174,7 @@ def _lag_view(lag, ctx, cost):
 
 
 def test_catch_up_is_priced_once_against_the_gain_of_the_steps_it_enables():
-    from specdepth.policies._common import catch_up_pays, catch_up_rows, catch_up_s
+    from specdepth.policies.kit import catch_up_pays, catch_up_rows, catch_up_s
     cost = build(cfg("hardware=h100_sxm", "model=llama3_8b"))["engine"].cost
     rows = np.ones(64, bool)
     synced = _lag_view(np.full(64, 2), np.full(64, 1000), cost)
@@ -1226,7 +1226,7 @@ def test_adaptive_policies_do_not_resume_drafting_where_the_catch_up_costs_more_
 def test_catch_up_padding_is_learnt_from_what_a_catch_up_cost():
     """Rows with mixed lags: a padded engine feeds every row the largest lag. What the draft forwards cost beyond
     the calibrated price of the step's positions tells which (and rows that lag alike teach nothing)."""
-    from specdepth.policies._common import CatchUpPadding, catch_up_s
+    from specdepth.policies.kit import CatchUpPadding, catch_up_s
     cost = build(cfg("hardware=h100_sxm", "model=llama3_8b"))["engine"].cost
     rows = np.ones(64, bool)
     mixed = _lag_view(np.r_[np.full(60, 3), np.full(4, 300)], np.full(64, 1000), cost)
@@ -1326,24 +1326,73 @@ def test_paired_also_judges_a_variant_on_the_means_of_replicates(tmp_path, capsy
                      str(tmp_path / "v1")])
 
 
-def test_history_reads_every_held_out_draws_results_as_analyze_wrote_them(tmp_path, capsys):
-    """history.py: one row per results.md (heldout_seed*/ and the latest) from analyze.py's own table; a results.md
-    without one of its policies is left out with a line on stderr; none at all is a one-line exit."""
+def test_history_reads_every_held_out_draw_from_the_single_table_analyze_fills(tmp_path, capsys):
+    """history.py: one row per held-out draw of draws.csv, which analyze.py --table fills; a draw without one of its
+    policies is left out with a line on stderr, a development draw is not listed; none at all is a one-line exit."""
     import analyze
     import history
     base = {f"fixed{k}": 100.0 for k in range(1, 9)}
     pols = {"none": 90.0, "goodput": 98.0, "oracle_expected": 101.0, "batch_scaled": 95.0, "confidence": 99.5}
+    t = tmp_path / "draws.csv"
     _fake_draw(tmp_path / "d" / "seed2099", {0: {**base, **pols}, 1: {**base, **pols, "goodput": 102.0}})
-    (tmp_path / "heldout_seed2099").mkdir()
-    (tmp_path / "heldout_seed2099" / "results.md").write_text(analyze.report(tmp_path / "d" / "seed2099", "x"))
     _fake_draw(tmp_path / "d" / "seed2100", {0: {**base, "none": 100.0, "goodput": 99.0}})   # no bound's row
-    (tmp_path / "results.md").write_text(analyze.report(tmp_path / "d" / "seed2100", "x"))
-    history.main(["--dir", str(tmp_path)])
+    _fake_draw(tmp_path / "d" / "seed7", {0: {**base, **pols}})
+    for seed, role in ((2099, "held out"), (2100, "held out"), (7, "development")):
+        analyze.main([str(tmp_path / "d" / f"seed{seed}"), "--table", str(t), "--role", role])
+    capsys.readouterr()
+    history.main(["--table", str(t)])
     out, err = capsys.readouterr()
     assert "| 2099 | 0.980 | 1 | 1.000 | 0 | - | 1.010 | 0 | 1.010 | 0 | - | 0.950 / 2 / 0 | 0.995 / 0 / 0 |" in out
-    assert "2100 |" not in out and "no row for oracle_expected, batch_scaled, confidence, left out" in err
-    with pytest.raises(SystemExit, match="no analyze.py results.md"):
-        history.main(["--dir", str(tmp_path), "--since", "3000"])
+    assert "2100 |" not in out and "| 7 |" not in out
+    assert "draw 2100: no row for oracle_expected, batch_scaled, confidence, left out" in err
+    with pytest.raises(SystemExit, match="no held-out draw"):
+        history.main(["--table", str(t), "--since", "3000"])
+
+
+def test_a_draw_rendered_from_the_single_table_is_its_results_md_byte_for_byte(tmp_path, capsys):
+    """analyze.py --table puts every figure of a draw's results.md into draws.csv: draws.py renders the same text
+    from the table alone (the runs deleted), cell lists, warnings and all; rerunning analyze.py replaces the draw's
+    rows, and an unknown draw or section is a one-line exit."""
+    import json
+    import shutil
+    import analyze
+    import draws
+    base = {f"fixed{k}": 100.0 for k in range(1, 9)}
+    pols = {"none": 90.0, "goodput": 98.0, "oracle_expected": 101.0, "batch_scaled": 94.0, "confidence": 99.5,
+            "oracle": 103.0, "oracle_causal": 100.5, "goodput_true": 98.5}
+    _fake_draw(tmp_path / "seed2099", {0: {**base, **pols}, 1: {**base, **pols, "goodput": 102.0, "none": 101.0},
+                                       2: {**base, "none": 100.0}})
+    f = tmp_path / "seed2099" / "c1" / "goodput" / "summary.json"
+    f.write_text(json.dumps({**json.loads(f.read_text()), "warnings": ["RuntimeWarning at x.py:3: overflow"]}))
+    t = tmp_path / "draws.csv"
+    analyze.main([str(tmp_path / "seed2099"), "--table", str(t), "--label", "seed 2099 (held out)"])
+    analyze.main([str(tmp_path / "seed2099"), "--table", str(t), "--label", "seed 2099 (held out)"])   # replaces
+    written = (tmp_path / "seed2099" / "results.md").read_text()
+    assert "Cells where `batch_scaled` is below 0.95: 2" in written and "RuntimeWarning" in written
+    assert "| information: oracle_causal / oracle_expected |" in written
+    shutil.rmtree(tmp_path / "seed2099")
+    capsys.readouterr()
+    draws.main(["show", "2099", "--table", str(t)])
+    assert capsys.readouterr().out == written
+    assert sum(r["section"] == "draw" for r in draws.read(t)) == 1
+    with pytest.raises(SystemExit, match="no draw 5; it holds 2099"):
+        draws.main(["show", "5", "--table", str(t)])
+    with pytest.raises(SystemExit, match="unknown section 'bogus'"):
+        draws.render([draws.row("bogus", draw=1)])
+
+
+def test_the_stored_table_renders_the_latest_draws_results_md():
+    """experiments/robustness/draws.csv holds every draw's figures: the latest draw rendered from it is the
+    results.md beside it, and every held-out draw there has the four policies history.py reads."""
+    import draws
+    import history
+    here = ROOT / "experiments" / "robustness"
+    rows = draws.read(here / "draws.csv")
+    text = (here / "results.md").read_text()
+    latest = max(int(r["draw"]) for r in rows)
+    assert text.startswith(f"Draw: `outputs/robustness/seed{latest}`")
+    assert draws.render(draws.of_draw(rows, latest)) == text
+    assert all(len(v) == len(history.POLICIES) for v in history.figures(rows).values())
 
 
 def test_analyze_stalls_takes_the_prefills_inside_a_requests_decode_out_of_its_tpot(tmp_path, capsys):
@@ -1398,7 +1447,7 @@ def test_warm_start_study_judges_mean_throughputs_and_tells_goodput_the_true_lev
 
 
 def test_expected_max_of_normals_matches_a_monte_carlo_draw():
-    from specdepth.policies._common import expected_max
+    from specdepth.policies.kit import expected_max
     rng = np.random.default_rng(0)
     for mu, sd in (([10.0] * 8, [1.2] * 8), ([10.0, 12.0], [1.0, 0.0]), ([3.0, 8.0, 8.5], [0.5, 1.0, 2.0])):
         mu, sd = np.array(mu), np.array(sd)
@@ -1448,7 +1497,7 @@ def test_uniform_depth_spread_prices_the_last_row_to_finish_not_the_slowest_rows
     """`spread` (batch_scaled / confidence `drain_makespan`): 8 rows x 16 tokens at a = 0.3, one draft a row 27 %
     dearer a step: by the rows' mean steps (16 / 1.3 = 12.3) depth 1 pays (2.4 % more tokens a second); by the
     expected last of them (~13.7 steps) it does not. At a = 0.8 depth stays > 0."""
-    from specdepth.policies._common import Tables, expected_max, uniform_depth
+    from specdepth.policies.kit import Tables, expected_max, uniform_depth
     n, K = 8, 4
     costs = Tables(np.r_[3.45e-3, np.full(n * K, 3.45e-3)], np.r_[0.0, np.full(n, 0.93e-3)])
     low, rem = np.full(n, 0.3), np.full(n, 16)

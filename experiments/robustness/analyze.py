@@ -2,6 +2,7 @@
 
     .venv/bin/python experiments/robustness/analyze.py outputs/robustness/seed1 [--out DIR] [--readme FILE]
                                                        [--label "seed 1 (development)"]
+                                                       [--table experiments/robustness/draws.csv --role "held out"]
 
 Reads <draw>/cells.json and every <draw>/c<id>/<pol>/summary.json that run.py wrote. Per cell:
   base       max over none, fixed1..fixed8 of throughput_tok_s (end-to-end: prefill and tail included)
@@ -16,8 +17,8 @@ oracle_expected / goodput_true (goodput planning with the clock's true cost), co
 goodput_true / goodput. Where the draw has `oracle_causal` runs (oracle_expected without its look-ahead at the
 confidences of tokens not drafted yet), estimation splits further into information = oracle_causal /
 oracle_expected (what no causal policy can know) and estimation given it = goodput_true / oracle_causal.
-Writes results.md and figures to --out (default: the draw dir), and the README's results section when --readme
-is given; results.md lists the runs whose summary.json records a RuntimeWarning, if any (app.runtime_warnings).
+Writes results.md and figures to --out (default: the draw dir), the README's results section when --readme is
+given, and the draw's rows of the single table of every draw (draws.py) when --table is; results.md lists the runs whose summary.json records a RuntimeWarning, if any (app.runtime_warnings).
 `--show 74,127`: prints those cells' ratios for every policy (and TPOT on poisson cells), writes nothing.
 `--stalls 217`: a cell's TPOT p50 per policy with and without the prefills that stalled its requests' decode;
 `--stalls all`: over every poisson cell, each policy's TPOT p50 against the best of none / fixed 1-8, both ways.
@@ -35,6 +36,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+import draws  # noqa: E402
 
 from specdepth.report import replace_results  # noqa: E402
 from specdepth.results import atomic_savefig, atomic_write  # noqa: E402
@@ -94,10 +97,8 @@ def _where(r) -> str:
     return f"c{c['id']} {c['hardware']}/{c['model']}/{c['acc']}/{c['kind']}/b{c['batch']}/L{c['out_mean']}{extra}"
 
 
-def policy_rows(rows, pols) -> list[str]:
-    out = ["| policy | cells | worst / base | geo-mean / base | < 0.99 | < 0.95 | > 1 % below none | worst TPOT / best "
-           "(poisson) | TPOT > 1.02 | depth changes / request |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+def policy_rows(rows, pols) -> list[dict]:
+    out = []
     for p in pols:
         rs = [r for r in rows if p in r["ratio"]]
         if not rs:
@@ -106,50 +107,52 @@ def policy_rows(rows, pols) -> list[str]:
         worst = min(rs, key=lambda r: r["ratio"][p])
         tp = [r["tpot"][p] for r in rs if "tpot" in r]
         ch = [r["changes"][p] for r in rs if r["changes"].get(p) is not None]
-        out.append(f"| {p} | {len(rs)} | {worst['ratio'][p]:.3f} ({_where(worst)}) | {_gm(ratios):.3f} | "
-                   f"{sum(x < 0.99 for x in ratios)} | {sum(x < 0.95 for x in ratios)} | "
-                   f"{sum(r['vs_none'][p] < 0.99 for r in rs)} | {max(tp):.3f} | {sum(x > 1.02 for x in tp)} | "
-                   f"{sum(ch) / len(ch):.2f} |" if tp and ch else
-                   f"| {p} | {len(rs)} | {worst['ratio'][p]:.3f} | {_gm(ratios):.3f} | {sum(x < 0.99 for x in ratios)} | "
-                   f"{sum(x < 0.95 for x in ratios)} | {sum(r['vs_none'][p] < 0.99 for r in rs)} | - | - | - |")
+        fig = dict(name=p, n=len(rs), worst=f"{worst['ratio'][p]:.3f}", geo=f"{_gm(ratios):.3f}",
+                   below=sum(x < 0.99 for x in ratios), below95=sum(x < 0.95 for x in ratios),
+                   below_none=sum(r["vs_none"][p] < 0.99 for r in rs))
+        if tp and ch:
+            fig.update(cell=_where(worst), tpot_worst=f"{max(tp):.3f}", tpot_above=sum(x > 1.02 for x in tp),
+                       changes=f"{sum(ch) / len(ch):.2f}")
+        out.append(draws.row("policy", **fig))
     return out
 
 
-def goals(rows) -> list[str]:
+def _met(ok: bool) -> str:
+    return "MET" if ok else "NOT met"
+
+
+def goals(rows) -> list[dict]:
     g = [r for r in rows if "goodput" in r["ratio"]]
     if not g:
-        return ["(no goodput runs)"]
-    lines = []
+        return [draws.row("goal", name="no_goodput")]
     worst = min(r["ratio"]["goodput"] for r in g)
     gm = _gm([r["ratio"]["goodput"] for r in g])
     tp = [r["tpot"]["goodput"] for r in g if "tpot" in r]
-    lines.append(f"- `goodput` >= 0.99 x max(none, best fixed) in every cell: worst {worst:.3f}, "
-                 f"{sum(r['ratio']['goodput'] < 0.99 for r in g)} of {len(g)} cells below -> "
-                 f"{'MET' if worst >= 0.99 else 'NOT met'}")
+    out = [draws.row("goal", name="base", worst=f"{worst:.3f}", below=sum(r["ratio"]["goodput"] < 0.99 for r in g),
+                     of=len(g), met=_met(worst >= 0.99))]
     if tp:
-        lines.append(f"- `goodput` TPOT p50 <= 1.02 x best on poisson cells: worst {max(tp):.3f}, "
-                     f"{sum(x > 1.02 for x in tp)} of {len(tp)} above -> {'MET' if max(tp) <= 1.02 else 'NOT met'}")
-    lines.append(f"- `goodput` geometric mean >= 1.02: {gm:.3f} -> {'MET' if gm >= 1.02 else 'NOT met'}")
+        out.append(draws.row("goal", name="tpot", worst=f"{max(tp):.3f}", below=sum(x > 1.02 for x in tp),
+                             of=len(tp), met=_met(max(tp) <= 1.02)))
+    out.append(draws.row("goal", name="geo", geo=f"{gm:.3f}", met=_met(gm >= 1.02)))
     oe = [r for r in g if "oracle_expected" in r["thr"]]
     if oe:
         rel = [r["thr"]["goodput"] / r["thr"]["oracle_expected"] for r in oe]
-        lines.append(f"- `goodput` >= 0.98 x `oracle_expected` in every cell: worst {min(rel):.3f}, "
-                     f"{sum(x < 0.98 for x in rel)} of {len(rel)} below -> {'MET' if min(rel) >= 0.98 else 'NOT met'}")
+        out.append(draws.row("goal", name="oracle_expected", worst=f"{min(rel):.3f}",
+                             below=sum(x < 0.98 for x in rel), of=len(rel), met=_met(min(rel) >= 0.98)))
     for p in ("batch_scaled", "confidence"):
         rs = [r for r in rows if p in r["ratio"]]
         if rs:
             w, wn = min(r["ratio"][p] for r in rs), min(r["vs_none"][p] for r in rs)
-            lines.append(f"- `{p}` >= 0.95 x base everywhere and >= 0.99 x none: worst {w:.3f} / base, "
-                         f"{wn:.3f} / none -> {'MET' if w >= 0.95 and wn >= 0.99 else 'NOT met'}")
-    return lines
+            out.append(draws.row("goal", name=p, worst=f"{w:.3f}", worst_none=f"{wn:.3f}",
+                                 met=_met(w >= 0.95 and wn >= 0.99)))
+    return out
 
 
-def regret(rows) -> list[str]:
+def regret(rows) -> list[dict]:
     need = ("goodput", "goodput_true", "oracle", "oracle_expected")
     rs = [r for r in rows if all(p in r["thr"] for p in need)]
     if not rs:
-        return ["(the regret split needs goodput, goodput_true, oracle and oracle_expected runs)"]
-    out = ["| | geo-mean | worst | cells < 0.98 |", "|---|---:|---:|---:|"]
+        return [draws.row("regret", name="missing")]
     causal = all("oracle_causal" in r["thr"] for r in rs)   # estimation, split (policies/oracle_causal.py)
     parts = [("luck: oracle_expected / oracle", lambda t: t["oracle_expected"] / t["oracle"])]
     if causal:
@@ -163,29 +166,34 @@ def regret(rows) -> list[str]:
               ("goodput / oracle_expected", lambda t: t["goodput"] / t["oracle_expected"])]
     if causal:
         parts.append(("goodput / oracle_causal", lambda t: t["goodput"] / t["oracle_causal"]))
+    out = []
     for name, f in parts:
         xs = [f(r["thr"]) for r in rs]
-        out.append(f"| {name} | {_gm(xs):.3f} | {min(xs):.3f} | {sum(x < 0.98 for x in xs)} |")
+        out.append(draws.row("regret", name=name, geo=f"{_gm(xs):.3f}", worst=f"{min(xs):.3f}",
+                             below=sum(x < 0.98 for x in xs)))
     return out
 
 
-def below(rows, p, limit) -> list[str]:
+def below(rows, p, limit) -> list[dict]:
     """The cells where policy p is below `limit` x max(none, best fixed): its ratio, the best baseline, and
-    `oracle_expected`'s own ratio next to p / oracle_expected (both named: the second alone was misread as the
-    first in earlier write-ups)."""
+    `oracle_expected`'s own ratio next to p / oracle_expected."""
     rs = sorted((r for r in rows if p in r["ratio"] and r["ratio"][p] < limit), key=lambda r: r["ratio"][p])
-    def oe(r):
-        if "oracle_expected" not in r["thr"]:
-            return ""
-        return (f"; oracle_expected {r['ratio']['oracle_expected']:.3f}, "
-                f"{p} / oracle_expected {r['thr'][p] / r['thr']['oracle_expected']:.3f}")
-    return [f"  - {_where(r)}: {r['ratio'][p]:.3f} (best {r['best']}{oe(r)})" for r in rs]
+    out = [draws.row("below", name=p, note=limit, n=len(rs))]
+    for r in rs:
+        oe = {}
+        if "oracle_expected" in r["thr"]:
+            oe = dict(oracle_expected=f"{r['ratio']['oracle_expected']:.3f}",
+                      vs_oracle_expected=f"{r['thr'][p] / r['thr']['oracle_expected']:.3f}")
+        out.append(draws.row("below_cell", name=p, cell=_where(r), ratio=f"{r['ratio'][p]:.3f}", best=r["best"], **oe))
+    return out
 
 
-def below_none(rows, p) -> list[str]:
+def below_none(rows, p) -> list[dict]:
     """The cells where policy p is more than 1 % below `none` (issue 12: batch_scaled and confidence never are)."""
     rs = sorted((r for r in rows if p in r["vs_none"] and r["vs_none"][p] < 0.99), key=lambda r: r["vs_none"][p])
-    return [f"  - {_where(r)}: {r['vs_none'][p]:.3f} of none (best {r['best']})" for r in rs]
+    return [draws.row("below_none", name=p, n=len(rs))] + [
+        draws.row("below_none_cell", name=p, cell=_where(r), ratio=f"{r['vs_none'][p]:.3f}", best=r["best"])
+        for r in rs]
 
 
 def show(rows, ids) -> str:
@@ -285,38 +293,44 @@ def figure(rows, out: Path) -> Path:
     return path
 
 
-def report(draw: Path, label: str) -> str:
+def figures(draw: Path, label: str, role: str = "") -> list[dict]:
+    """The draw's rows of draws.csv: every figure its results.md shows."""
     cells, runs = load(draw)
     rows = table(cells, runs)
-    lines = [f"Draw: `{draw}` ({label}), {len(rows)} complete cells of {len(cells)}.", "", "### Goals", ""]
-    lines += goals(rows)
-    lines += ["", "### Every policy (end-to-end throughput / max(none, best fixed 1-8))", ""]
-    lines += policy_rows(rows, ADAPTIVE + BOUNDS + BASELINES)
-    lines += ["", "### goodput's regret split (ratios; 1 = no loss)", ""] + regret(rows)
+    out = [draws.row("draw", role=role, name=label, note=draw, n=len(rows), of=len(cells))]
+    out += goals(rows) + policy_rows(rows, ADAPTIVE + BOUNDS + BASELINES) + regret(rows)
     for p, lim in (("goodput", 0.99), ("batch_scaled", 0.95), ("confidence", 0.95)):
-        b = below(rows, p, lim)
-        lines += ["", f"Cells where `{p}` is below {lim}: {len(b)}"] + b
+        out += below(rows, p, lim)
     for p in ("goodput", "batch_scaled", "confidence", "oracle_expected"):
-        b = below_none(rows, p)
-        lines += ["", f"Cells where `{p}` is more than 1 % below `none`: {len(b)}"] + b
+        out += below_none(rows, p)
     warned = runtime_warned(cells, runs)
     if warned:
-        lines += ["", f"Runs whose summary.json records a RuntimeWarning (numerical trouble): {len(warned)}"] + warned
-    return "\n".join(lines) + "\n"
+        out += [draws.row("warning", n=len(warned))] + warned
+    return out
 
 
-def runtime_warned(cells, runs) -> list[str]:
-    """One line per run whose summary.json `warnings` holds a RuntimeWarning that app.runtime_warnings recorded
-    (runs made before 2026-12-04 recorded none: their draws show no such section, which does not say they had
-    none)."""
+def report(draw: Path, label: str) -> str:
+    return draws.render(figures(draw, label))
+
+
+def runtime_warned(cells, runs) -> list[dict]:
+    """One row per run whose summary.json `warnings` holds a RuntimeWarning that app.runtime_warnings recorded
+    (older runs recorded none: their draws show no such section, which does not say they had none)."""
     by_id = {c["id"]: c for c in cells}
     out = []
     for (cid, pol), s in sorted(runs.items()):
         found = [w for w in s.get("warnings") or [] if "Warning at " in w]
         if found:
-            where = _where(dict(cell=by_id[cid]))
-            out.append(f"  - {where} {pol}: " + "; ".join(found))
+            out.append(draws.row("warning_run", name=pol, cell=_where(dict(cell=by_id[cid])), note="; ".join(found)))
     return out
+
+
+def draw_seed(draw: Path) -> int:
+    """The seed in a draw's folder name (run.py's <out>/seed<seed>)."""
+    digits = draw.name.removeprefix("seed")
+    if not digits.isdigit():
+        raise SystemExit(f"analyze.py --table: {draw}: expected run.py's folder <out>/seed<seed>")
+    return int(digits)
 
 
 def main(argv=None):
@@ -325,6 +339,9 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--readme", type=Path, default=None)
     ap.add_argument("--label", default="")
+    ap.add_argument("--table", type=Path, default=None,
+                    help="also put the draw's figures into this table (experiments/robustness/draws.csv)")
+    ap.add_argument("--role", default="held out", help="the draw's role in --table: held out or development")
     ap.add_argument("--show", default=None, help="c1,c2 or 1,2: print these cells' ratios only (writes nothing)")
     ap.add_argument("--stalls", default=None, help="a cell id: its TPOT p50 with and without other requests' "
                     "prefills, per policy; all: every poisson cell's, against the baselines (writes nothing)")
@@ -349,8 +366,11 @@ def main(argv=None):
         return
     out = a.out or a.draw
     out.mkdir(parents=True, exist_ok=True)
-    text = report(a.draw, a.label or a.draw.name)
+    fig = figures(a.draw, a.label or a.draw.name, a.role)
+    text = draws.render(fig)
     atomic_write(out / "results.md", text)
+    if a.table is not None:
+        draws.write(a.table, draw_seed(a.draw), fig)
     cells, runs = load(a.draw)
     figure(table(cells, runs), out)
     if a.readme is not None:

@@ -1,43 +1,36 @@
 """Every held-out draw at a glance: per draw, the headline figures of goodput, `oracle_expected` (the bound that
 knows the acceptance probabilities and the true cost, not the outcomes), batch_scaled and confidence, read from
-the tables analyze.py wrote (experiments/robustness/heldout_seed*/results.md and the latest, results.md), so
-that a reader sees at once how much of each draw's shortfall the bound shares (chance on short runs) and how the
-figures moved from draw to draw.
+the single table of every draw's figures (draws.csv, which analyze.py --table fills), so that a reader sees at
+once how much of each draw's shortfall the bound shares (chance on short runs) and how the figures moved from
+draw to draw.
 
-    .venv/bin/python experiments/robustness/history.py [--dir experiments/robustness] [--since 2046]
+    .venv/bin/python experiments/robustness/history.py [--table experiments/robustness/draws.csv] [--since 2046]
 
-Prints a markdown table: per draw, each policy's worst ratio to max(none, best fixed 1-8), cells below 0.99,
-geo-mean and cells more than 1 % below `none` (goodput and `oracle_expected` also their poisson cells with a TPOT
-p50 above 1.02 x the best). A results.md without one of the policies' rows is left out with a line on stderr.
+Prints a markdown table: per held-out draw, each policy's worst ratio to max(none, best fixed 1-8), cells below
+0.99, geo-mean and cells more than 1 % below `none` (goodput and `oracle_expected` also their poisson cells with a
+TPOT p50 above 1.02 x the best). A draw without one of the policies' rows is left out with a line on stderr.
 """
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
+import draws
+
 POLICIES = ("goodput", "oracle_expected", "batch_scaled", "confidence")
-_DRAW = re.compile(r"^Draw: `[^`]*seed(\d+)`")
 
 
-def parse(text: str) -> tuple[int, dict] | None:
-    """(seed, {policy: (worst, geo-mean, cells < 0.99, cells > 1 % below none, TPOT > 1.02)}) from one results.md,
-    its 'Every policy' table (columns: policy, cells, worst (cell), geo-mean, < 0.99, < 0.95, > 1 % below none,
-    worst TPOT, TPOT > 1.02, ...); None where the text is not one."""
-    m = _DRAW.match(text)
-    if not m:
-        return None
-    rows = {}
-    for line in text.splitlines():
-        cols = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cols) >= 9 and cols[0] in POLICIES and cols[1].isdigit():
-            try:
-                rows[cols[0]] = (float(cols[2].split()[0]), float(cols[3]), int(cols[4]), int(cols[6]),
-                                 cols[8] if cols[8] == "-" else int(cols[8]))   # "-": the draw had no poisson cell
-            except ValueError:
-                continue
-    return int(m.group(1)), rows
+def figures(rows: list[dict]) -> dict:
+    """{draw: {policy: (worst, geo-mean, cells < 0.99, cells > 1 % below none, TPOT > 1.02)}} of the held-out
+    draws, from their `policy` rows ("-": the draw had no poisson cell)."""
+    held = {r["draw"] for r in rows if r["section"] == "draw" and r["role"] == "held out"}
+    out = {int(d): {} for d in held}
+    for r in rows:
+        if r["draw"] in held and r["section"] == "policy" and r["name"] in POLICIES:
+            out[int(r["draw"])][r["name"]] = (float(r["worst"]), float(r["geo"]), int(r["below"]),
+                                              int(r["below_none"]), int(r["tpot_above"]) if r["tpot_worst"] else "-")
+    return out
 
 
 def table(found: list[tuple[int, dict]]) -> list[str]:
@@ -54,28 +47,19 @@ def table(found: list[tuple[int, dict]]) -> list[str]:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dir", type=Path, default=Path(__file__).resolve().parent,
-                    help="the folder with results.md and heldout_seed*/results.md")
+    ap.add_argument("--table", type=Path, default=draws.TABLE, help="the table of every draw (draws.csv)")
     ap.add_argument("--since", type=int, default=0, help="only draws with this seed or later")
     a = ap.parse_args(argv)
-    files = sorted(a.dir.glob("heldout_seed*/results.md")) + [a.dir / "results.md"]
     found = []
-    for f in files:
-        if not f.is_file():
-            continue
-        got = parse(f.read_text())
-        if got is None:
-            print(f"history.py: {f}: not an analyze.py results.md, left out", file=sys.stderr)
-            continue
-        seed, rows = got
+    for seed, rows in sorted(figures(draws.read(a.table)).items()):
         missing = [p for p in POLICIES if p not in rows]
         if missing:
-            print(f"history.py: {f}: no row for {', '.join(missing)}, left out", file=sys.stderr)
+            print(f"history.py: draw {seed}: no row for {', '.join(missing)}, left out", file=sys.stderr)
             continue
         if seed >= a.since:
             found.append((seed, rows))
     if not found:
-        raise SystemExit(f"history.py: no analyze.py results.md with every one of {', '.join(POLICIES)} under {a.dir}")
+        raise SystemExit(f"history.py: no held-out draw with every one of {', '.join(POLICIES)} in {a.table}")
     print("\n".join(table(found)))
 
 
