@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 import fcntl
 import functools
 import json
@@ -119,6 +120,7 @@ def make_model(cfg: DictConfig):
 
 def build(cfg: DictConfig) -> dict:
     """Every object of a run, validated, before anything runs or is written."""
+    checks.check_top_level_keys(cfg, CONF_DIR)
     seed = as_int(cfg.get("seed", 0), "seed", min=0)
     checks.check_group_keys("decode", cfg.get("decode"), ("temperature", "top_p"))
     engine_cfg = make(cfg, "engine")
@@ -234,6 +236,7 @@ def _execute(cfg: DictConfig, run_dir: str | Path, text: str) -> dict:
         meta["warnings"] = meta["warnings"] + seen
         summary = summarize(res, **meta)
         summary["peak_kv_gb"] = parts["capacity"].peak_kv_gb   # per GPU, target + draft KV (issue 16)
+        summary.update(parts["executor"].summary_fields())
         tables = {"steps.csv": (STEP_COLUMNS, res.steps), "requests.csv": (REQUEST_COLUMNS, res.requests)}
         extra = dict(res.extra)
         if res.trace is not None:
@@ -346,6 +349,13 @@ def _task(cfg: DictConfig):
 def _job(cfg: DictConfig, run_dir: str, multirun: bool):
     try:
         summary = run(cfg, run_dir)
+    except SystemExit as e:   # sys.exit() in a policy or plug-in: the run failed, whatever its code
+        if _debug() and not multirun:
+            _discard_run_dir(run_dir)
+            raise
+        return _job_failed(run_dir, f"specdepth: error: {_exit_culprit(e)} raised SystemExit({e.code!r}): the run "
+                           f"stopped before its results; a policy must not call sys.exit() or exit() (raise an "
+                           f"exception to fail the run)", multirun)
     except SpecdepthError as e:
         if _interrupted(e):   # a Ctrl-C that could not be raised (_unraisable) made this fail
             raise KeyboardInterrupt from None
@@ -356,6 +366,8 @@ def _job(cfg: DictConfig, run_dir: str, multirun: bool):
     except Exception as e:  # a bug, not the user's input: a sweep records it and goes on
         if _interrupted(e):   # Ctrl-C inside compiled code arrives wrapped in a SystemError
             raise KeyboardInterrupt from None
+        if _full(e) and not _debug():   # a full disk: the machine's state, not a bug
+            return _job_failed(run_dir, f"specdepth: error: {_input_error(e)}", multirun)
         if not multirun or _debug():
             _discard_run_dir(run_dir)
             raise
@@ -363,6 +375,19 @@ def _job(cfg: DictConfig, run_dir: str, multirun: bool):
     Path(run_dir, sweeps.ERROR).unlink(missing_ok=True)   # an earlier failure of this job, now fixed
     print(format_summary(summary), flush=True)
     return summary.get("throughput_tok_s")
+
+
+def _exit_culprit(e: BaseException) -> str:
+    """Who raised `e`: "policy <name>: <hook>()" when a policy hook did (engine.Engine._hook's frame), else the
+    function and file of the innermost frame."""
+    tb, who = e.__traceback__, "the run"
+    while tb is not None:
+        f = tb.tb_frame
+        if f.f_code.co_name == "_hook" and "hook" in f.f_locals and hasattr(f.f_locals.get("self"), "_pname"):
+            return f"policy {f.f_locals['self']._pname}: {f.f_locals['hook']}()"
+        who = f"{f.f_code.co_name}() in {Path(f.f_code.co_filename).name}"
+        tb = tb.tb_next
+    return who
 
 
 def _interrupted(e: BaseException) -> bool:
@@ -429,6 +454,9 @@ def main():
     os.environ["HYDRA_FULL_ERROR"] = "1"   # Hydra re-raises; the errors are reported here
     sweeps.last_failures.clear()
     _SWALLOWED[0], _REDELIVERY[0] = False, None
+    # a log line that cannot be written (a full disk) is dropped, not printed as a traceback; the write that
+    # matters (a result, failures.jsonl) reports it
+    raise_log_errors, logging.raiseExceptions = logging.raiseExceptions, False
     hook, sys.unraisablehook = sys.unraisablehook, _unraisable
     try:
         _task()
@@ -444,6 +472,7 @@ def main():
         if debug:
             raise
         print(f"specdepth: error: {_input_error(e)}", file=sys.stderr, flush=True)
+        sweeps.record_stop(f"specdepth: error: {_input_error(e)}")
         raise SystemExit(2) from None
     except Exception as e:
         if _interrupted(e):
@@ -456,6 +485,7 @@ def main():
         raise SystemExit(1) from None
     finally:
         _interrupt_handled()
+        logging.raiseExceptions = raise_log_errors
         sys.unraisablehook = hook
         os.environ.pop("_SPECDEPTH_FULL_ERROR", None)
         if saved is None:
@@ -466,9 +496,18 @@ def main():
         raise SystemExit(1)
 
 
+def _full(e: BaseException) -> bool:
+    """A write failed for want of space: a full disk, a quota, a file size limit."""
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
 def _input_error(e: Exception) -> str:
     if isinstance(e, OverrideParseException):
         return f"cannot parse the override {e.override!r}: {checks.one_line(e)}"
+    if _full(e):
+        where = f" writing {e.filename}" if e.filename is not None else ""
+        return (f"{e.strerror or type(e).__name__}{where}: free space (or raise the quota) and rerun the command; "
+                f"finished runs are kept (resume=true)")
     if isinstance(e, OSError) and e.filename is not None:
         return f"cannot write {e.filename}: {e.strerror or type(e).__name__} (check hydra.run.dir / hydra.sweep.dir)"
     text = checks.one_line(e)

@@ -151,6 +151,10 @@ class Executor(ABC):
         raise BackendError(f"backend {self.name!r} has no exact cost model of its clock; "
                            "policies that need the true cost run on the simulator only (backend=sim)")
 
+    def summary_fields(self) -> dict:
+        """After the run: fields this executor adds to summary.json (what ran that the config does not say)."""
+        return {}
+
     def finish(self) -> dict:
         """After the run: extra outputs, {file name: list of JSON-able records}."""
         return {}

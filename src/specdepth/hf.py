@@ -28,6 +28,7 @@ from .cost import CostModel, forward_flops
 from .errors import BackendError, ConfigError, as_bool, as_float, as_int
 from .executor import Executor, prefill_groups, prefill_price
 from .hf_runner import MODELS, Runner, SlotCache, _torch, random_causal_lm  # noqa: F401  (Runner, SlotCache: API)
+from .hf_static import StaticRunner, resolve_mode
 from .inputs import too_large_draft_vocab
 from .timing import timing_outcomes
 from .workload import Request, with_prompt_ids
@@ -43,7 +44,8 @@ class HFExecutor(Executor):
 
     def __init__(self, cost: CostModel, model, seed: int = 0, decode=None, engine=None,
                  attn_implementation: str = "sdpa", num_threads: int | None = None, pad_token_id: int = 0,
-                 acceptance: str = "model", acceptance_model=None, group_prefill: bool = True):
+                 acceptance: str = "model", acceptance_model=None, group_prefill: bool = True,
+                 static_shapes: str = "auto"):
         torch = _torch()
         self.torch = torch
         self.cost = cost
@@ -91,6 +93,8 @@ class HFExecutor(Executor):
         self.gen = torch.Generator(device=self.device)
         self.gen.manual_seed(self.seed * 1000003 + 0x5D)
         self.cuda = self.device.type == "cuda"
+        # backend.static_shapes: auto = CUDA graphs over fixed buffers on CUDA, the dynamic path elsewhere
+        self.static = resolve_mode(static_shapes, self.device.type)
         self.tr = self.dr = None           # Runners, built in prepare() once the workload's sizes are known
         self.rows = None
         self.outputs: dict[int, dict] = {}
@@ -168,9 +172,23 @@ class HFExecutor(Executor):
         if requests:
             rows = min(self.max_batch, len(requests))
             self.width = max(r.prompt_len + r.output_len for r in requests) + self.max_depth + 2
-            self.tr = Runner(self.target_model, rows, self.width)
-            self.dr = Runner(self.draft_model, rows, self.width)
+            self.tr, self.dr = self._runner(self.target_model, rows), self._runner(self.draft_model, rows)
         return requests
+
+    def _runner(self, model, rows: int):
+        if self.static == "off":
+            return Runner(model, rows, self.width)
+        graphs = None if self.static == "eager" else ("cuda" if self.cuda else "standin")
+        return StaticRunner(model, rows, self.width, self.max_depth + 1, graphs)
+
+    def summary_fields(self) -> dict:
+        """summary.json's `static_shapes`: the mode that ran and, on the static path, per model what it
+        captured and how often it replayed (hf_static.StaticRunner.stats)."""
+        out = dict(mode=self.static)
+        for name, r in (("target", self.tr), ("draft", self.dr)):
+            if isinstance(r, StaticRunner):
+                out[name] = r.stats()
+        return dict(static_shapes=out)
 
     def attach(self, rows):
         for name in ("hf_request", "hf_plen", "hf_olen", "hf_length", "hf_tlen", "hf_dlen"):

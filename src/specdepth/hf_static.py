@@ -1,0 +1,264 @@
+"""The static-shape forward path of the real backend (`backend.static_shapes`): every decode-shaped forward of
+a run runs the same kernels on the same addresses, so that on CUDA each shape is captured once as a CUDA graph
+and replayed (the regime serving engines measure: no per-kernel Python launch cost).
+
+* The KV slots are preallocated once per run: `rows` rows padded up to the largest row bucket, `length` slots
+  each (the longest sequence + padded queries + a scratch region), checked against the device's free memory.
+* A forward over m rows runs over the row bucket B >= m (1, 2, 4, 8, ... up to the run's rows) and a query
+  length Q of 1 .. `max_query` (the engine's max_depth + 1). Rows the caller did not ask for (a draft
+  position that only some rows reach, the bucket's padding rows) run a dummy query whose keys go to the
+  scratch slots at the end of their row: never read by a real query, overwritten freely.
+* Inputs go through fixed device buffers (ids, each row's cached length, each row's last valid query),
+  written in place before each forward; positions and the causal mask over all `length` slots are computed
+  from them inside the forward. Attention therefore always spans the whole buffer (masked), as gpt-fast's
+  static cache does.
+* With graphs on, each (bucket, query length, output) forward is warmed up, captured once and replayed; the
+  warm-up and capture of every shape are recorded (`StaticRunner.shapes`). On CPU `GraphStandIn` stands in
+  for `torch.cuda.CUDAGraph`: it replays the captured callable eagerly over the same buffers and checks that
+  they did not move, so the capture/replay code runs (and is tested) on a machine without a GPU.
+* Prefills (variable prompt lengths) and catch-up queries longer than `max_query` run the eager path of
+  `Runner` over the same preallocated cache.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .errors import BackendError, ConfigError
+from .hf_runner import Runner, _torch
+
+MODES = ("auto", "off", "eager", "graphs")
+
+
+def resolve_mode(mode, device_type: str) -> str:
+    """`backend.static_shapes` for a device: auto -> graphs on CUDA, off elsewhere; graphs on a CPU runs the
+    stand-in (`GraphStandIn`)."""
+    m = str(mode).lower() if mode is not None else "auto"
+    if m in ("true", "on"):
+        m = "graphs" if device_type == "cuda" else "eager"
+    if m == "false":
+        m = "off"
+    if m not in MODES:
+        raise ConfigError(f"backend.static_shapes must be one of {list(MODES)}, got {mode!r}")
+    if m == "auto":
+        m = "graphs" if device_type == "cuda" else "off"
+    return m
+
+
+def row_bucket(m: int, max_rows: int) -> int:
+    """The smallest power of two >= m, capped at the run's row capacity (itself a bucket or the cap)."""
+    b = 1 << max(int(m) - 1, 0).bit_length()
+    return min(b, max_rows)
+
+
+class GraphStandIn:
+    """`torch.cuda.CUDAGraph`'s protocol on any device: `capture(fn)` runs fn once and keeps its output
+    tensor(s); `replay()` runs fn again and copies the result into the kept output, as a graph replay writes
+    its outputs in place. Checks that the buffers fn reads stay at their captured addresses (a graph would
+    silently read stale memory otherwise)."""
+
+    def __init__(self, buffers):
+        self.buffers = list(buffers)
+        self.fn = self.out = self._ptrs = None
+        self.replays = 0
+
+    def capture(self, fn):
+        self.fn = fn
+        self._ptrs = [b.data_ptr() for b in self.buffers]
+        self.out = fn()
+        return self.out
+
+    def replay(self):
+        if [b.data_ptr() for b in self.buffers] != self._ptrs:
+            raise BackendError("internal: a static buffer moved after its forward was captured")
+        out = self.fn()
+        if self.out is not None:
+            self.out.copy_(out)
+        self.replays += 1
+
+
+class CudaGraph:
+    """One captured CUDA graph (shared memory pool across the run's graphs, as vLLM does)."""
+
+    def __init__(self, torch, pool, warmup: int = 2):
+        self.torch, self.pool, self.warmup = torch, pool, warmup
+        self.g = torch.cuda.CUDAGraph()
+        self.out = None
+        self.replays = 0
+
+    def capture(self, fn):
+        torch = self.torch
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(self.warmup):   # allocator and kernel selection settle before capture
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(self.g, pool=self.pool):
+            self.out = fn()
+        return self.out
+
+    def replay(self):
+        self.g.replay()
+        self.replays += 1
+
+
+class StaticRunner(Runner):
+    """A `Runner` whose decode-shaped forwards (query <= max_query) run over fixed buffers and row buckets,
+    captured as graphs when `graphs` is set ("cuda" or "standin"); other forwards run the eager path over
+    the same preallocated cache. Same `forward` contract as `Runner`."""
+
+    def __init__(self, model, max_rows: int, max_len: int, max_query: int, graphs: str | None = None,
+                 warmup: int = 2):
+        super().__init__(model, max_rows, max_len)
+        torch = self.torch
+        self.max_query = int(max_query)
+        self.rows_cap = row_bucket(max_rows, 1 << 30)            # the largest bucket: a power of two
+        self.scratch = self.length = 0
+        self.scratch = int(max_len) + self.max_query             # real + padded query slots lie below this
+        self.length = self.scratch + self.max_query              # dummy queries write at scratch .. length-1
+        self.cache.max_rows, self.cache.max_len = self.rows_cap, self.length
+        self.cache.cap_rows, self.cache.cap_len = self.rows_cap, self.length   # allocated at the first update
+        self._check_memory()
+        dev = self.device
+        B, Q = self.rows_cap, self.max_query
+        self.ids = torch.zeros((B, Q), dtype=torch.long, device=dev)
+        self.lens = torch.full((B,), self.scratch, dtype=torch.long, device=dev)
+        self.last = torch.zeros((B,), dtype=torch.long, device=dev)
+        pin = self.cuda
+        self.h_ids = torch.zeros((B, Q), dtype=torch.long, pin_memory=pin)
+        self.h_lens = torch.full((B,), self.scratch, dtype=torch.long, pin_memory=pin)
+        self.h_last = torch.zeros((B,), dtype=torch.long, pin_memory=pin)
+        self.slot_ar = torch.arange(self.length, device=dev)
+        self.graphs_kind = graphs
+        self.warmup = int(warmup)
+        self._pool = torch.cuda.graph_pool_handle() if graphs == "cuda" else None
+        self._graphs: dict = {}
+        self.shapes: list[dict] = []       # per captured shape: bucket, query, want, warm-up + capture seconds
+        self.static_calls = self.eager_calls = 0
+
+    # ---- sizing --------------------------------------------------------------------------------------
+    def kv_bytes(self) -> int:
+        cfg = self.model.config
+        cfg = getattr(cfg, "get_text_config", lambda: cfg)()
+        layers = int(cfg.num_hidden_layers)
+        heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+        hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        item = self.model.get_input_embeddings().weight.element_size()
+        return 2 * layers * self.rows_cap * heads * self.length * hd * item
+
+    def _check_memory(self) -> None:
+        need = self.kv_bytes()
+        if self.cuda:
+            free, _ = self.torch.cuda.mem_get_info(self.device)
+        else:
+            import os
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        if need > 0.9 * free:
+            raise BackendError(
+                f"backend.static_shapes: the preallocated KV cache ({self.rows_cap} rows x {self.length} slots, "
+                f"{need / 2**30:.2f} GiB) exceeds 90% of the free memory ({free / 2**30:.2f} GiB); lower "
+                "engine.max_batch_size, workload.output_len or the prompt length, or set backend.static_shapes=off")
+
+    # ---- the forward ---------------------------------------------------------------------------------
+    def forward(self, rows, tokens: np.ndarray, lens: np.ndarray, qlens: np.ndarray | None = None,
+                want: str = "last"):
+        m, Q = tokens.shape
+        if Q > self.max_query or m == 0:
+            self.eager_calls += 1
+            return super().forward(rows, tokens, lens, qlens, want)
+        idx = (np.arange(rows.start, rows.stop) if isinstance(rows, slice)
+               else np.asarray(rows, np.int64))
+        B = row_bucket(int(idx[-1]) + 1, self.rows_cap)
+        self._stage(idx, tokens, lens, qlens, B, Q)
+        out = self._run(B, Q, want)
+        self.static_calls += 1
+        if out is None:
+            return None
+        if not (idx.size == B and idx[0] == 0):
+            out = out[self.torch.as_tensor(idx, device=out.device)]
+        if want == "all":
+            return out[:, :Q]
+        return out
+
+    def _stage(self, idx, tokens, lens, qlens, B: int, Q: int) -> None:
+        """The host side of a forward: this step's inputs into the pinned staging buffers, then one copy each
+        into the fixed device buffers (rows outside `idx` get a dummy query over the scratch slots)."""
+        hi, hl, hq = self.h_ids[:B, :Q], self.h_lens[:B], self.h_last[:B]
+        hi.zero_()
+        hl.fill_(self.scratch)
+        hq.zero_()
+        t = self.torch.from_numpy
+        hi[idx] = t(np.ascontiguousarray(tokens, np.int64))
+        hl[idx] = t(np.ascontiguousarray(lens, np.int64))
+        hq[idx] = t((np.full(idx.size, Q, np.int64) if qlens is None else np.asarray(qlens, np.int64)) - 1)
+        self.ids[:B, :Q].copy_(hi, non_blocking=True)
+        self.lens[:B].copy_(hl, non_blocking=True)
+        self.last[:B].copy_(hq, non_blocking=True)
+
+    def _body(self, B: int, Q: int, want: str):
+        """The forward over bucket B and query length Q reading only the fixed buffers (capturable)."""
+        torch = self.torch
+        ids, lens = self.ids[:B, :Q], self.lens[:B]
+        pos = lens[:, None] + self._q(Q)[None, :]
+        mask = self.slot_ar[None, None, :] <= pos[:, :, None]
+        self.cache.bind(slice(0, B), pos, self.length)
+        kw = dict(input_ids=ids, attention_mask=mask[:, None], position_ids=pos, cache=self.cache, use_cache=True)
+        if self._decoder is None:
+            logits = self.model(**kw).logits
+            return None if want == "none" else (logits[self._q(B), self.last[:B]] if want == "last" else logits)
+        h = self._decoder(**kw).last_hidden_state
+        if want == "none":
+            return h[:, :1, :1]   # a token output keeps the forward's work alive under capture
+        if want == "last":
+            h = h[self._q(B), self.last[:B]]
+        return self._head(h)
+
+    def _run(self, B: int, Q: int, want: str):
+        torch = self.torch
+        if self.cuda:
+            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            ev0.record()
+        else:
+            t0 = time.perf_counter()
+        if self.graphs_kind is None:
+            out = self._body(B, Q, want)
+        else:
+            key = (B, Q, want)
+            g = self._graphs.get(key)
+            if g is None:
+                g = self._capture(key)
+            else:
+                g.replay()
+            out = g.out
+        if self.cuda:
+            ev1.record()
+            self._events.append((ev0, ev1))
+        else:
+            self.forward_s += time.perf_counter() - t0
+        self.calls += 1
+        return None if want == "none" else out
+
+    def _capture(self, key):
+        B, Q, want = key
+        torch = self.torch
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        g = (CudaGraph(torch, self._pool, self.warmup) if self.graphs_kind == "cuda"
+             else GraphStandIn([self.ids, self.lens, self.last, self.slot_ar]))
+        g.capture(lambda: self._body(B, Q, want))
+        if self.graphs_kind == "cuda":
+            g.replay()   # the capture itself ran nothing: this call's outputs come from its first replay
+            torch.cuda.synchronize(self.device)
+        self._graphs[key] = g
+        self.shapes.append(dict(bucket=B, query=Q, want=want, capture_s=time.perf_counter() - t0,
+                                warmup=self.warmup if self.graphs_kind == "cuda" else 0))
+        return g
+
+    def stats(self) -> dict:
+        """What the run's summary records about the static path."""
+        return dict(graphs=self.graphs_kind or "none", captured=len(self._graphs), static_forwards=self.static_calls,
+                    eager_forwards=self.eager_calls, capture_s=round(sum(s["capture_s"] for s in self.shapes), 6),
+                    kv_cache_gib=round(self.kv_bytes() / 2**30, 4), rows=self.rows_cap, slots=self.length)
