@@ -79,13 +79,16 @@ class NotAPolicy:
 
 
 class RaisesIn(Policy):
-    """Raises a user's exception in the hook named `hook` (plan, keep_drafting, observe or reset)."""
+    """Raises a user's exception in the hook named `hook` (plan, keep_drafting, observe or reset); exit=N:
+    SystemExit(N) instead (sys.exit in a policy)."""
 
-    def __init__(self, hook: str = "plan"):
-        self.hook = hook
+    def __init__(self, hook: str = "plan", exit: int | None = None):
+        self.hook, self.exit = hook, exit
 
     def _maybe(self, hook):
         if hook == self.hook:
+            if self.exit is not None:
+                raise SystemExit(self.exit)
             raise RuntimeError(f"my bug in {hook}")
 
     def reset(self):

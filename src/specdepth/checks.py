@@ -6,9 +6,13 @@ must record so that its summary says what ran (app.build calls them before anyth
 """
 from __future__ import annotations
 
+import difflib
+import functools
 import inspect
 import logging
 from pathlib import Path
+
+import yaml
 
 from .errors import ConfigError, PolicyError
 
@@ -66,6 +70,33 @@ def check_group_keys(key: str, node, valid) -> None:
     unknown = sorted(set(node) - set(valid))
     if unknown:
         raise ConfigError(f"{key}.{unknown[0]}: unknown key; valid keys: {', '.join(sorted(valid))}")
+
+
+@functools.lru_cache(maxsize=4)
+def top_level_keys(conf_dir: str) -> frozenset:
+    """The top-level keys a composed config may hold: config.yaml's own keys and groups, and every key an
+    experiment preset (`# @package _global_`) adds at the top level (its helpers: policies, cell, ...)."""
+    conf = Path(conf_dir)
+    main = yaml.safe_load((conf / "config.yaml").read_text()) or {}
+    keys = {k for k in main if k != "defaults"} | {"experiment"}
+    for d in main.get("defaults", []):
+        if isinstance(d, dict):
+            keys.update(str(k).split("@")[0].lstrip("/") for k in d)
+    for f in (conf / "experiment").glob("*.yaml"):
+        body = yaml.safe_load(f.read_text()) or {}
+        keys.update(str(k) for k in body if k != "defaults")
+    return frozenset(keys)
+
+
+def check_top_level_keys(cfg, conf_dir: str) -> None:
+    """Refuse a top-level key no config file knows (`+sede=5`, a typo of `seed`), suggesting the nearest."""
+    known = top_level_keys(conf_dir)
+    unknown = sorted(str(k) for k in cfg if str(k) not in known)
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+        raise ConfigError(f"{unknown[0]}: unknown top-level key" + (f" (did you mean {near[0]}?)" if near else "")
+                          + (f" (also unknown: {', '.join(unknown[1:])})" if unknown[1:] else "")
+                          + f"; valid keys: {', '.join(sorted(known))}")
 
 
 def one_line(text: str) -> str:

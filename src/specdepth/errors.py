@@ -21,11 +21,16 @@ class BackendError(SpecdepthError):
     """A backend cannot run the requested configuration (model pair, device, policy)."""
 
 
+class PluginError(SpecdepthError):
+    """A plug-in (cost model, acceptance model, executor) broke its protocol (docs/plugins.md): the message
+    names the plug-in, the hook and what the protocol expects."""
+
+
 # ---- small validators used by every configurable class -------------------------------------------
 
 def _num(value, key: str, kind: str = "number"):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ConfigError(f"{key} must be a {kind}, got {value!r}")
+        raise ConfigError(f"{key} must be {'an' if kind[0] in 'aeiou' else 'a'} {kind}, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{key} must be finite, got {value!r}")
     return value

@@ -28,6 +28,7 @@ from .results import _cell, atomic_savefig, atomic_write, timing_mode
 KEYS = ("policy", "batch_size", "throughput_tok_s", "tokens_per_step", "acceptance_rate", "tpot_p50_s",
         "flops_per_token")
 SUMMARY, CONFIG = "summary.json", "config.yaml"
+NEEDED = ("policy", "batch_size", "throughput_tok_s")   # a summary.json without them is reported, not read
 
 
 # ----------------------------------------------------------------------------------------------- collect
@@ -63,11 +64,8 @@ def collect(sweep_dir) -> list[dict]:
     for s in sorted(sweep_dir.rglob(SUMMARY)):
         if any(part.startswith(".") for part in s.relative_to(sweep_dir).parts[:-1]):
             continue  # .submitit/, .hydra/
-        try:
-            row = json.loads(s.read_text())
-        except (json.JSONDecodeError, OSError):
-            continue
-        if not isinstance(row, dict):
+        row, why = _read_summary(s)
+        if why is not None:
             continue
         cfg = _load_config(s.parent)
         row["run_dir"] = str(s.parent)
@@ -75,6 +73,21 @@ def collect(sweep_dir) -> list[dict]:
         row["_baseline_key"] = _baseline_key(cfg) if cfg else None
         rows.append(row)
     return rows
+
+
+def _read_summary(path: Path) -> tuple[dict | None, str | None]:
+    """(a run's summary, None), or (None, why it is no usable summary: not JSON, not an object, a key the
+    report reads missing)."""
+    try:
+        row = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+        return None, f"{type(e).__name__}: {e}"
+    if not isinstance(row, dict):
+        return None, "not a JSON object"
+    lacks = [k for k in NEEDED if k not in row]
+    if lacks:
+        return None, f"lacks {', '.join(map(repr, lacks))} (not a specdepth summary.json)"
+    return row, None
 
 
 def _group_key(row: dict) -> tuple:
@@ -183,22 +196,16 @@ def _job_key(overrides, exclude) -> tuple[str, ...]:
 
 
 def _broken(sweep_dir: Path, done: set) -> dict:
-    """Run dirs below sweep_dir that hold no usable result: {failed: {dir: error}, corrupt: {dir: why},
-    unfinished: [dirs]} (failed: the job's error.txt; corrupt: a summary.json that is not a JSON object)."""
+    """Run dirs below sweep_dir that hold no usable result: {failed: {dir: error}, corrupt: {summary.json: why},
+    unfinished: [dirs]} (failed: the job's error.txt; corrupt: a summary.json that cannot be read, _read_summary)."""
     failed, corrupt, unfinished = {}, {}, []
+    for s in sorted(sweep_dir.rglob(SUMMARY)):
+        if str(s.parent.resolve()) not in done and not any(
+                part.startswith(".") for part in s.relative_to(sweep_dir).parts[:-1]):
+            corrupt[str(s)] = _read_summary(s)[1]
     for d in sorted(p for p in sweep_dir.rglob("*") if p.is_dir() and (p / ".hydra").is_dir()):
-        if str(d.resolve()) in done:
+        if str(d.resolve()) in done or (d / SUMMARY).is_file():
             continue
-        s = d / SUMMARY
-        if s.is_file():
-            try:
-                ok = isinstance(json.loads(s.read_text()), dict)
-                why = "not a JSON object"
-            except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
-                ok, why = False, f"{type(e).__name__}: {e}"
-            if not ok:
-                corrupt[str(d)] = why
-                continue
         if (d / "error.txt").is_file():
             failed[str(d)] = (d / "error.txt").read_text(errors="replace").strip()
         else:
@@ -347,7 +354,9 @@ def render(sweep_dir, rows: list[dict] | None = None, gaps: dict | None = None) 
         gaps = missing(sweep_dir, rows)
     parts = []
     if not rows:
-        parts.append(f"no finished runs (summary.json) under {sweep_dir}")
+        bad = len(gaps.get("corrupt") or {})
+        parts.append(f"no finished runs (summary.json) under {sweep_dir}"
+                     + (f"; {bad} summary.json cannot be read (CORRUPT below)" if bad else ""))
     else:
         label_rows(rows)
         parts.append(f"{len(rows)} runs under {sweep_dir}")
@@ -473,6 +482,11 @@ def main(argv=None):
     except ImportError as e:
         print(f"specdepth-report: error: {e} (plots need matplotlib: pip install 'specdepth[report]', "
               f"or pass --no-plots)", file=sys.stderr)
+        return 2
+    except OSError as e:
+        where = e.filename if e.filename is not None else (a.out or Path(a.sweep_dir) / "report")
+        print(f"specdepth-report: error: cannot write {where}: {e.strerror or e} (pass --out a directory that "
+              f"can be created)", file=sys.stderr)
         return 2
     print(text)
     if files:

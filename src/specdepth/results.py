@@ -35,11 +35,13 @@ def atomic_write(path: Path, text: str | bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError) and e.filename is None:   # a failed write (a full disk) names its file
+            raise OSError(e.errno, e.strerror, str(path)) from None
         raise
 
 
@@ -115,14 +117,22 @@ def jsonl_text(records) -> str:
 
 
 def write_run(run_dir, *, summary: dict, config_yaml: str, tables: dict[str, tuple], extra: dict[str, list]) -> Path:
-    """tables: {file name: (columns, rows)} as CSV; extra: {file name: records} as JSONL."""
+    """tables: {file name: (columns, rows)} as CSV; extra: {file name: records} as JSONL. A write that fails
+    (a full disk) removes the files this call wrote and an older summary.json: no half-written run is left."""
     run_dir = Path(run_dir)
-    atomic_write(run_dir / CONFIG, config_yaml)
-    for name, (cols, rows) in tables.items():
-        atomic_write(run_dir / name, csv_text(cols, rows))
-    for name, records in extra.items():
-        atomic_write(run_dir / name, jsonl_text(records))
-    atomic_write(run_dir / SUMMARY, json_text(summary, indent=2) + "\n")
+    files = [(CONFIG, lambda: config_yaml)]
+    files += [(name, lambda c=cols, r=rows: csv_text(c, r)) for name, (cols, rows) in tables.items()]
+    files += [(name, lambda r=records: jsonl_text(r)) for name, records in extra.items()]
+    files.append((SUMMARY, lambda: json_text(summary, indent=2) + "\n"))
+    (run_dir / SUMMARY).unlink(missing_ok=True)   # the run dir looks finished only once every file is new
+    try:
+        for name, text in files:
+            atomic_write(run_dir / name, text())
+    except BaseException:
+        for name, _ in files:
+            with contextlib.suppress(OSError):
+                (run_dir / name).unlink(missing_ok=True)
+        raise
     return run_dir / SUMMARY
 
 

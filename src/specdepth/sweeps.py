@@ -24,21 +24,41 @@ ERROR = "error.txt"
 
 #: failures of the last sweep this process launched (read by app.main for the exit code)
 last_failures: list[dict] = []
+#: failures this process could not write to failures.jsonl (a full disk): reported when the sweep ends
+unwritten: list[dict] = []
+#: the sweep dir of the sweep this process is launching (None outside one)
+running: list = [None]
 
 
-def record_failure(run_dir, sweep_dir, overrides, message: str) -> None:
-    """The job's error into its run dir and one line into the sweep's failures file (locked: parallel jobs)."""
+def record_failure(run_dir, sweep_dir, overrides, message: str, error_file: bool = True) -> None:
+    """One line into the sweep's failures file (locked: parallel jobs) and the job's error into its run dir
+    (error_file)."""
     run_dir, sweep_dir = Path(run_dir), Path(sweep_dir)
+    record = {"run_dir": str(run_dir), "overrides": list(overrides), "error": message}
     try:
-        atomic_write(run_dir / ERROR, message.rstrip("\n") + "\n")
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"run_dir": str(run_dir), "overrides": list(overrides), "error": message}) + "\n"
         with open(sweep_dir / FAILURES, "a", encoding="utf-8") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
-            f.write(line)
+            f.write(json.dumps(record) + "\n")
+            f.flush()
             fcntl.flock(f, fcntl.LOCK_UN)
-    except OSError as e:   # the sweep still goes on; the job's own error was printed
-        log.warning("could not record the failure of %s: %s", run_dir, e)
+    except OSError as e:   # the sweep still goes on; the failure is reported when it ends (on_multirun_end)
+        unwritten.append(record)
+        print(f"specdepth: cannot record this failure in {sweep_dir / FAILURES}: {e.strerror or e}", file=sys.stderr,
+              flush=True)
+    try:
+        if error_file:
+            atomic_write(run_dir / ERROR, message.rstrip("\n") + "\n")
+    except OSError:   # failures.jsonl (or the end of the sweep) has it
+        pass
+
+
+def record_stop(message: str) -> None:
+    """A sweep that stopped before its end (Hydra could not write a job's files: a full disk): one line in its
+    failures file, where it can still be written; app.main prints the message either way."""
+    if running[0] is not None:
+        record_failure(running[0], running[0], [], f"the sweep stopped here: {message}", error_file=False)
+        running[0] = None
 
 
 def read_failures(sweep_dir) -> list[dict]:
@@ -62,13 +82,15 @@ class FailureCallback(Callback):
 
     def on_multirun_start(self, config, **kwargs) -> None:
         last_failures.clear()
+        unwritten.clear()
+        running[0] = str(config.hydra.sweep.dir)
         p = Path(str(config.hydra.sweep.dir)) / FAILURES
         if p.is_file():
             p.unlink()
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        sweep_dir = str(config.hydra.sweep.dir)
-        failed = read_failures(sweep_dir)
+        sweep_dir, running[0] = str(config.hydra.sweep.dir), None
+        failed = read_failures(sweep_dir) + unwritten
         last_failures[:] = failed
         if failed:
             print(f"specdepth: {len(failed)} run(s) of the sweep failed (errors in {Path(sweep_dir) / FAILURES}):",
