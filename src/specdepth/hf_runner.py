@@ -17,6 +17,7 @@ finite values and their outputs are ignored.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 
 import numpy as np
@@ -162,6 +163,7 @@ class Runner:
         if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None) \
                 or self._decoder is None or not callable(self._head):
             self._decoder = None
+        self.cache_kw = cache_kwarg(model)
         self.forward_s = 0.0
         self.calls = 0
         self._events: list = []
@@ -196,8 +198,8 @@ class Runner:
             ev0.record()
         else:
             t0 = time.perf_counter()
-        kw = dict(input_ids=tokens, attention_mask=mask[:, None], position_ids=pos, cache=self.cache,
-                  use_cache=True)
+        kw = {"input_ids": tokens, "attention_mask": mask[:, None], "position_ids": pos, self.cache_kw: self.cache,
+              "use_cache": True}
         if want == "last" and self._decoder is not None:
             h = self._decoder(**kw).last_hidden_state
             if qlens is None:
@@ -228,6 +230,13 @@ class Runner:
         for a, b in self._events:
             self.forward_s += a.elapsed_time(b) / 1e3
         self._events.clear()
+
+
+def cache_kwarg(model) -> str:
+    """The keyword the model's forward takes its KV cache by: `cache`, or `past_key_values` before transformers
+    renamed it. Passing the other name is not an error there: the model would silently build its own cache."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def _rows_arg(torch, rows: np.ndarray, device):
