@@ -112,6 +112,10 @@ def test_analyze_on_fake_sweeps(tmp_path):
     cells = rp.load(real)
     assert cells[4]["goodput"]["reps"][1] == pytest.approx(cells[4]["goodput"]["reps"][0] * 1.02)
     assert (out2 / "real_pareto_e2e.png").stat().st_size > 0
+    # --table: every figure of results.md goes into the single table of sweeps; rendered back, the same text
+    rp.main([str(real), "--out", str(out2), "--table", str(tmp_path / "v.csv"), "--variant", "fake"])
+    vs = _module(ROOT / "experiments" / "real_pareto" / "variants.py")
+    assert vs.render(vs.of_variant(vs.read(tmp_path / "v.csv"), "fake")) == (out2 / "results.md").read_text()
 
 
 def test_goal_tolerance_is_the_cells_own_spread():

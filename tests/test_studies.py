@@ -134,3 +134,18 @@ def test_roofline_curves(tmp_path):
         t = {r["tokens"]: r["forward_s"] for r in rows if r["hardware"] == hw}
         assert t[8] == pytest.approx(t[1], rel=0.01)                # flat below the ridge
         assert t[8192] / t[4096] == pytest.approx(2.0, rel=0.02)    # linear far past it
+
+
+def test_real_pareto_sweeps_live_in_one_table_that_renders_the_current_results_md_byte_for_byte():
+    """variants.csv holds every figure of each real_pareto sweep's results.md, one `variant` column: the headline
+    sweep rendered from it is the results.md beside it, and `variants.py goodput` reads each variant's goodput /
+    max(none, best fixed) per batch from the same rows."""
+    vs = load("real_pareto", "variants.py")
+    rows = vs.read(ROOT / "experiments" / "real_pareto" / "variants.csv")
+    assert len({r["variant"] for r in rows}) == 17
+    text = (ROOT / "experiments" / "real_pareto" / "results.md").read_text()
+    assert vs.render(vs.of_variant(rows, "default")) == text
+    idle = [r for r in vs.of_variant(rows, "idle") if r["section"] == "goal12_batch" and r["metric"] == "e2e"]
+    assert "| idle | " + " | ".join(r["ratio"] for r in idle) + " |" in vs.goodput(rows, "e2e")
+    with pytest.raises(SystemExit, match="no variant 'nope'"):
+        vs.of_variant(rows, "nope")

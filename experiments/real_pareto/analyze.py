@@ -1,6 +1,7 @@
 """Study 7 (issue 7): adaptive depth policies vs no speculation vs the best fixed depth on the real backend.
 
     .venv/bin/python experiments/real_pareto/analyze.py [SWEEP] [--out DIR] [--readme FILE]
+                                                        [--table experiments/real_pareto/variants.csv --variant NAME]
 
 SWEEP (default outputs/multirun/real_pareto): the backend=hf runs of experiment=real_pareto, laid out
 r<rep>/b<batch>/<pol>/, read with specdepth.report.collect. Per (batch, policy) the throughput is the mean
@@ -11,14 +12,17 @@ over repetitions of
 Baseline per batch = max(none, best fixed depth among fixed1..fixed8, chosen per batch in hindsight).
 Gap of an adaptive policy = its throughput / baseline - 1. Goal (issue 7): the best adaptive policy is never
 more than 3% below the baseline, i.e. its worst gap over batch sizes >= -3%.
-Writes results.md and PNG figures into --out (default: this folder) and the README's results section
-(between `<!-- results:begin -->` and `<!-- results:end -->`) when --readme is given.
+Writes results.md and PNG figures into --out (default: this folder), the README's results section
+(between `<!-- results:begin -->` and `<!-- results:end -->`) when --readme is given, and the sweep's rows of
+the table of every sweep (variants.py; `default` is the headline sweep, a variant is named after its change)
+when --table is: a variant's figures live there, its results.md and PNGs in a folder of your choosing.
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -26,6 +30,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import variants  # noqa: E402
 
 from specdepth.report import collect, replace_results  # noqa: E402
 from specdepth.results import atomic_savefig, atomic_write  # noqa: E402
@@ -128,50 +135,45 @@ def rep_gaps(cells: dict, metric: str) -> dict:
     return out
 
 
-def goal12(cells: dict, metric: str, pol: str = "goodput", goal: float = GOAL12) -> str:
+def goal12(cells: dict, metric: str, pol: str = "goodput", goal: float = GOAL12) -> list[dict]:
     """Issue 12, part 4: `pol` >= 0.98 x max(none, best fixed) at every batch size, in the mean of the
     repetitions (each ratio taken within its repetition), with the repetitions' spread (min-max)."""
     g = rep_gaps(cells, metric).get(pol, {})
     batches = sorted(cells)
     if not all(b in g for b in batches):
-        return f"{metric}: `{pol}` did not run at every batch size"
-    cols = [f"{1 + statistics.fmean(g[b]):.3f} [{1 + min(g[b]):.3f}-{1 + max(g[b]):.3f}]" for b in batches]
+        return [variants.row("goal12", metric=metric, policy=pol, note="not run")]
     worst = min(1 + statistics.fmean(g[b]) for b in batches)
-    return "\n".join([
-        f"{metric}: `{pol}` / max(none, best fixed), mean of {max(len(g[b]) for b in batches)} repetitions "
-        f"[min-max over them]; goal (issue 12) >= {goal:.2f} at every batch: worst {worst:.3f} -> "
-        f"{'**met**' if worst >= goal else '**missed**'}", "",
-        "| " + " | ".join(f"b={b}" for b in batches) + " |", "|" + "---|" * len(batches),
-        "| " + " | ".join(cols) + " |"])
+    return [variants.row("goal12", metric=metric, policy=pol, n=max(len(g[b]) for b in batches),
+                         ratio=f"{worst:.3f}", note="met" if worst >= goal else "missed")] + [
+        variants.row("goal12_batch", metric=metric, batch=b, ratio=f"{1 + statistics.fmean(g[b]):.3f}",
+                     lo=f"{1 + min(g[b]):.3f}", hi=f"{1 + max(g[b]):.3f}") for b in batches]
 
 
-def table(cells: dict, metric: str) -> str:
+def table(cells: dict, metric: str) -> list[dict]:
+    """Per policy and batch the mean throughput and its gap, each policy's worst gap, the baseline per batch, and
+    the tokens per step."""
     batches = sorted(cells)
     g = gaps(cells, metric)
     pols = [p for p in (NONE,) + FIXED + ADAPTIVE if any(p in cells[b] for b in batches)]
-    lines = [f"**{metric}** throughput, tok/s, mean over repetitions (gap to max(none, best fixed) at that batch, "
-             "computed within each repetition, then averaged):", "",
-             "| policy | " + " | ".join(f"b={b}" for b in batches) + " | worst gap |",
-             "|---|" + "---|" * (len(batches) + 1)]
+    out = []
     for p in pols:
-        cs = []
         for b in batches:
             v = cells[b].get(p)
-            cs.append("-" if v is None else f"{v[metric]:.1f} ({100 * g[p][b]:+.1f}%)")
+            out.append(variants.row("throughput", metric=metric, policy=p, batch=b, tok_s="-") if v is None else
+                       variants.row("throughput", metric=metric, policy=p, batch=b, tok_s=f"{v[metric]:.1f}",
+                                    gap=f"{100 * g[p][b]:+.1f}"))
         worst = min(g[p].values()) if g.get(p) else None
-        lines.append(f"| {p} | " + " | ".join(cs) + f" | {'-' if worst is None else f'{100 * worst:+.1f}%'} |")
-    base = [baseline(cells[b], metric) for b in batches]
-    lines.append("| **baseline** (of the mean) | " + " | ".join(f"{v:.1f} ({p})" for p, v in base) + " | |")
-    tps = []
-    for p in pols:
-        tps.append(f"| {p} | " + " | ".join("-" if p not in cells[b] else f"{cells[b][p]['tps']:.2f}"
-                                             for b in batches) + " |")
-    lines += ["", "tokens per step (mean emitted per sequence per verify):", "",
-              "| policy | " + " | ".join(f"b={b}" for b in batches) + " |", "|---|" + "---|" * len(batches)] + tps
-    return "\n".join(lines)
+        out.append(variants.row("worst_gap", metric=metric, policy=p,
+                                gap="-" if worst is None else f"{100 * worst:+.1f}"))
+    for b in batches:
+        p, v = baseline(cells[b], metric)
+        out.append(variants.row("baseline", metric=metric, batch=b, tok_s=f"{v:.1f}", policy=p))
+    out += [variants.row("tps", metric=metric, policy=p, batch=b,
+                         tps="-" if p not in cells[b] else f"{cells[b][p]['tps']:.2f}") for p in pols for b in batches]
+    return out
 
 
-def where(cells: dict, pol: str = "goodput") -> str | None:
+def where_rows(cells: dict, pol: str = "goodput") -> list[dict]:
     """Where `pol`'s decode time goes against `none`'s, per batch, from the runs' steps.csv, in the same repetition
     then averaged (each as a share of none's decode time): its drafting steps' time beyond what none takes to emit
     their tokens (none's decode seconds per emitted token x theirs), and the same for its idle steps (the policy's
@@ -195,38 +197,33 @@ def where(cells: dict, pol: str = "goodput") -> str | None:
             nd.append(gs["draft_steps"])
             total.append((gs["idle_s"] + gs["draft_s"]) / tn - 1.0)
         if total:
-            rowsout.append(f"| {b} | {statistics.fmean(nd):.1f} | {100 * statistics.fmean(draft):+.1f}% | "
-                           f"{100 * statistics.fmean(idle):+.1f}% | {100 * statistics.fmean(over):+.1f}% | "
-                           f"{100 * statistics.fmean(total):+.1f}% |")
-    if not rowsout:
-        return None
-    return "\n".join([
-        f"Where `{pol}`'s decode time goes against `none`'s (steps.csv, the same repetition, then the mean; a share "
-        f"of none's decode time): its drafting steps, and its idle steps, beyond what none takes to emit their "
-        f"tokens (idle: the policy's own time, the machine's drift between the two runs, steps with fewer rows once "
-        f"drafts put some rows ahead):", "",
-        "| batch | drafting steps | drafting steps' extra | idle steps' extra | of which outside the forwards "
-        "(steps.csv overhead_s: the policy's hooks, the engine's bookkeeping) | decode time / none's - 1 |",
-        "|---:|---:|---:|---:|---:|---:|"] + rowsout)
+            rowsout.append(variants.row(
+                "where", batch=b, steps=f"{statistics.fmean(nd):.1f}", draft_extra=f"{100 * statistics.fmean(draft):+.1f}",
+                idle_extra=f"{100 * statistics.fmean(idle):+.1f}", outside=f"{100 * statistics.fmean(over):+.1f}",
+                total=f"{100 * statistics.fmean(total):+.1f}"))
+    return rowsout
 
 
-def verdict(cells: dict, metric: str) -> tuple[str, str | None, float | None]:
+def where(cells: dict) -> str | None:
+    """`where_rows` as the results.md prints it; None where no run has its steps.csv."""
+    rows = where_rows(cells)
+    return "\n".join(variants.where_lines(rows)) if rows else None
+
+
+def verdict(cells: dict, metric: str) -> dict:
     g = gaps(cells, metric)
     batches = sorted(cells)
     worst = {p: min(g[p][b] for b in batches if b in g[p]) for p in ADAPTIVE if p in g
              and all(b in g[p] for b in batches)}
     if not worst:
-        return "no adaptive policy ran at every batch size", None, None
+        return variants.row("verdict", metric=metric)
     best = max(worst, key=worst.get)
     per_batch = []
     for b in batches:
         ad = {p: g[p][b] for p in ADAPTIVE if p in g and b in g[p]}
         per_batch.append(max(ad.values()) if ad else float("nan"))
-    ok = worst[best] >= GOAL
-    text = (f"{metric}: best adaptive policy over all batch sizes = **{best}**, worst gap {100 * worst[best]:+.1f}% "
-            f"-> goal (>= -3%) {'**met**' if ok else '**missed**'}. Per batch, the best adaptive policy chosen "
-            f"in hindsight: worst gap {100 * min(per_batch):+.1f}%.")
-    return text, best, worst[best]
+    return variants.row("verdict", metric=metric, policy=best, gap=f"{100 * worst[best]:+.1f}",
+                        lo=f"{100 * min(per_batch):+.1f}", note="met" if worst[best] >= GOAL else "missed")
 
 
 def figure(cells: dict, metric: str, out: Path) -> str:
@@ -270,36 +267,34 @@ def figure(cells: dict, metric: str, out: Path) -> str:
     return name
 
 
-def noise(cells: dict) -> str | None:
+def noise(cells: dict) -> list[dict]:
     d = [abs(v["reps"][j] / v["reps"][i] - 1) for c in cells.values() for v in c.values()
          for i in range(len(v["reps"])) for j in range(i + 1, len(v["reps"]))]
     if not d:
-        return None
-    return (f"Repeatability: the same cell's e2e throughput in any two repetitions differs by "
-            f"{100 * statistics.fmean(d):.1f}% on average, {100 * max(d):.1f}% at most ({len(d)} pairs): differences "
-            f"below that are noise.")
+        return []
+    return [variants.row("noise", ratio=f"{100 * statistics.fmean(d):.1f}", hi=f"{100 * max(d):.1f}", n=len(d))]
 
 
-def report(sweep: Path, out: Path) -> str:
+def figures(sweep: Path, cells: dict) -> list[dict]:
+    """The sweep's rows of variants.csv: every figure its results.md shows."""
+    rows = [variants.row("runs", note=sweep, n=sum(len(c) for c in cells.values()))] + noise(cells)
+    for metric in variants.METRICS:
+        rows += [verdict(cells, metric)] + goal12(cells, metric) + table(cells, metric)
+    return rows + where_rows(cells)
+
+
+def report(sweep: Path, out: Path) -> tuple[str, list[dict]]:
+    """results.md and the figures into `out`; the text and the rows of variants.csv."""
     cells = load(sweep)
     if not cells:
         raise SystemExit(f"no runs under {sweep}")
     out.mkdir(parents=True, exist_ok=True)
-    md = [f"Runs: `{sweep}` ({sum(len(c) for c in cells.values())} cells)."]
-    n = noise(cells)
-    if n:
-        md += ["", n]
-    figs = []
-    for metric in ("e2e", "decode"):
-        md += ["", verdict(cells, metric)[0], "", goal12(cells, metric), "", table(cells, metric)]
-        figs.append(figure(cells, metric, out))
-    w = where(cells)
-    if w:
-        md += ["", w]
-    md += ["", "Figures: " + ", ".join(f"[{f}]({f})" for f in figs)]
-    text = "\n".join(md) + "\n"
+    rows = figures(sweep, cells)
+    text = variants.render(rows)
+    for metric in variants.METRICS:
+        figure(cells, metric, out)
     atomic_write(out / "results.md", text)
-    return text
+    return text, rows
 
 
 def main(argv=None):
@@ -307,9 +302,13 @@ def main(argv=None):
     ap.add_argument("sweep", nargs="?", default="outputs/multirun/real_pareto")
     ap.add_argument("--out", default=str(HERE))
     ap.add_argument("--readme", default=None)
+    ap.add_argument("--table", default=None, help="also put the figures into this table (variants.csv)")
+    ap.add_argument("--variant", default="default", help="the sweep's name in --table")
     a = ap.parse_args(argv)
-    text = report(Path(a.sweep), Path(a.out))
+    text, rows = report(Path(a.sweep), Path(a.out))
     print(text)
+    if a.table:
+        variants.write(Path(a.table), a.variant, rows)
     if a.readme:
         replace_results(a.readme, text)
 
