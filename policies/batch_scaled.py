@@ -2,7 +2,7 @@ import numpy as np
 
 from specdepth.errors import as_int
 
-from ._common import CostAwarePolicy
+from .kit import CostAwarePolicy
 
 
 class BatchScaled(CostAwarePolicy):

@@ -3,7 +3,7 @@ import numpy as np
 from specdepth.errors import ConfigError, as_int
 from specdepth.policy import Policy
 
-from ._common import fit_token_cap
+from .kit import fit_token_cap
 
 
 class BatchTable(Policy):

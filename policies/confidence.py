@@ -2,7 +2,7 @@ import numpy as np
 
 from specdepth.errors import as_bool, as_float, as_int
 
-from ._common import ConfidenceCalibration, CostAwarePolicy, as_padded, keep_by_margin
+from .kit import ConfidenceCalibration, CostAwarePolicy, as_padded, keep_by_margin
 
 
 class ConfidenceThreshold(CostAwarePolicy):

@@ -3,7 +3,7 @@ import numpy as np
 from specdepth.errors import ConfigError, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
-from ._common import PerRequest, fit_token_cap
+from .kit import PerRequest, fit_token_cap
 
 
 class EMA(Policy):
@@ -41,7 +41,7 @@ class EMA(Policy):
         self.interval = as_int(interval, "policy.interval", min=1)
         self.hysteresis_down = as_float(hysteresis_down, "policy.hysteresis_down", min=0)
         self.hysteresis_up = as_float(hysteresis_up, "policy.hysteresis_up", min=0)
-        self._seq = PerRequest(2, (initial - 1.0, float(initial)))   # ema, current depth
+        self._seq = PerRequest(ema=initial - 1.0, depth=float(initial))
         self.reset()
 
     def reset(self):
@@ -73,7 +73,7 @@ class EMA(Policy):
         if self.scope == "batch":
             return fit_token_cap(np.full(n, min(int(self._depth), view.max_depth), np.int64), view)
         st = self._seq.align(view.request_ids)
-        return fit_token_cap(np.minimum(st[:, 1], view.max_depth).astype(np.int64), view)
+        return fit_token_cap(np.minimum(st.depth, view.max_depth).astype(np.int64), view)
 
     def observe(self, view, accepted):
         drafted = view.drafted
@@ -87,6 +87,6 @@ class EMA(Policy):
             return
         st = self._seq.align(view.request_ids)
         d = drafted > 0
-        st[d, 0] = (1 - self.alpha) * st[d, 0] + self.alpha * accepted[d]
+        st.ema[d] = (1 - self.alpha) * st.ema[d] + self.alpha * accepted[d]
         if self._steps >= self.warmup:
-            st[:, 1] = self._decide(st[:, 0], st[:, 1])
+            st.depth = self._decide(st.ema, st.depth)

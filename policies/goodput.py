@@ -5,7 +5,7 @@ import numpy as np
 from specdepth.errors import ConfigError, as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
-from ._common import (CatchUpPadding, CostCalibration, IdleReplan, PerRequest, PolicyTime, PositionFactors, StepCost,
+from .kit import (CatchUpPadding, CostCalibration, IdleReplan, PerRequest, PolicyTime, PositionFactors, StepCost,
                       best_prefix, catch_up_rows, draft_caps, expected_max, keep_by_margin, may_probe, pad_extra,
                       plan_by_position, plan_pays_catch_up, row_cost, thin_evidence, tie_bands)
 
@@ -192,7 +192,7 @@ class Goodput(Policy):
         self.draft_fixed = as_bool(draft_fixed, "policy.draft_fixed")
         self.drain_makespan = as_bool(drain_makespan, "policy.drain_makespan")
         self.calibrate_idle = as_bool(calibrate_idle, "policy.calibrate_idle")
-        self._seq = PerRequest(6)   # accepted, rejections, sum of confidences, drafted; verified confidence, tokens
+        self._seq = PerRequest(accepted=0.0, rejected=0.0, conf_sum=0.0, drafted=0.0, verified_conf=0.0, verified=0.0)
         self.reset()
 
     @property
@@ -232,10 +232,10 @@ class Goodput(Policy):
         self._cal = cal = self._row_calibration(st)
         if self.estimator == "counts":
             base = pool.accepted / (pool.accepted + pool.rejected)
-            a = (st[:, 0] + k * base) / (st[:, 0] + st[:, 1] + k)
+            a = (st.accepted + k * base) / (st.accepted + st.rejected + k)
         else:
             base = pool.conf_sum / pool.drafted
-            a = (st[:, 2] + k * base) / (st[:, 3] + k) * np.minimum(cal, 1 / max(base, 1e-6))
+            a = (st.conf_sum + k * base) / (st.drafted + k) * np.minimum(cal, 1 / max(base, 1e-6))
         # rounded: rows with the same evidence tie exactly (float noise in the sums would otherwise rank
         # them, the same rows losing every step), and ties go to the rows with more tokens left; estimates
         # within `tie_tolerance` of each other tie too (_common.tie_bands)
@@ -250,11 +250,11 @@ class Goodput(Policy):
         2: one row accepted 38 of 38 drafts, the other 11 of 51, at the same confidences); the batch-wide
         calibration prices both alike, and the drain kept drafting the bad row, the slowest."""
         cal = self._pool.calibration
-        out = np.full(st.shape[0], cal)
+        out = np.full(len(st), cal)
         z = self.row_calibration
-        if not z or st.shape[0] < 2:
+        if not z or len(st) < 2:
             return out
-        acc, vc, ver = st[:, 0], st[:, 4], st[:, 5]
+        acc, vc, ver = st.accepted, st.verified_conf, st.verified
         rows = np.flatnonzero((ver > 0) & (vc > 0))
         if rows.size < 2:
             return out
@@ -444,7 +444,7 @@ class Goodput(Policy):
             return np.ones(n, bool)
         if not thin_evidence(self._pool.verified, self.calibration_prior, n):
             return None
-        fresh = self._seq.align(view.request_ids)[:, 5] == 0
+        fresh = self._seq.align(view.request_ids).verified == 0
         k = int(fresh.sum())
         return fresh if k and k >= max(min(2, n), n / 4) else None
 
@@ -550,7 +550,7 @@ class Goodput(Policy):
         e = self._tokens_per_step(S)
         a = self._a
         dS = ((np.arange(K) + 1.0) * S)[:, :max(int(math.ceil(d)), 1)].sum(axis=1) / a   # de / da
-        var_a = a * (1.0 - a) / (self._seq.align(view.request_ids)[:, 3] + self.prior_strength)
+        var_a = a * (1.0 - a) / (self._seq.align(view.request_ids).drafted + self.prior_strength)
         rem = view.remaining
         steps = rem / e
         sd2 = rem * (e - 1.0) / (e * e) + (steps / e * dS) ** 2 * var_a + 1.0
@@ -631,12 +631,12 @@ class Goodput(Policy):
             csum = vrow = np.zeros(view.batch_size)
             vconf = 0.0
         self._dbar = float(drafted[drafted > 0].mean())
-        st[:, 0] += accepted
-        st[:, 1] += rej
-        st[:, 2] += csum
-        st[:, 3] += drafted
-        st[:, 4] += vrow
-        st[:, 5] += ver
+        st.accepted += accepted
+        st.rejected += rej
+        st.conf_sum += csum
+        st.drafted += drafted
+        st.verified_conf += vrow
+        st.verified += ver
         self._pool.add(np.exp(-float(drafted.sum()) / self.pool_memory), accepted.sum(), rej.sum(), csum.sum(),
                        drafted.sum(), vconf, ver.sum())
         if conf is not None and conf.shape[1]:

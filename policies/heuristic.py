@@ -3,7 +3,7 @@ import numpy as np
 from specdepth.errors import as_int
 from specdepth.policy import Policy
 
-from ._common import PerRequest, fit_token_cap
+from .kit import PerRequest, fit_token_cap
 
 
 class Heuristic(Policy):
@@ -18,17 +18,17 @@ class Heuristic(Policy):
     def __init__(self, initial: int = 20, max_depth: int = 16):
         self.initial = as_int(initial, "policy.initial", min=1)
         self.max_depth = as_int(max_depth, "policy.max_depth", min=1)
-        self._n = PerRequest(1, float(initial))
+        self._n = PerRequest(depth=float(initial))
 
     def reset(self):
         self._n.reset()
 
     def plan(self, view):
-        n = self._n.align(view.request_ids)[:, 0]
+        n = self._n.align(view.request_ids).depth
         return fit_token_cap(np.minimum(n, min(self.max_depth, view.max_depth)).astype(np.int64), view)
 
     def observe(self, view, accepted):
         n = self._n.align(view.request_ids)
         drafted = view.drafted
         full = (accepted >= drafted) & (drafted > 0)
-        n[:, 0] = np.clip(np.where(full, n[:, 0] + 2, np.where(drafted > 0, n[:, 0] - 1, n[:, 0])), 1, self.max_depth)
+        n.depth = np.clip(np.where(full, n.depth + 2, np.where(drafted > 0, n.depth - 1, n.depth)), 1, self.max_depth)

@@ -3,7 +3,7 @@ import numpy as np
 from specdepth.errors import as_int
 from specdepth.policy import Policy
 
-from ._common import StepCost, best_prefix, draft_caps
+from .kit import StepCost, best_prefix, draft_caps
 
 
 class Oracle(Policy):

@@ -1,6 +1,6 @@
 import numpy as np
 
-from ._common import draft_caps, keep_by_margin
+from .kit import draft_caps, keep_by_margin
 from .oracle_expected import OracleExpected
 
 

@@ -3,7 +3,7 @@ import numpy as np
 from specdepth.errors import as_bool, as_int
 from specdepth.policy import Policy
 
-from ._common import StepCost, draft_caps, plan_by_position, plan_pays_catch_up
+from .kit import StepCost, draft_caps, plan_by_position, plan_pays_catch_up
 
 
 class OracleExpected(Policy):

@@ -15,7 +15,7 @@ from specdepth.errors import ConfigError
 from specdepth.executor import Executor
 from specdepth.policies import (EMA, Bandit, BatchScaled, BatchTable, ConfidenceThreshold, DisableByBatch,
                                 FixedDepth, Goodput, Heuristic, Oracle)
-from specdepth.policies._common import IdleReplan, StepCost, keep_by_margin
+from specdepth.policies.kit import IdleReplan, StepCost, keep_by_margin
 from specdepth.policies.goodput import _Pool
 from specdepth.policy import StepView
 from specdepth.workload import Request
@@ -321,12 +321,12 @@ def test_goodput_calibrate_idle_decides_whether_kept_idle_steps_feed_the_cost_ca
     """goodput's cost calibration sees every verified step with calibrate_idle=true; with false (the default) it
     skips the steps whose idle plan `idle_replan` kept, and only those. Here (acceptance 0.05: no draft ever pays)
     both run the same steps and draft nothing."""
-    from specdepth.policies import _common
+    from specdepth.policies import kit
     fed, kept = [], []
-    real_observe, real_skip = _common.CostCalibration.observe, _common.IdleReplan.skip
-    monkeypatch.setattr(_common.CostCalibration, "observe",
+    real_observe, real_skip = kit.CostCalibration.observe, kit.IdleReplan.skip
+    monkeypatch.setattr(kit.CostCalibration, "observe",
                         lambda self, *a, **k: fed.append(1) or real_observe(self, *a, **k))
-    monkeypatch.setattr(_common.IdleReplan, "skip", lambda self, view: kept.append(bool(real_skip(self, view)))
+    monkeypatch.setattr(kit.IdleReplan, "skip", lambda self, view: kept.append(bool(real_skip(self, view)))
                         or kept[-1])
     eng = build(compose("policy=goodput", f"policy.calibrate_idle={str(calibrate_idle).lower()}", "policy.probe=0",
                         "acceptance=iid", "acceptance.alpha=0.05", "workload=closed", "workload.batch_size=4",
@@ -359,14 +359,14 @@ def test_goodput_probes_a_calibration_that_rests_on_few_tokens(requests_left):
 def test_goodput_probes_at_most_probe_rounds_steps_a_run():
     """However thin the evidence stays, a run probes at most PROBE_ROUNDS steps (a closed batch of 300 near the
     break-even once probed 5 of its 16 steps under a gate on evidence alone)."""
-    from specdepth.policies._common import PROBE_ROUNDS
+    from specdepth.policies.kit import PROBE_ROUNDS
     p = Goodput()
     p._pool = _Pool(accepted=0.4, rejected=0.6, conf_sum=0.4, drafted=1.0, cal_accepted=1.0, cal_conf=3.2)
     v = make_view(14, cost=LinearCost(v0=10e-3, v1=2e-4, d0=1e-3), requests_left=5)
     drafted = []
     for _ in range(PROBE_ROUNDS + 3):
         drafted.append(int(p.plan(v).sum()))
-        p._seq.align(v.request_ids)[:, 5] += 1   # each row's probe verified (the pool as it was: still thin)
+        p._seq.align(v.request_ids).verified += 1   # each row's probe verified (the pool as it was: still thin)
     assert drafted == [14] * PROBE_ROUNDS + [0] * 3
 
 
@@ -376,7 +376,7 @@ def test_goodput_probes_the_rows_that_joined_after_its_rounds(fresh, probed):
     was verified (requests that joined since), only them, once they are a quarter of the batch: a stream's first
     requests say little of its later ones (c48 of robustness draw 2049: the rounds went on its first two requests
     and a batch of up to 80 drafted nothing for 3,000 steps). On evidence that is not thin: no probe."""
-    from specdepth.policies._common import PROBE_ROUNDS
+    from specdepth.policies.kit import PROBE_ROUNDS
 
     def plan(cal_accepted):
         p = Goodput()
@@ -384,7 +384,7 @@ def test_goodput_probes_the_rows_that_joined_after_its_rounds(fresh, probed):
                         cal_conf=cal_accepted * 3.2)
         p._probes = PROBE_ROUNDS
         ids = np.array(list(range(14 - fresh)) + list(range(100, 100 + fresh)))
-        p._seq.align(ids)[:14 - fresh, 5] = 3.0   # the older rows' verified drafts
+        p._seq.align(ids).verified[:14 - fresh] = 3.0   # the older rows' verified drafts
         return p.plan(make_view(14, ids=ids, cost=LinearCost(v0=10e-3, v1=2e-4, d0=1e-3), requests_left=5)).tolist()
 
     assert plan(1.0) == ([0] * (14 - fresh) + [1] * fresh if probed else [0] * 14)
@@ -401,7 +401,7 @@ def test_goodput_slot_time_values_a_sure_rows_tokens_by_the_slot_time_they_free(
         p = Goodput(use_confidence=False, stream_value=value, probe=0)
         v = make_view(2, requests_left=requests_left, cost=LinearCost(v0=10e-3, v1=2e-4, d0=1e-3))
         st = p._seq.align(v.request_ids)
-        st[:, 2], st[:, 3] = [990.0, 300.0], 1000.0   # confidence sums over 1,000 drafts each: a = 0.99, 0.3
+        st.conf_sum, st.drafted = [990.0, 300.0], 1000.0   # confidence sums over 1,000 drafts each: a = 0.99, 0.3
         return p.plan(v).tolist()
 
     tokens, slots = plan("tokens", 5), plan("slot_time", 5)
@@ -422,7 +422,7 @@ def test_goodput_catch_up_horizon_is_the_runs_end_only_when_draining(monkeypatch
         v = make_view(2, requests_left=requests_left, cost=LinearCost(v0=10e-3, v1=2e-4, d0=1e-3))
         v._lag = lambda: np.full(2, 9)   # both rows' drafts lag: a plan that drafts them asks whether catching up pays
         st = p._seq.align(v.request_ids)
-        st[:, 2], st[:, 3] = [990.0, 900.0], 1000.0
+        st.conf_sum, st.drafted = [990.0, 900.0], 1000.0
         p.plan(v)
     assert seen == [False, True]
 
@@ -486,7 +486,7 @@ def test_confidence_calibration_recovers_a_known_platt_scale_from_the_verified_d
     under-confident draft (a = 1, b = 0.8) and an over-confident one (a = -1, b = 1.2) are recovered from
     3,000 steps of 8 rows drafting 4 deep. Drafts after a row's first rejection were never verified: their
     confidences (here 0.99, which would say "accepted") are left out. No data: the identity."""
-    from specdepth.policies._common import ConfidenceCalibration
+    from specdepth.policies.kit import ConfidenceCalibration
     cal = ConfidenceCalibration()
     assert (cal.a, cal.b) == (0.0, 1.0) and abs(float(cal(np.array([0.3]))[0]) - 0.3) < 1e-9
     rng = np.random.default_rng(0)
@@ -510,7 +510,7 @@ def test_confidence_calibration_fit_does_not_run_away_on_nearly_separated_tokens
     confidence, with overflows in exp). Halved steps reach the penalised optimum from any start: there the
     gradient vanishes, and no RuntimeWarning is raised."""
     import warnings
-    from specdepth.policies._common import ConfidenceCalibration
+    from specdepth.policies.kit import ConfidenceCalibration
     n = np.array([0, 0, 0, .9, 1, 0, 1, 0, 1.9, 3.8, 2.9, 5.8, 6.8, 10.7, 12.4, 17.4, 10.6, 13.6, 11.6, 3.9, 8.7,
                   10.6, 5.7, 5.7, 5.8, 3.9, 5.8, 2.9])
     acc = np.array([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1.9, 2.9, 6.8, 7.7, 12.6, 7.7, 12.6, 10.6, 3.9, 8.7, 9.7, 5.7,
@@ -802,7 +802,7 @@ def test_goodput_global_ranking_drains_like_the_position_ranking():
             p = Goodput(use_confidence=False, ranking=ranking, drain=drain)
             p._alpha = lambda view: np.full(view.batch_size, 0.8)
             view = make_view(2, remaining=np.array([200, 30]), cost=cost)
-            p._seq.align(view.request_ids)[:, 3] = 500   # drafted tokens seen: the estimates are firm
+            p._seq.align(view.request_ids).drafted = 500   # drafted tokens seen: the estimates are firm
             depths[ranking, drain] = p.plan(view)
     for ranking in ("position", "global"):
         assert depths[ranking, False][0] == depths[ranking, False][1]
@@ -814,7 +814,7 @@ def test_cost_aware_position_factor_prior_and_optimism_are_options(cls):
     """`position_prior` / `position_optimism` (as goodput's): the per-position factors' pseudo-tokens toward 1 and
     the standard errors a factor below 1 is raised by. A position whose drafts were accepted half as often as the
     first's: the factor is lower with fewer pseudo-tokens and with less optimism, and the defaults are 20 and 2."""
-    from specdepth.policies._common import PositionFactors
+    from specdepth.policies.kit import PositionFactors
     assert (cls().position_prior, cls().position_optimism) == (20.0, 2.0)
     f = {}
     for prior, opt in ((20.0, 2.0), (20.0, 1.0), (5.0, 1.0)):

@@ -35,7 +35,7 @@ class StepView:
                                   after a step whose drafts were all accepted, one more per step the row did not
                                   draft (backend=hf; the simulator with backend.draft_catch_up). 1 for every row
                                   where the executor charges one token whatever the history (the simulator's
-                                  default). Price it with `_common.catch_up_s`.
+                                  default). Price it with `policies.kit.catch_up_s`.
     During drafting (keep_drafting) and in observe:
       depths              int64   this step's plan
       drafted             int64   drafts proposed so far this step

@@ -173,7 +173,7 @@ class ClockCost:
     `goodput cost=clock`): the clock's cost model (backend.clock_profile, else the run's), padded forwards
     (backend.pad_ragged) and the fixed seconds per step (with the verify) and per draft position. The draft's
     catch-up tokens (backend.draft_catch_up) depend on each row's history: the tables do not hold them; a policy
-    prices them from view.draft_lag with `draft_forward` (`_common.catch_up_s`)."""
+    prices them from view.draft_lag with `draft_forward` (`policies.kit.catch_up_s`)."""
 
     def __init__(self, ex: SimExecutor):
         self._ex = ex

@@ -1,0 +1,29 @@
+"""The policy kit: the building blocks of the built-in adaptive policies, public for policies of your own.
+
+  state        PerRequest: named per-request fields that follow rows by request id
+  cost         StepCost (step-time tables from view.cost), Tables, PolicyTime, pad_extra, as_padded
+  calibration  CostCalibration: the cost model corrected online by the measured step costs
+  acceptance   PositionFactors, shrunk_rates, tie_bands, ConfidenceCalibration, expected_tokens
+  search       uniform_depth, plan_by_position, keep_by_margin, best_prefix, draft_caps, fit_token_cap
+  drain        expected_max, normal_cdf: when the last row of a draining batch is expected to finish
+  idle         IdleReplan, may_probe / thin_evidence, catch_up_s / catch_up_pays / catch_up_rows, CatchUpPadding
+  depth        CostAwareDepth (one calibrated depth for the batch) and CostAwarePolicy, its Policy base
+"""
+from .acceptance import ConfidenceCalibration, PositionFactors, expected_tokens, shrunk_rates, tie_bands
+from .calibration import CostCalibration
+from .cost import PolicyTime, StepCost, Tables, as_padded, every_row_deep, pad_extra, row_cost
+from .depth import CostAwareDepth, CostAwarePolicy
+from .drain import expected_max, normal_cdf
+from .idle import (PROBE_ROUNDS, PROBE_TOKENS, CatchUpPadding, IdleReplan, catch_up_pays, catch_up_rows, catch_up_s,
+                   may_probe, plan_pays_catch_up, thin_evidence)
+from .search import best_prefix, draft_caps, fit_token_cap, keep_by_margin, plan_by_position, uniform_depth
+from .state import PerRequest, Rows
+
+__all__ = [
+    "PROBE_ROUNDS", "PROBE_TOKENS", "CatchUpPadding", "ConfidenceCalibration", "CostAwareDepth", "CostAwarePolicy",
+    "CostCalibration", "IdleReplan", "PerRequest", "PolicyTime", "PositionFactors", "Rows", "StepCost", "Tables",
+    "as_padded", "best_prefix", "catch_up_pays", "catch_up_rows", "catch_up_s", "draft_caps", "every_row_deep",
+    "expected_max", "expected_tokens", "fit_token_cap", "keep_by_margin", "may_probe", "normal_cdf", "pad_extra",
+    "plan_by_position", "plan_pays_catch_up", "row_cost", "shrunk_rates", "thin_evidence", "tie_bands",
+    "uniform_depth",
+]

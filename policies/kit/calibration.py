@@ -1,0 +1,275 @@
+"""Online calibration of the step cost: the cost model corrected by what the steps really cost."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .cost import Tables, every_row_deep
+
+
+_UPPER3 = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))   # a symmetric 3 x 3 matrix's upper triangle
+
+
+
+_AT3 = ((0, 1, 2), (1, 3, 4), (2, 4, 5))                      # where entry (a, b) of it lies in that list
+
+
+
+class CostCalibration:
+    """Online correction of the cost model from what the steps really cost (the view's measured_* and
+    predicted_* fields, read in observe). Per phase, measured = scale x predicted + fixed x count, with
+    count = draft forwards (draft phase: a fixed cost per draft position) or 1 (verify phase: a fixed cost
+    per step), fitted by least squares with exponential forgetting (`memory` steps) and shrunk toward
+    (scale 1, fixed 0) with `prior` pseudo-steps, so a run starts from the cost model and short runs do not
+    pay a learning transient. Any policy can use it:
+
+        cal = CostCalibration(); cal.observe(view)   # in observe()
+        tables = cal.correct(costs)                   # corrected StepCost tables (.verify, .draft)
+
+    `sticky` (default on): a padding term found earlier is kept while the recent steps cannot tell (`_keep_pad`).
+    `cautious` (default on): where no term was found and the steps cannot rule one out, the padding is assumed
+    (`_doubt`).
+    `draft_clip` (> 0; default 0, off): a step's measured draft seconds enter the draft fit at most draft_clip x the
+    fit's price for the step (scale x predicted + fixed x forwards), so one outlier (a draft that also caught up
+    skipped tokens) moves the fit at most that factor, and a cost the model misses is learnt at most that factor a
+    step (goodput sets 3).
+    `draft_fixed` (default off): where the draft's steps do not identify a scale apart from a fixed part (the cost
+    model's seconds per forward vary by less than UNIDENTIFIED, about 10 %: memory-bound forwards whose rows barely
+    change their price), the excess over the model is read as a fixed cost per forward (scale 1, the fixed part
+    fitted alone; where the model overprices, a scale alone): the scale would multiply the model's price of each
+    further row, which such data cannot tell. A small draft's forward at a small batch costs a nearly constant time
+    the roofline can miss (launches, an engine's own fixed costs), not a multiple of its rows' price (c64 of
+    robustness draw 2058: 1.33 ms per forward fitted as scale 3.8 and 0.56 ms; goodput drafted 2-3 rows a step
+    where every row paid, 0.962 of fixed depth 1 against 1.005 with the true cost). goodput's `draft_fixed`, off by
+    default (it moved the development draws' other cells within chance, slightly down in expectation).
+    """
+
+    PHASES = ("draft", "verify")
+    UNIDENTIFIED = 0.01   # 1 - (the cosine of predicted and forwards)^2: ~ the squared CV of the price per forward
+
+    def __init__(self, memory: float = 200.0, prior: float = 2.0, sticky: bool = True, cautious: bool = True,
+                 draft_clip: float = 0.0, draft_fixed: bool = False):
+        self.memory, self.prior = float(memory), float(prior)
+        self.draft_fixed = bool(draft_fixed)
+        self.draft_clip = float(draft_clip)   # > 0: a step's measured draft counts at most this x the fit's price
+        self.sticky = bool(sticky)   # keep a padding term the recent steps cannot tell about (`_keep_pad`)
+        self.cautious = bool(cautious)   # assume padding the steps cannot rule out (`_doubt`)
+        self.reset()
+
+    def reset(self):
+        # per phase: decayed sums of [x1 x1, x1 x2, x2 x2, x1 y, x2 y, weight], x = (predicted, count); plain floats
+        # (every step, six numbers: numpy's per-call cost was most of it; the same arithmetic, the same bits)
+        self._sums = {ph: [0.0] * 6 for ph in self.PHASES}
+        self._fit = {ph: (1.0, 0.0) for ph in self.PHASES}
+        # verify with the padding feature (observe's `pad`): decayed X'X (its upper triangle, row by row), X'y,
+        # y'y and weight for x = (predicted, 1, pad); plain floats: the fit runs every step, on 3 features
+        self._pad_xx, self._pad_xy, self._pad_yy, self._pad_w = [0.0] * 6, [0.0] * 3, 0.0, 0.0
+        self.pad = 0.0   # seconds per second of padded verify growth (0: the engine packs ragged forwards)
+        self._pad_fit = None   # (scale, fixed) of the verify fit with the padding term, where it is taken
+        self._drafted_last = True   # whether the last step observed drafted (a run's first draft resumes nothing)
+
+    def update(self, phase: str, predicted: float, count: float, measured: float) -> None:
+        keep = math.exp(-1.0 / self.memory)
+        x = (predicted * predicted, predicted * count, count * count, predicted * measured, count * measured, 1.0)
+        s = self._sums[phase] = [v * keep + d for v, d in zip(self._sums[phase], x)]
+        self._fit[phase] = self._solve_fixed(s) if self.draft_fixed and phase == "draft" else self._solve(s)
+
+    def _solve_fixed(self, s):
+        """`draft_fixed`: _solve, unless the data do not identify the scale apart from the fixed part (1 - cos^2 of
+        the two features below UNIDENTIFIED); then scale 1 and the fixed part alone (ridge toward 0 as _solve's),
+        or, where the model overprices (a negative fixed part), a scale alone."""
+        if s[5] <= 0.0 or s[0] <= 0.0 or s[2] <= 0.0 or 1.0 - s[1] * s[1] / (s[0] * s[2]) >= self.UNIDENTIFIED:
+            return self._solve(s)
+        k = self.prior / s[5]
+        fixed = (s[4] - s[1]) / (s[2] * (1 + k))   # y - predicted = fixed x forwards
+        if fixed >= 0.0:
+            return (1.0, fixed)
+        return (max((s[3] + k * s[0]) / (s[0] * (1 + k)), 0.0), 0.0)
+
+    def _solve(self, s):
+        w = s[5]
+        if w <= 0.0 or s[0] <= 0.0:
+            return (1.0, 0.0)
+        # ridge toward (1, 0): `prior` pseudo-steps at the data's mean squares of each feature
+        k = self.prior / w
+        a11, a12, a22 = s[0] * (1 + k), s[1], s[2] * (1 + k) if s[2] > 0 else 1.0
+        b1, b2 = s[3] + k * s[0], s[4]
+        det = a11 * a22 - a12 * a12
+        if det <= 0.0:
+            return (1.0, 0.0)
+        scale, fixed = (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det
+        if scale < 0.0 or fixed < 0.0:   # keep the physical sign: refit with the other part at zero
+            return (max(b1 / a11, 0.0), 0.0) if fixed < 0.0 else (0.0, max(b2 / a22, 0.0))
+        return (scale, fixed)
+
+    def observe(self, view, pad: float | None = None, caught_up: bool = False) -> None:
+        """Add this step's measured vs predicted costs (call from observe; a no-op where none). `pad`: what
+        the verify would cost more than predicted if the engine padded every row to the step's deepest one
+        (`_common.pad_extra`); given, the fit also learns how much of that the engine pays (`self.pad`).
+        A step that drafts after a step that drafted nothing is left out of the draft fit: there the draft also
+        catches up the tokens it skipped (backend=hf; `backend.draft_catch_up`), a cost of the idle steps, not
+        of the positions drafted, and one such step could set the fit for good, since a fit that says drafts
+        are dear is not corrected while no draft is made (c12 of robustness draw 2036: a probe after 166 idle
+        steps measured 0.32 s against 2.3 ms predicted; the draft's scale of 21 stopped drafting for the run).
+        `caught_up` (a policy that knows, from view.draft_lag at plan: `CatchUpPadding.caught_up`): whether a row
+        whose draft lagged drafted this step; such a step is left out too, though the step before drafted. For
+        a policy that drafts every row or none (CostAwareDepth) a row lags only where `catch_up` held it back, for
+        many steps: one step that drafted rows just caught up next to held ones set the draft's scale as above
+        and stopped drafting for the run (c103 of robustness draw 2041, batch_scaled 0.985 of the baseline
+        against 1.016 without `catch_up`). Not for goodput, whose per-row plans leave rows a few tokens behind
+        on most drafting steps of a stream: left out, those steps starve the fit (c44 of 2041, 0.997 -> 0.972)."""
+        mv = view.measured_verify_s
+        if mv is None:
+            return
+        self.update("verify", view.predicted_verify_s, 1.0, mv)
+        if pad is not None:
+            self._update_pad(view.predicted_verify_s, pad, mv)
+        forwards = view.draft_forwards
+        if forwards and self._drafted_last and not caught_up:
+            md = view.measured_draft_s
+            if self.draft_clip > 0.0:
+                sd, cd = self._fit["draft"]
+                md = min(md, self.draft_clip * (sd * view.predicted_draft_s + cd * forwards))
+            self.update("draft", view.predicted_draft_s, float(forwards), md)
+        self._drafted_last = bool(forwards)
+
+    def _update_pad(self, predicted: float, pad: float, measured: float) -> None:
+        """measured = scale x predicted + fixed + pad x (padded - predicted), least squares with the same
+        forgetting. The padding term is taken (`self.pad`, with its own scale and fixed part) only where the
+        data identify it: its coefficient at least three standard errors above 0 and 2 % of the scale, and the
+        fit better than without it by 1 % of a step's cost (RMS). A ragged engine's constant per-step cost
+        cannot pass for padding even when the padding feature barely varies (the prior's pull on the fixed
+        part once did, on a cell with no padding). Where the fixed part comes out negative (a cost model that
+        charges a fixed part the engine does not pay) the fit is taken again without it: refusing the padding
+        there let a padded 70B verify at batch 200 pass for a 30 ms fixed cost in the verify-only fit, which
+        then priced drafts as nearly free (c83 of robustness draw 2035, 0.950 of `none`)."""
+        keep = math.exp(-1.0 / self.memory)
+        x = (predicted, 1.0, pad)
+        self._pad_xx = [v * keep + x[a] * x[b] for v, (a, b) in zip(self._pad_xx, _UPPER3)]
+        self._pad_xy = [v * keep + x[a] * measured for a, v in enumerate(self._pad_xy)]
+        self._pad_yy = self._pad_yy * keep + measured * measured
+        self._pad_w = self._pad_w * keep + 1.0
+        prev, self.pad, self._pad_fit = self.pad, 0.0, None
+        xx = self._pad_xx
+        if self._pad_w < 4.0 or xx[5] <= 0.0:
+            return
+        A = list(xx)
+        for d in (0, 3, 5):   # a hair of ridge on the diagonal
+            A[d] = A[d] + A[d] * 1e-9
+        fit = self._pad_solve(A, (0, 1, 2))
+        if fit is not None and fit[0][1] < 0.0:   # keep the physical sign: refit with no fixed part
+            fit = self._pad_solve(A, (0, 2))
+        if fit is None:
+            self._hold(A, prev, None)
+            return
+        coef, se = fit
+        plain = self._pad_solve(A, (0, 1))   # without the padding term: what it must improve on, by at least
+        if plain is None:                    # 1 % of a step's cost (RMS)
+            self._hold(A, prev, None)
+            return
+        gain = (self._rss(plain[0]) - self._rss(coef)) / self._pad_w >= (0.01 * self._pad_xy[1] / self._pad_w) ** 2
+        if gain and coef[0] > 0.0 and coef[2] > 3.0 * se and coef[2] > 0.02 * coef[0]:
+            self.pad = float(min(coef[2], coef[0]))
+            self._pad_fit = (float(coef[0]), float(coef[1]))
+        elif not coef[2] + 3.0 * se < prev:   # the data do not say the padding went away
+            self._hold(A, prev, coef[2] + 3.0 * se)
+        else:
+            self._hold(A, 0.0, coef[2] + 3.0 * se)
+
+    def _hold(self, A: list, prev: float, upper: float | None) -> None:
+        """Where the padding is not identified: plan with the term found earlier (`sticky`), else with what the
+        data cannot rule out (`cautious`, `_doubt`), the scale and fixed part refitted (`_keep_pad`)."""
+        self._keep_pad(A, prev if self.sticky and prev > 0.0 else self._doubt(upper))
+
+    def _doubt(self, upper: float | None) -> float:
+        """`cautious`: the padding to plan with where the fit cannot rule it out (1: a padded verify at the cost
+        model's price), 0 where it can (upper: the padding coefficient's upper bound, three standard errors
+        above the fit; None where the fit is singular). Only steps that drafted rows unevenly show padding at
+        all; where the plan drafts the same rows alike every step the padding feature is constant and so is
+        confounded with a fixed cost per step. Taking the ragged reading there is a trap: it prices the uneven
+        plan as cheap, the plan stays uneven, and the data never tell (c233 of robustness draw 2044: one row
+        drafted two deep for 340 steps while all 96 paid the padded positions; goodput 0.859 of goodput with
+        the true cost). Assumed, padding makes the plan even, which varies the feature and settles the question."""
+        if not self.cautious or (upper is not None and upper < 0.5):
+            return 0.0
+        return 1.0 if upper is None else min(upper, 1.0)
+
+    def _keep_pad(self, A: list, prev: float) -> None:
+        """Hold the padding term at prev (> 0: one found earlier, `sticky`, or one the data cannot rule out,
+        `cautious`), the scale and fixed part refitted. Why `sticky`: where the recent steps cannot tell whether the
+        engine pads, a plan that drafts every row alike pads nothing, so the padding feature stops varying and,
+        with forgetting, its coefficient's error grows until the test above fails. Dropping it then priced
+        partial drafting as cheap on a padded engine, and goodput drafted 60-80 of 109 rows while every row paid
+        the padded position (c69 of robustness draw 2042: 0.944 of fixed depth 1, against 1.003 with the true
+        cost). The scale and fixed part are refitted with the padding held at prev; the term goes only where
+        the data put it more than three standard errors below prev (above), or the refit has no positive scale."""
+        if prev <= 0.0:
+            return
+        y0, y1 = self._pad_xy[0] - prev * A[2], self._pad_xy[1] - prev * A[4]
+        det = A[0] * A[3] - A[1] * A[1]
+        if det <= 0.0:
+            return
+        scale, fixed = (A[3] * y0 - A[1] * y1) / det, (A[0] * y1 - A[1] * y0) / det
+        if fixed < 0.0:
+            scale, fixed = y0 / A[0], 0.0
+        if scale > 0.0:
+            self.pad, self._pad_fit = float(min(prev, scale)), (float(scale), float(fixed))
+
+    def _pad_solve(self, A: list, idx: tuple) -> tuple[list, float] | None:
+        """Least squares of the padding fit on the features idx (the others at 0), A the (ridged) upper triangle
+        of X'X: the three coefficients and the last feature's standard error; None where singular."""
+        coef = [0.0, 0.0, 0.0]
+        y = self._pad_xy
+        if len(idx) == 3:
+            a00, a01, a02, a11, a12, a22 = A
+            c00, c01, c02 = a11 * a22 - a12 * a12, a02 * a12 - a01 * a22, a01 * a12 - a02 * a11
+            c11, c12, c22 = a00 * a22 - a02 * a02, a01 * a02 - a00 * a12, a00 * a11 - a01 * a01
+            det = a00 * c00 + a01 * c01 + a02 * c02
+            if det == 0.0:
+                return None
+            coef = [(c00 * y[0] + c01 * y[1] + c02 * y[2]) / det, (c01 * y[0] + c11 * y[1] + c12 * y[2]) / det,
+                    (c02 * y[0] + c12 * y[1] + c22 * y[2]) / det]
+            last = c22 / det
+        else:
+            i, j = idx
+            aii, aij, ajj = A[_AT3[i][i]], A[_AT3[i][j]], A[_AT3[j][j]]
+            det = aii * ajj - aij * aij
+            if det == 0.0:
+                return None
+            coef[i], coef[j] = (ajj * y[i] - aij * y[j]) / det, (aii * y[j] - aij * y[i]) / det
+            last = aii / det
+        dof = self._pad_w - len(idx)
+        return coef, math.sqrt(self._rss(coef) / dof * max(last, 0.0))
+
+    def _rss(self, coef: list) -> float:
+        """Residual sum of squares of the padding fit at coefficients coef (a feature left out has 0)."""
+        xx, xy = self._pad_xx, self._pad_xy
+        quad = sum(coef[a] * coef[b] * xx[k] * (1.0 if a == b else 2.0) for k, (a, b) in enumerate(_UPPER3))
+        return max(self._pad_yy - 2.0 * (coef[0] * xy[0] + coef[1] * xy[1] + coef[2] * xy[2]) + quad, 0.0)
+
+    def verify_scale(self) -> float:
+        """The verify's scale: how many seconds one predicted second of verify really costs (the padded fit's
+        where it is taken)."""
+        return self._pad_fit[0] if self.pad else self._fit["verify"][0]
+
+    def params(self, phase: str) -> tuple[float, float]:
+        """(scale, fixed seconds per step or per draft position) of a phase."""
+        return self._fit[phase]
+
+    def correct(self, costs) -> "Tables":
+        """Corrected StepCost tables: verify[x] (x drafts, one forward) and draft[m] (one forward of m rows)."""
+        sv, cv = self._fit["verify"]
+        sd, cd = self._fit["draft"]
+        d = sd * costs.draft + cd
+        d[0] = 0.0
+        if not self.pad:
+            return Tables(sv * costs.verify + cv, d)
+        sv, cv = self._pad_fit
+        # padded: a plan with x drafts over P positions pays verify'[x] + pad[0] + ... + pad[P-1]
+        v, n = costs.verify, costs.draft.size - 1
+        pv = self.pad
+        vp = getattr(costs, "vpad", None)
+        if vp is None:   # the padded verify at the batch's mean context (without StepCost.pad_context)
+            vp = every_row_deep(v, n)
+        return Tables((sv - pv) * v + cv + pv * vp[0], d, pv * np.diff(vp))

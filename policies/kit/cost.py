@@ -1,0 +1,207 @@
+"""The step cost: lookup tables of the verify and draft forwards' seconds for the current batch, built from the
+view's cost model, and the policy's own time priced into them."""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+
+@functools.lru_cache(maxsize=1024)
+def _grid(n: int, dense: int = 32, points: int = 40) -> np.ndarray:
+    """0..n exactly when small, else 0..dense plus a geometric grid up to n (for interpolation). Read-only,
+    one array per argument (geomspace and unique cost ~0.1 ms, on the plan's critical path on backend=hf)."""
+    if n <= dense + points:
+        g = np.arange(n + 1, dtype=float)
+    else:
+        g = np.concatenate([np.arange(dense, dtype=float), np.unique(np.rint(np.geomspace(dense, n, points)))])
+    g.flags.writeable = False
+    return g
+
+
+
+class StepCost:
+    """Predicted step time pieces for the current batch, from `view.cost`, as lookup tables:
+
+      verify[x]  seconds of the verify forward carrying x draft tokens in total (plus one token per row)
+      draft[m]   seconds of one draft forward over m rows
+    Built at the batch's mean context (KV reads and attention are sums over the batch, so the mean is
+    nearly exact) on a grid of x and m, interpolated in between (a roofline is piecewise linear). Tables
+    are cached per (batch size, depth cap, mean context in 2% buckets), `cache` of them at most.
+    A cost that pads every forward to its deepest row (`cost.pad_ragged`: the simulator's true cost with
+    backend.pad_ragged) pays for the positions opened, not for the drafts: then verify[x] is the verify without
+    drafts for any x, and pad[p] what opening position p adds (every row one token deeper), as
+    CostCalibration.correct prices a padded engine. (Spreading x drafts evenly over the rows, as above, would
+    price x < n drafts at no verify cost at all: the padded query is the deepest row's, a whole token.)
+    `pad_context` (goodput's): also vpad[p], the verify with every row p deep at the batch's longest context, which
+    an engine that pads a ragged batch pays (its KV padded to the longest row too), for `CostCalibration.correct`
+    to price a padded engine with (`pad_extra` with a view measures the same padding).
+    """
+
+    pad = None   # None: no padded-verify term (CostCalibration.correct may add one)
+    vpad = None   # the padded-context verify per depth (`_vpad`), or None
+
+    def __init__(self, cache: int = 512, pad_context: bool = False):
+        self.key = None
+        self.cache = cache
+        self.pad_context = pad_context
+        self._tables = {}
+        self._vkey = self._vval = None   # `_vpad`'s last key and table
+
+    def update(self, view, kmax: int, cost=None) -> "StepCost":
+        """Tables for this step's batch from `cost` (default view.cost)."""
+        cost = view.cost if cost is None else cost
+        ctx = view.context_lens
+        n = ctx.size
+        cbar = float(ctx.sum()) / n if n else 0.0
+        self.vpad = self._vpad(cost, ctx, kmax) if self.pad_context else None
+        key = (n, kmax, int(math.log1p(cbar) * 50.0), id(cost))
+        if key == self.key:
+            return self
+        self.key = key
+        hit = self._tables.get(key)
+        if hit is not None:
+            self.verify, self.draft, self.pad = hit
+            return self
+        if len(self._tables) >= self.cache:
+            self._tables.clear()
+        X = n * kmax
+        ms = _grid(n)
+        self.pad = None
+        if getattr(cost, "pad_ragged", False):   # padded: the deepest row's depth p sets the verify
+            V = np.array([cost.verify_time(ctx, np.full(n, p, np.int64)) for p in range(kmax + 1)])
+            self.verify, self.pad = np.full(X + 1, V[0]), np.diff(V)
+        else:
+            xs = _grid(X)
+            if hasattr(cost, "verify_times"):   # a CostModel: the whole table in one call
+                vt = cost.verify_times(ctx, xs)
+            else:
+                vt = np.array([cost.verify_time(ctx, np.full(n, x / n)) for x in xs])
+            self.verify = np.interp(np.arange(X + 1), xs, vt) if xs.size != X + 1 else vt
+        if hasattr(cost, "draft_times"):
+            dt = cost.draft_times(cbar, ms)
+        else:
+            dt = np.array([cost.draft_time(np.full(int(m), cbar)) if m else 0.0 for m in ms])
+        self.draft = np.interp(np.arange(n + 1), ms, dt) if ms.size != n + 1 else dt
+        self._tables[key] = (self.verify, self.draft, self.pad)
+        return self
+
+    def _vpad(self, cost, ctx: np.ndarray, kmax: int):
+        """vpad[p]: the verify with every row p deep at the batch's longest context, as an engine that pads ragged
+        forwards runs it (the query and the KV to the longest row); None for a cost that pads already."""
+        if getattr(cost, "pad_ragged", False) or ctx.size == 0:
+            return None
+        n, cmax = ctx.size, int(ctx.max())
+        key = (n, kmax, int(math.log1p(cmax) * 50.0), id(cost))
+        if self._vkey == key:
+            return self._vval
+        full = np.full(n, cmax, np.int64)
+        if hasattr(cost, "verify_times"):
+            v = cost.verify_times(full, n * np.arange(kmax + 1, dtype=float))
+        else:
+            v = np.array([cost.verify_time(full, np.full(n, p, np.int64)) for p in range(kmax + 1)])
+        self._vkey, self._vval = key, v
+        return v
+
+
+
+def row_cost(cost, ctx: np.ndarray) -> float:
+    """Seconds one more row at the batch's mean context adds to a verify without drafts (`cost`: a cost model
+    such as view.cost; 0 for an empty batch)."""
+    n = ctx.size
+    if n == 0:
+        return 0.0
+    c = np.full(n, float(ctx.mean()))
+    one_less = float(cost.verify_time(c[1:], np.zeros(n - 1))) if n > 1 else 0.0
+    return max(float(cost.verify_time(c, np.zeros(n))) - one_less, 0.0)
+
+
+
+class Tables:
+    """Step-time tables in StepCost's layout: `verify`, `draft`, and `pad` (None, or pad[p]: the seconds that
+    opening draft position p adds to a padded verify, whatever the number of rows drafting there)."""
+
+    def __init__(self, verify: np.ndarray, draft: np.ndarray, pad: np.ndarray | None = None):
+        self.verify, self.draft, self.pad = verify, draft, pad
+
+
+
+def every_row_deep(verify: np.ndarray, n: int) -> np.ndarray:
+    """A StepCost verify table (x drafts over n rows) read at x = n p, every row p deep, for p = 0, 1, ... (the
+    last point repeated where the table ends): what a verify that pads every row to the deepest costs per depth."""
+    return verify[np.minimum(np.arange(verify.size // max(n, 1) + 1) * n, verify.size - 1)]
+
+
+
+def as_padded(costs, n: int) -> Tables:
+    """`costs` (StepCost-like tables for a batch of n rows) priced as if the verify pads every row to the deepest
+    one: pad[p] = what a whole position p adds to the verify (n more tokens), the verify without drafts otherwise.
+    Tables that already pad are returned as they are. A row drafting past its batch's depth then pays for the
+    batch's position it opens, which an engine that pads ragged forwards charges and one that does not charges
+    less: a price that never falls short of the engine's."""
+    if costs.pad is not None and len(costs.pad):
+        return costs
+    return Tables(np.full_like(costs.verify, costs.verify[0]), costs.draft, np.diff(every_row_deep(costs.verify, n)))
+
+
+
+def pad_extra(costs, drafted: np.ndarray, view=None) -> float:
+    """What a verify would cost more than the ragged prediction if every row were padded to the deepest
+    row's drafts (StepCost tables, uncorrected; 0 when the rows drafted alike). `view` given (in observe, after
+    verification; `StepCost.pad_context`): padded as an engine that pads a ragged batch runs it, every row's query
+    to the deepest row's and its context (KV) to the longest row's, against view.predicted_verify_s (the view's
+    cost at the rows' own contexts and drafts); a step that drafted nothing pads its contexts too."""
+    n = drafted.size
+    k = int(drafted.max(initial=0))
+    predicted = None if view is None else view.predicted_verify_s   # None before verification
+    if predicted is not None and n:
+        ctx = view.context_lens
+        top = int(ctx.max())
+        if n == 1 or (int(ctx.min()) == top and int(drafted.min()) == k):   # nothing to pad: the same shapes
+            return 0.0                                                      # as predicted (one cost-model call less)
+        return float(view.cost.verify_time(np.full(n, top, np.int64), np.full(n, k, np.int64)) - predicted)
+    if n == 0 or k == 0:   # nothing drafted: nothing to pad (and a plan that drafts nothing may build no tables)
+        return 0.0
+    v = costs.verify
+    return float(v[min(n * k, v.size - 1)] - v[min(int(drafted.sum()), v.size - 1)])
+
+
+
+class PolicyTime:
+    """A policy's own seconds per step, where a step pays them (view.measured_policy_s: the plan and keep_drafting
+    hooks' wall time on backend=hf; 0 on the simulator unless engine.charge_policy_time), averaged with forgetting
+    (`memory` steps) separately over steps that drafted and steps that did not. `apply(tables)` prices them: the
+    idle steps' seconds are added to every plan's verify, and what a drafting step costs more (its plan, which
+    `IdleReplan` cannot skip, and keep_drafting) to opening draft position 0 (`pad[0]`), so drafts must also pay
+    for the policy's own Python. Where nothing was measured (the simulator) the tables are returned as they are.
+
+        pt = PolicyTime(); pt.observe(view)   # in observe
+        tables = pt.apply(tables)              # before planning
+    """
+
+    def __init__(self, memory: float = 50.0):
+        self.memory = float(memory)
+        self.drafting = self.idle = None   # averaged seconds per step; None before the first such step
+
+    def observe(self, view) -> None:
+        t = view.measured_policy_s
+        if not t:   # not paid (0.0), or before verification (None)
+            return
+        if view.draft_forwards:
+            self.drafting = t if self.drafting is None else self.drafting + (t - self.drafting) / self.memory
+        else:
+            self.idle = t if self.idle is None else self.idle + (t - self.idle) / self.memory
+
+    def apply(self, costs):
+        if self.drafting is None and self.idle is None:
+            return costs
+        idle = self.idle or 0.0
+        extra = max((idle if self.drafting is None else self.drafting) - idle, 0.0)
+        if costs.pad is None:   # one more (zero) position than the tables hold: keep_drafting's clamp lands on 0
+            k = (costs.verify.size - 1) // max(costs.draft.size - 1, 1)
+            pad = np.zeros(k + 1)
+        else:
+            pad = np.array(costs.pad, float)
+        pad[0] += extra
+        return Tables(costs.verify + idle, costs.draft, pad)

@@ -1,0 +1,350 @@
+"""Depth search: the depths that maximise expected emitted tokens per second of step time, one depth for the batch
+(`uniform_depth`), position by position (`plan_by_position`) or while drafting (`keep_by_margin`), and the
+engine's caps on a plan."""
+from __future__ import annotations
+
+import numpy as np
+
+from .acceptance import expected_tokens
+from .cost import StepCost
+from .drain import expected_max
+
+
+def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | None = None,
+                     nested: bool = False, base: float | None = None):
+    """The goodput search shared by `goodput` and `oracle_expected`: the depths maximising expected emitted
+    tokens / step time. S[i, p] = probability that row i's draft at position p (0-based) is emitted (0 where
+    worthless); costs: StepCost-like tables. Position by position, the best-ranked m_p rows (m_p <= m_(p-1),
+    among the rows drafting at p - 1) that maximise value - G x (draft forward over m_p rows + verify growth)
+    draft there, for the goodput G found by Dinkelbach iteration from G0 (G <- E/T of the plan made with G).
+    Rows are ranked by S, ties toward larger `tie` (e.g. remaining tokens: no row falls behind the batch).
+    Exact when every column ranks the rows alike and values fall with depth (goodput's a_i^p); `nested=True`
+    handles rankings that differ by position (a greedy, not exact there). `base`: the value of the step
+    without drafts (default: one token per row). Returns (depths, G)."""
+    n, K = S.shape
+    key = np.zeros(n) if tie is None else -np.asarray(tie, float)
+    order = np.lexsort((np.broadcast_to(key[:, None], S.shape), -S), axis=0)   # rows ranked per position
+    if n <= _SMALL:
+        column = _SmallColumns(S, order, nested)
+    elif nested:
+        column = _NestedColumns(S, order)
+    else:
+        C = np.zeros((n + 1, K))
+        np.cumsum(np.take_along_axis(S, order, 0), axis=0, out=C[1:])
+        column = lambda p, prev: C[:prev + 1, p]   # noqa: E731
+    base = float(n) if base is None else base
+    g_none = base / costs.verify[0]
+    G = max(g_none, G0)
+    best_g, ms = g_none, []
+    search = _by_position_small if n <= _SMALL else _by_position
+    for _ in range(5):
+        cand, e, t = search(column, K, G, costs, n, base)
+        if not cand:
+            if G <= g_none:
+                break
+            G = g_none
+            continue
+        g = e / t
+        if g > best_g:
+            best_g, ms = g, cand
+        if abs(g - G) <= 1e-3 * G:
+            break
+        G = g
+    depths = np.zeros(n, np.int64)
+    rows = np.arange(n)
+    for p, m in enumerate(ms):
+        rows = column.rows(p, len(rows), m) if nested or n <= _SMALL else order[:m, p]
+        depths[rows] += 1
+    return depths, best_g
+
+
+
+_SMALL = 16   # batches up to this many rows search in plain floats (_SmallColumns)
+
+
+
+class _SmallColumns:
+    """Both kinds of column (the plain one and _NestedColumns) in Python floats, for small batches, where
+    numpy's per-call cost is most of the search: the same sums in the same order, so the same plan."""
+
+    def __init__(self, S, order, nested):
+        self.S, self.order, self.nested = S.tolist(), order.T.tolist(), nested
+        self.n = len(self.S)
+        self._chosen = None
+        if not nested:
+            self.C = [self._cumulative(p, o) for p, o in enumerate(self.order)]
+
+    def _cumulative(self, p, rows):
+        c, acc, S = [0.0], 0.0, self.S
+        for i in rows:
+            acc += S[i][p]
+            c.append(acc)
+        return c
+
+    def __call__(self, p, prev):
+        if not self.nested:
+            return self.C[p]
+        if p == 0:
+            self._chosen = [True] * self.n
+        chosen = self._chosen
+        self._last = [i for i in self.order[p] if chosen[i]][:prev]
+        return self._cumulative(p, self._last)
+
+    def choose(self, m):
+        self._chosen = [False] * self.n
+        for i in self._last[:m]:
+            self._chosen[i] = True
+
+    def rows(self, p, prev, m):
+        if not self.nested:
+            return self.order[p][:m]
+        self(p, prev)
+        self.choose(m)
+        return self._last[:m]
+
+
+
+class _NestedColumns:
+    """Column p of the search when rankings differ by position: cumulative values of the rows that drafted
+    at p - 1 (the best m of the previous call), in column p's ranking."""
+
+    def __init__(self, S, order):
+        self.S, self.order = S, order
+        self._chosen = None
+
+    def _cand(self, p, prev):
+        o = self.order[:, p]
+        if p == 0:
+            self._chosen = np.ones(o.size, bool)
+        return o[self._chosen[o]][:prev]
+
+    def __call__(self, p, prev):
+        cand = self._cand(p, prev)
+        c = np.zeros(cand.size + 1)
+        np.cumsum(self.S[cand, p], out=c[1:])
+        self._last = cand
+        return c
+
+    def choose(self, m):
+        chosen = np.zeros_like(self._chosen)
+        chosen[self._last[:m]] = True
+        self._chosen = chosen
+
+    def rows(self, p, prev, m):
+        self(p, prev)
+        self.choose(m)
+        return self._last[:m]
+
+
+
+def _by_position(column, K, G, costs, n, base):
+    """Position by position, the number of rows m_p that maximises value - G x (draft forward + verify
+    growth); stops at the first position where none pays. Returns ([m_p], expected value, seconds)."""
+    ms, x, e, tdraft, prev = [], 0, base, 0.0, n
+    ver, dr, pad = costs.verify, costs.draft, costs.pad
+    nested = isinstance(column, _NestedColumns)
+    for p in range(K):
+        c = column(p, prev)
+        dp = dr[:prev + 1]
+        if pad is not None:   # a padded verify: opening position p (any m > 0 rows) adds pad[p]
+            dp = dp.copy()
+            dp[1:] += pad[p]
+        gain = c - G * (dp + ver[x:x + prev + 1] - ver[x])
+        m = int(np.argmax(gain))
+        if m == 0 or gain[m] <= 0:
+            break
+        if nested:
+            column.choose(m)
+        ms.append(m)
+        e += c[m]
+        tdraft += dp[m]
+        x += m
+        prev = m
+    return ms, e, ver[x] + tdraft
+
+
+
+def _by_position_small(column, K, G, costs, n, base):
+    """_by_position's loop in Python floats (_SmallColumns, batches up to _SMALL rows, batch 1 included): the
+    same arithmetic, element by element."""
+    ms, x, e, tdraft, prev = [], 0, base, 0.0, n
+    v, d = costs.verify.tolist(), costs.draft.tolist()
+    pad = costs.pad.tolist() if costs.pad is not None else None
+    for p in range(K):
+        c = column(p, prev)
+        vx, pp = v[x], (pad[p] if pad is not None else None)
+        m, best, dm = 0, None, d[0]
+        for j in range(prev + 1):
+            dj = d[j] + pp if pp is not None and j else d[j]
+            g = c[j] - G * (dj + v[x + j] - vx)
+            if best is None or g > best:   # the first of equal maxima, as np.argmax
+                m, best, dm = j, g, dj
+        if m == 0 or best <= 0:
+            break
+        if column.nested:
+            column.choose(m)
+        ms.append(m)
+        e += c[m]
+        tdraft += dm
+        x += m
+        prev = m
+    return ms, e, v[x] + tdraft
+
+
+
+def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarray | None = None,
+                  rates: np.ndarray | None = None, factors: np.ndarray | None = None,
+                  trials: float | None = None, ends: np.ndarray | None = None,
+                  spread: bool = False) -> tuple[int, float]:
+    """The one depth k in 0..kmax for every row that maximises expected emitted tokens / step time:
+    E_k = sum_i (1 - a_i^(k+1)) / (1 - a_i) (Leviathan et al.), T_k = verify[n k] + k x draft[n] (StepCost-like
+    tables). Adding position k is worth it exactly when its expected tokens beat the goodput times its cost,
+    so no position is drafted whose expected gain at the acceptance estimate is below its cost.
+    `remaining` (tokens each row has left; given when no request will join the batch again): the run ends
+    with its slowest row, so k minimises the predicted time to finish them all, max_i remaining_i / e_i(k)
+    steps of T_k each, instead. e_i(k) is the batch's mean expected tokens per step times row i's share at
+    the per-row `rates` (rows that really differ, e.g. `shrunk_rates`; default `acceptance`): with rows alike
+    that is the plain k, whatever the remaining lengths. `factors` (per draft position, e.g.
+    `PositionFactors.factor`): position p's draft is accepted with probability a_i x f_p, not a_i. `trials`
+    (the evidence an estimate a rests on, in drafted tokens): price the draft by the estimate's posterior
+    predictive (`expected_tokens`) instead of the estimate alone. `ends` (per row, e.g. `draft_caps`: its
+    remaining tokens - 1): a row drafts at most that deep whatever k (a draft past a request's last token is never
+    emitted), so depth k gives row i min(k, ends_i) drafts, and the step pays for those: its verify carries their
+    sum, and the draft runs (and a padded verify opens) as many positions as the deepest row gets.
+    `spread` (with `remaining`): the batch ends with the last of its rows, not the slowest row's mean: row i's steps
+    are about normal, mean r_i / e_i(k) and variance r_i v_i(k) / e_i(k)^3 (v: the variance of its tokens a step,
+    from the survivals), and the run takes their expected maximum (`expected_max`), as goodput's `drain_makespan`.
+    Returns (k, predicted goodput)."""
+    ks = np.arange(kmax + 1)
+    e = expected_tokens(acceptance, ks, factors, trials)   # [k, row] expected tokens per step
+    n = e.shape[1]
+    got = None if ends is None else np.minimum(ks[:, None], np.asarray(ends, np.int64)[None, :])   # [k, row]
+    if got is None:
+        x, deep = n * ks, ks
+    else:   # drafts row i gets at depth k
+        e = np.take_along_axis(e, got, axis=0)
+        x, deep = got.sum(axis=1), got.max(axis=1, initial=0)
+    T = costs.verify[np.minimum(x, costs.verify.size - 1)] + deep * costs.draft[n]
+    pad = costs.pad
+    if pad is not None and len(pad):   # what opening positions 0..k-1 adds (PolicyTime, a padded verify)
+        opened = np.concatenate([[0.0], np.cumsum(pad)])
+        T = T + opened[np.minimum(deep, opened.size - 1)]
+    if remaining is None:
+        g = e.sum(axis=1) / T
+    else:
+        if rates is not None:
+            f = expected_tokens(rates, ks, factors)
+            f = f if got is None else np.take_along_axis(f, got, axis=0)
+            e = e.mean(axis=1, keepdims=True) * f / f.mean(axis=1, keepdims=True)
+        rem = np.asarray(remaining, float)
+        if spread and got is None and rem.size > 1:   # (one row: its mean, exactly)
+            surv = np.diff(e, axis=0)   # [p, row]: P(drafts 0..p survive)
+            L2 = np.concatenate([np.zeros((1, e.shape[1])),
+                                 np.cumsum((2.0 * np.arange(kmax) + 1.0)[:, None] * surv, axis=0)])
+            sd = np.sqrt(rem[None, :] * np.maximum(L2 - (e - 1.0) ** 2, 0.0) / e ** 3)
+            steps = np.array([expected_max(rem / e[k], sd[k], grouped=True) for k in ks])
+        else:
+            steps = (rem[None, :] / e).max(axis=1)
+        g = float(rem.sum()) / (steps * T)
+    k = int(np.argmax(g))
+    return k, float(g[k])
+
+
+
+def best_prefix(n_rows: int, rows: np.ndarray, pos: np.ndarray, value: np.ndarray, costs: StepCost,
+                base_value: float):
+    """Goodput of every prefix of a ranked slot list; returns (best prefix length, its goodput).
+
+    Slot s drafts row rows[s] at position pos[s] (0-based) and is worth value[s] expected tokens. Prefix M
+    predicts (base_value + sum of its values) / (verify[M] + sum over positions p of draft[m_p]), m_p the
+    prefix's slots at position p: each slot adds one verify token and one row to its position's forward.
+    """
+    L = value.size
+    if L == 0:
+        return 0, base_value / costs.verify[0]
+    # occurrence index of each slot within its position, in ranked order
+    by_pos = np.argsort(pos, kind="stable")
+    sp = pos[by_pos]
+    starts = np.searchsorted(sp, sp, side="left")
+    k = np.empty(L, np.int64)
+    k[by_pos] = np.arange(L) - starts
+    d_draft = costs.draft[k + 1] - costs.draft[k]
+    t = costs.verify[:L + 1] + np.concatenate([[0.0], np.cumsum(d_draft)])
+    e = base_value + np.concatenate([[0.0], np.cumsum(value)])
+    g = e / t
+    m = int(np.argmax(g))
+    return m, float(g[m])
+
+
+
+def keep_by_margin(view, position: int, idx: np.ndarray, v, costs, G: float, ratio=None) -> np.ndarray:
+    """keep_drafting's rule for `goodput` and `oracle_causal`: rows idx may draft position + 1, the next slot of
+    each worth v (expected emitted tokens: a float where idx holds one row, else an array); the best-valued m
+    of them draft it, m maximising the value minus G x (the draft forward over m rows + the verify's growth by
+    m tokens, + a position's padding where the verify pads), and none where no m gains. Ties toward more tokens
+    left. Returns the keep mask over the batch.
+    `ratio`: a list [E, T], the step's expected tokens and seconds so far (G = E / T): then the m kept maximise
+    (E + value) / (T + seconds) instead, the step's goodput with the positions added (the Dinkelbach ratio the
+    plan maximises), and E, T are updated in place with what is kept."""
+    keep = np.zeros(view.batch_size, bool)
+    x = int(view.drafted.sum())
+    last = costs.verify.size - 1
+    pad = costs.pad
+    if idx.size == 1:   # the same arithmetic, in floats
+        dt = float(costs.draft[1]) + float(costs.verify[min(x + 1, last)]) - float(costs.verify[min(x, last)])
+        if pad is not None and pad.size:
+            dt = dt + float(pad[min(position + 1, pad.size - 1)])
+        if ratio is not None:
+            G = ratio[0] / ratio[1]
+        keep[int(idx[0])] = ok = v - G * dt > 0
+        if ok and ratio is not None:
+            ratio[0] += v
+            ratio[1] += dt
+        return keep
+    order = np.lexsort((-view.remaining[idx], -np.round(v, 6)))   # ties: more tokens left first
+    gain_v = np.cumsum(v[order])
+    mm = np.arange(1, idx.size + 1)
+    xv = np.minimum(x + mm, last)
+    dt = costs.draft[mm] + costs.verify[xv] - costs.verify[min(x, last)]
+    if pad is not None and pad.size:   # a padded verify grows by a position's worth for all rows
+        dt = dt + pad[min(position + 1, pad.size - 1)]
+    if ratio is None:
+        gain = gain_v - G * dt
+    else:
+        E, T = ratio
+        gain = (E + gain_v) / (T + dt) - E / T
+    best = int(np.argmax(gain))
+    if gain[best] > 0:
+        keep[idx[order[:best + 1]]] = True
+        if ratio is not None:
+            ratio[0] += float(gain_v[best])
+            ratio[1] += float(dt[best])
+    return keep
+
+
+
+def draft_caps(view, kmax: int) -> np.ndarray:
+    """Per row, the most drafts worth making: its remaining tokens - 1 (a step emits at most what the request has
+    left, so a draft past its last token is never emitted), in 0..kmax."""
+    return np.clip(view.remaining - 1, 0, kmax)
+
+
+
+def fit_token_cap(depths: np.ndarray, view) -> np.ndarray:
+    """Clip depths at the largest c with batch + sum(min(depths, c)) <= view.max_num_batched_tokens (the
+    engine's hard cap), so that a policy's plan is valid at any batch size."""
+    room = view.max_num_batched_tokens - view.batch_size
+    if int(depths.sum()) <= room:
+        return depths
+    if room <= 0:
+        return np.zeros_like(depths)
+    srt = np.sort(depths)
+    # total(c) = sum(min(d, c)) is nondecreasing in c: largest c with total(c) <= room
+    lo, hi = 0, int(srt[-1])
+    while lo < hi:
+        c = (lo + hi + 1) // 2
+        if int(np.minimum(srt, c).sum()) <= room:
+            lo = c
+        else:
+            hi = c - 1
+    return np.minimum(depths, lo)

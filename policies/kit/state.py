@@ -1,0 +1,65 @@
+"""Per-request state: named float fields that follow rows through admission and retirement."""
+from __future__ import annotations
+
+import numpy as np
+
+
+class Rows:
+    """One step's per-request state, row-aligned with the batch: each field a column (`rows.accepted`, a writable
+    view of `rows.array`, [batch, fields])."""
+
+    __slots__ = ("array",)
+    fields: tuple[str, ...] = ()
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def __len__(self) -> int:
+        return self.array.shape[0]
+
+
+def _column(i: int) -> property:
+    def get(rows):
+        return rows.array[:, i]
+
+    def put(rows, value):
+        rows.array[:, i] = value
+
+    return property(get, put)
+
+
+class PerRequest:
+    """Per-request float fields that follow `view.request_ids` (rows come and go between steps):
+
+        st = PerRequest(accepted=0.0, rejected=0.0)   # the fields and the value a new request starts at
+        rows = st.align(view.request_ids)             # rows.accepted: [batch], writable in place
+    Rows of requests never seen before start at the fields' initial values; requests that left the batch are
+    dropped. `align` returns the same object until the ids change."""
+
+    def __init__(self, **fields: float):
+        if not fields:
+            raise ValueError("PerRequest needs at least one field")
+        self.fields = tuple(fields)
+        self.init = np.array([float(v) for v in fields.values()])
+        names = {f: _column(i) for i, f in enumerate(self.fields)}
+        self._rows = type("Rows", (Rows,), {"__slots__": (), "fields": self.fields, **names})
+        self.reset()
+
+    def reset(self) -> None:
+        self.ids = np.empty(0, np.int64)
+        self.rows = self._rows(np.empty((0, self.init.size)))
+
+    def align(self, ids: np.ndarray) -> Rows:
+        """The fields, row-aligned with `ids`."""
+        if ids.shape == self.ids.shape and np.array_equal(ids, self.ids):
+            return self.rows
+        new = np.tile(self.init, (ids.size, 1))
+        old = self.rows.array
+        if self.ids.size:
+            order = np.argsort(self.ids, kind="stable")
+            sorted_ids = self.ids[order]
+            at = np.minimum(np.searchsorted(sorted_ids, ids), sorted_ids.size - 1)
+            found = sorted_ids[at] == ids
+            new[found] = old[order[at[found]]]
+        self.ids, self.rows = np.array(ids, np.int64), self._rows(new)
+        return self.rows

@@ -1,0 +1,234 @@
+"""The policy kit (specdepth.policies.kit): each block on small hand-made inputs whose answer is known."""
+from __future__ import annotations
+
+import math
+import warnings
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from specdepth.policies import kit
+from test_policies_zoo import LinearCost, make_view
+
+
+# ---- state -----------------------------------------------------------------------------------------
+
+def test_per_request_fields_follow_requests_by_id():
+    st = kit.PerRequest(accepted=0.0, depth=4.0)
+    rows = st.align(np.array([7, 3]))
+    assert rows.fields == ("accepted", "depth") and len(rows) == 2
+    assert rows.depth.tolist() == [4.0, 4.0]
+    rows.accepted += np.array([2, 5])
+    rows.depth[1] = 9.0
+    assert st.align(np.array([7, 3])) is rows   # the same ids: the same object
+    moved = st.align(np.array([3, 11]))   # 7 left, 11 joined
+    assert moved.accepted.tolist() == [5.0, 0.0] and moved.depth.tolist() == [9.0, 4.0]
+    assert moved.array.shape == (2, 2)
+    st.reset()
+    assert st.align(np.array([3])).accepted.tolist() == [0.0]
+    with pytest.raises(AttributeError):
+        moved.unknown  # noqa: B018
+
+
+def test_the_old_private_module_warns_and_names_the_kit():
+    import importlib
+    import sys
+    sys.modules.pop("specdepth.policies._common", None)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        old = importlib.import_module("specdepth.policies._common")
+    assert any(issubclass(w.category, DeprecationWarning) and "specdepth.policies.kit" in str(w.message)
+               for w in seen)
+    assert old.StepCost is kit.StepCost
+
+
+# ---- cost ------------------------------------------------------------------------------------------
+
+def test_step_cost_tables_are_the_cost_models_prices():
+    cost = LinearCost(v0=10e-3, v1=2e-4, d0=1e-3, d1=1e-5)
+    view = make_view(4, cost=cost)
+    t = kit.StepCost().update(view, 3)
+    assert t.verify.size == 4 * 3 + 1 and t.draft.size == 4 + 1
+    assert t.verify[0] == pytest.approx(10e-3 + 2e-4 * 4)   # one token a row
+    assert t.verify[5] == pytest.approx(10e-3 + 2e-4 * 9)
+    assert t.draft[0] == 0.0 and t.draft[3] == pytest.approx(1e-3 + 3e-5)
+
+
+def test_policy_time_prices_idle_seconds_on_every_plan_and_the_rest_on_the_first_position():
+    pt = kit.PolicyTime(memory=1.0)
+    tables = kit.Tables(np.array([1.0, 2.0, 3.0]), np.array([0.0, 0.5]))
+    assert pt.apply(tables) is tables   # nothing measured: unchanged
+    pt.observe(SimpleNamespace(measured_policy_s=0.1, draft_forwards=0))
+    pt.observe(SimpleNamespace(measured_policy_s=0.3, draft_forwards=2))
+    out = pt.apply(tables)
+    assert out.verify.tolist() == pytest.approx([1.1, 2.1, 3.1]) and out.pad[0] == pytest.approx(0.2)
+
+
+def test_as_padded_charges_a_whole_position_per_position_opened():
+    v = np.array([1.0, 1.1, 1.2, 1.3, 1.4])   # 2 rows, 2 positions
+    t = kit.as_padded(kit.Tables(v, np.array([0.0, 0.1, 0.2])), 2)
+    assert t.verify.tolist() == [1.0] * 5 and t.pad.tolist() == pytest.approx([0.2, 0.2])
+
+
+# ---- calibration ---------------------------------------------------------------------------------
+
+def _steps(n, verify_scale, draft_fixed):
+    for i in range(n):
+        pv, pd, fw = 0.01 + 0.001 * (i % 5), 0.002 + 0.0005 * (i % 3), 1 + i % 4
+        yield SimpleNamespace(measured_verify_s=verify_scale * pv, predicted_verify_s=pv, draft_forwards=fw,
+                              measured_draft_s=pd + draft_fixed * fw, predicted_draft_s=pd)
+
+
+def test_cost_calibration_learns_a_verify_scale_and_a_draft_fixed_cost():
+    cal = kit.CostCalibration(prior=0.1)
+    for view in _steps(400, 2.0, 1e-3):
+        cal.observe(view)
+    assert cal.params("verify")[0] == pytest.approx(2.0, rel=0.02)
+    scale, fixed = cal.params("draft")
+    assert scale == pytest.approx(1.0, rel=0.05) and fixed == pytest.approx(1e-3, rel=0.05)
+    t = cal.correct(kit.Tables(np.array([1.0, 2.0]), np.array([0.0, 1.0])))
+    assert t.verify[0] == pytest.approx(2.0, rel=0.03) and t.draft[0] == 0.0
+
+
+# ---- acceptance ------------------------------------------------------------------------------------
+
+def test_expected_tokens_is_leviathans_formula():
+    a, ks = np.array([0.5, 0.9]), np.arange(4)
+    want = (1.0 - a[None, :] ** (ks[:, None] + 1)) / (1.0 - a[None, :])
+    assert np.allclose(kit.expected_tokens(a, ks), want)
+    halved = kit.expected_tokens(a, ks, factors=np.array([1.0, 0.5, 0.5]))
+    assert halved[2, 0] == pytest.approx(1.0 + 0.5 + 0.5 * 0.25)
+
+
+def test_position_factors_find_a_later_position_accepted_less_often():
+    pf = kit.PositionFactors(prior=1.0, optimism=0.0)
+    verified = np.ones((200, 2), bool)
+    accepted = np.zeros((200, 2), bool)
+    accepted[:, 0] = True
+    accepted[:100, 1] = True   # position 1: half as often as the estimate 1.0 says
+    pf.add(verified, accepted, np.ones(200))
+    f = pf.factor(3)
+    assert f[0] == pytest.approx(1.0) and f[1] == pytest.approx(101 / 201) and f[2] == 1.0
+
+
+def test_shrunk_rates_ignore_chance_and_follow_real_spread():
+    level = np.full(2, 0.6)
+    alike = kit.shrunk_rates(np.array([6.0, 5.0]), np.array([4.0, 5.0]), level)
+    assert alike.tolist() == [0.6, 0.6]
+    apart = kit.shrunk_rates(np.array([950.0, 50.0]), np.array([50.0, 950.0]), level)
+    assert apart[0] > 0.9 and apart[1] < 0.3
+
+
+def test_tie_bands_average_estimates_within_the_tolerance():
+    out = kit.tie_bands(np.array([0.80, 0.805, 0.5]), 0.01)
+    assert out.tolist() == pytest.approx([0.8025, 0.8025, 0.5])
+    assert kit.tie_bands(np.array([0.8, 0.805]), 0.0).tolist() == [0.8, 0.805]
+
+
+def test_confidence_calibration_learns_an_under_confident_draft():
+    cal = kit.ConfidenceCalibration(prior=1.0)
+    rng = np.random.default_rng(0)
+    for _ in range(50):   # confidence 0.1, accepted 60 % of the time
+        conf = np.full((32, 1), 0.1)
+        acc = (rng.random(32) < 0.6).astype(np.int64)
+        cal.add(conf, np.ones(32, np.int64), acc)
+    assert float(cal(np.array([0.1]))[0]) == pytest.approx(0.6, abs=0.05)
+
+
+# ---- drain -----------------------------------------------------------------------------------------
+
+def test_expected_max_of_normals():
+    assert kit.expected_max(np.array([3.0, 1.0]), np.zeros(2)) == 3.0
+    assert kit.expected_max(np.zeros(2), np.ones(2), points=4096) == pytest.approx(1 / math.sqrt(math.pi), abs=2e-3)
+    mu, sd = np.array([0.0, 0.0, 0.3, -9.0]), np.array([1.0, 1.0, 0.5, 1.0])
+    assert kit.expected_max(mu, sd, grouped=True) == pytest.approx(kit.expected_max(mu, sd), rel=1e-3)
+
+
+# ---- search ----------------------------------------------------------------------------------------
+
+def test_uniform_depth_drafts_where_drafts_are_cheap_and_not_where_they_are_dear():
+    a = np.full(4, 0.8)
+    cheap = kit.Tables(np.full(4 * 8 + 1, 10e-3), np.r_[0.0, np.full(4, 0.1e-3)])
+    dear = kit.Tables(np.full(4 * 8 + 1, 10e-3), np.r_[0.0, np.full(4, 50e-3)])
+    k, g = kit.uniform_depth(a, cheap, 8)
+    assert k == 8 and g == pytest.approx(kit.expected_tokens(a, np.array([8])).sum() / (10e-3 + 8 * 0.1e-3))
+    assert kit.uniform_depth(a, dear, 8)[0] == 0
+
+
+def test_plan_by_position_drafts_the_better_rows_deeper():
+    S = np.cumprod(np.array([[0.9] * 4, [0.2] * 4]), axis=1)
+    costs = kit.Tables(np.full(2 * 4 + 1, 10e-3), np.r_[0.0, 1e-3, 1.1e-3])
+    depths, g = kit.plan_by_position(S, costs)
+    assert depths[0] > depths[1] and g > 2 / 10e-3
+
+
+def test_fit_token_cap_and_draft_caps_bound_a_plan():
+    view = make_view(4, remaining=[1, 3, 50, 50], cap=4 + 6)
+    assert kit.draft_caps(view, 8).tolist() == [0, 2, 8, 8]
+    capped = kit.fit_token_cap(np.array([0, 2, 8, 8]), view)
+    assert int(capped.sum()) <= 6 and capped.tolist() == [0, 2, 2, 2]
+
+
+def test_keep_by_margin_keeps_only_rows_worth_their_marginal_time():
+    view = drafting_view(make_view(3), 1)
+    costs = kit.Tables(np.full(3 * 4 + 1, 10e-3), np.r_[0.0, 1e-3, 1.5e-3, 2e-3])
+    keep = kit.keep_by_margin(view, 0, np.arange(3), np.array([0.9, 0.05, 0.8]), costs, G=100.0)
+    assert keep.tolist() == [True, False, True]
+
+
+# ---- idle ------------------------------------------------------------------------------------------
+
+def test_idle_replan_skips_windows_that_double_while_the_batch_is_unchanged():
+    idle, view = kit.IdleReplan(4), SimpleNamespace(request_ids=np.array([1, 2]))
+    skipped = []
+    for _ in range(12):
+        s = idle.skip(view)
+        skipped.append(s)
+        if not s:
+            idle.record(view, False)
+    assert skipped == [False, True, False, True, True, False, True, True, True, True, False, True]
+    idle.record(view, True)
+    assert not idle.skip(view)
+    assert not kit.IdleReplan(0).skip(view)
+
+
+def test_probe_gate_and_thin_evidence():
+    assert kit.thin_evidence(10.0, 10.0, 8) and not kit.thin_evidence(10.0 + kit.PROBE_TOKENS, 10.0, 8)
+    assert kit.may_probe(0, 0.0, 10.0, 8) and not kit.may_probe(kit.PROBE_ROUNDS, 0.0, 10.0, 8)
+
+
+class DraftCost:
+    """draft_forward(ctx, tokens): one forward's seconds, 1 ms per token fed."""
+
+    def draft_forward(self, ctx, q):
+        return np.array([1e-3 * float(np.sum(q))])
+
+
+def test_catch_up_prices_the_skipped_tokens_and_pays_only_where_it_gains():
+    view = SimpleNamespace(draft_lag=np.array([10, 2, 30]), context_lens=np.array([100, 100, 100]),
+                           cost=DraftCost(), remaining=np.array([5, 50, 20]))
+    rows = np.array([True, True, False])
+    assert kit.catch_up_s(view, rows) == pytest.approx(1e-3 * (10 - 2))
+    assert kit.catch_up_s(view, np.ones(3, bool), padded=True) == pytest.approx(1e-3 * 3 * (30 - 2))
+    assert kit.catch_up_s(view, np.array([False, True, False])) == 0.0
+    assert kit.catch_up_pays(view, rows, gain_s=1e-3, steps=10.0)
+    assert not kit.catch_up_pays(view, rows, gain_s=1e-4, steps=10.0)
+    late = np.array([True, False, True])
+    assert kit.catch_up_rows(view, late, budget_s=30e-3).tolist() == [False, False, True]
+
+
+# ---- depth -----------------------------------------------------------------------------------------
+
+def test_cost_aware_depth_drafts_at_a_high_level_and_learns_a_low_one():
+    d = kit.CostAwareDepth(drain=False, probe=0.0)
+    view = make_view(8, cost=LinearCost(v0=10e-3, v1=1e-5, d0=1e-3), requests_left=5, prior=0.9)
+    assert d.depth(view, 8) > 0
+    for _ in range(50):   # every draft rejected
+        d.observe(drafting_view(view, 1), np.zeros(8, np.int64))
+    assert d.level(view)[0] < 0.1 and d.depth(view, 8) == 0
+
+
+def drafting_view(view, k):
+    from test_policies_zoo import drafting
+    return drafting(view, np.full(view.batch_size, k))
