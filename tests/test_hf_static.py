@@ -130,3 +130,18 @@ def test_preallocation_beyond_memory_is_refused_with_the_keys_to_change(monkeypa
     monkeypatch.setattr(os, "sysconf", lambda k: 1 if k == "SC_AVPHYS_PAGES" else real(k))
     with pytest.raises(BackendError, match="engine.max_batch_size.*static_shapes=off"):
         StaticRunner(m, 4, 64, max_query=3, graphs=None)
+
+
+def test_graphs_are_kept_across_runs_inside_models_keep(tiny_pair, tmp_path):
+    """Inside MODELS.keep() (a script of many runs over one pair) the second run replays the graphs the first
+    captured: it captures nothing, and its tokens are the same."""
+    from specdepth.hf_runner import MODELS
+    common = hf_overrides(tiny_pair, "policy=fixed", "policy.depth=2", "workload.batch_size=3",
+                          "workload.output_len=12", "backend.static_shapes=graphs")
+    with MODELS.keep():
+        a = run(compose(common), tmp_path / "a")
+        b = run(compose(common), tmp_path / "b")
+    assert a["static_shapes"]["target"]["captured"] >= 2
+    assert b["static_shapes"]["target"]["captured"] == 0
+    assert b["static_shapes"]["target"]["graphs_held"] == a["static_shapes"]["target"]["graphs_held"]
+    assert _gens(tmp_path / "a") == _gens(tmp_path / "b")

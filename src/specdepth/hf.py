@@ -176,10 +176,19 @@ class HFExecutor(Executor):
         return requests
 
     def _runner(self, model, rows: int):
+        """The forward path of one model for this run. Inside `MODELS.keep()` a static runner (its buffers and
+        captured graphs) is kept with the model and reused by later runs it fits, as a serving engine keeps
+        its graphs from start-up."""
         if self.static == "off":
             return Runner(model, rows, self.width)
         graphs = None if self.static == "eager" else ("cuda" if self.cuda else "standin")
-        return StaticRunner(model, rows, self.width, self.max_depth + 1, graphs)
+        key = ("static", id(model), graphs, self.max_depth + 1)
+        held = MODELS.held(key)
+        if held is not None and held.fits(rows, self.width):
+            held.new_run()
+            return held
+        MODELS.drop(key)   # free its buffers before allocating the larger ones
+        return MODELS.get(key, lambda: StaticRunner(model, rows, self.width, self.max_depth + 1, graphs))
 
     def summary_fields(self) -> dict:
         """summary.json's `static_shapes`: the mode that ran and, on the static path, per model what it

@@ -270,6 +270,14 @@ class ModelCache:
             self._store[ident] = load()
         return self._store[ident]
 
+    def held(self, ident: tuple):
+        """What `get` stored under `ident` (None outside `keep()` or if nothing is)."""
+        return None if self._store is None else self._store.get(ident)
+
+    def drop(self, ident: tuple) -> None:
+        if self._store is not None:
+            self._store.pop(ident, None)
+
 
 MODELS = ModelCache()
 

@@ -21,6 +21,7 @@ and replayed (the regime serving engines measure: no per-kernel Python launch co
 """
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -28,6 +29,7 @@ import numpy as np
 from .errors import BackendError, ConfigError
 from .hf_runner import Runner, _torch
 
+log = logging.getLogger("specdepth.hf")
 MODES = ("auto", "off", "eager", "graphs")
 
 
@@ -104,6 +106,13 @@ class CudaGraph:
         self.replays += 1
 
 
+class _Eager:
+    """The output of one eager forward, where a capture failed."""
+
+    def __init__(self, out):
+        self.out = out
+
+
 class StaticRunner(Runner):
     """A `Runner` whose decode-shaped forwards (query <= max_query) run over fixed buffers and row buckets,
     captured as graphs when `graphs` is set ("cuda" or "standin"); other forwards run the eager path over
@@ -137,6 +146,17 @@ class StaticRunner(Runner):
         self._graphs: dict = {}
         self.shapes: list[dict] = []       # per captured shape: bucket, query, want, warm-up + capture seconds
         self.static_calls = self.eager_calls = 0
+        self.capture_error = None
+
+    def fits(self, max_rows: int, max_len: int) -> bool:
+        """Whether a later run of `max_rows` rows and `max_len` slots can reuse this runner (and its graphs)."""
+        return row_bucket(max_rows, 1 << 30) <= self.rows_cap and int(max_len) + self.max_query <= self.scratch
+
+    def new_run(self) -> None:
+        """Counters from zero for the next run over the same buffers and graphs (what stats() reports)."""
+        self.forward_s, self.calls, self.static_calls, self.eager_calls = 0.0, 0, 0, 0
+        self._events.clear()
+        self._run_shapes = len(self.shapes)
 
     # ---- sizing --------------------------------------------------------------------------------------
     def kv_bytes(self) -> int:
@@ -204,7 +224,8 @@ class StaticRunner(Runner):
         pos = lens[:, None] + self._q(Q)[None, :]
         mask = self.slot_ar[None, None, :] <= pos[:, :, None]
         self.cache.bind(slice(0, B), pos, self.length)
-        kw = dict(input_ids=ids, attention_mask=mask[:, None], position_ids=pos, cache=self.cache, use_cache=True)
+        kw = {"input_ids": ids, "attention_mask": mask[:, None], "position_ids": pos, self.cache_kw: self.cache,
+              "use_cache": True}
         if self._decoder is None:
             logits = self.model(**kw).logits
             return None if want == "none" else (logits[self._q(B), self.last[:B]] if want == "last" else logits)
@@ -248,17 +269,33 @@ class StaticRunner(Runner):
         t0 = time.perf_counter()
         g = (CudaGraph(torch, self._pool, self.warmup) if self.graphs_kind == "cuda"
              else GraphStandIn([self.ids, self.lens, self.last, self.slot_ar]))
-        g.capture(lambda: self._body(B, Q, want))
-        if self.graphs_kind == "cuda":
-            g.replay()   # the capture itself ran nothing: this call's outputs come from its first replay
+        try:
+            g.capture(lambda: self._body(B, Q, want))
+            if self.graphs_kind == "cuda":
+                g.replay()   # the capture itself ran nothing: this call's outputs come from its first replay
+                torch.cuda.synchronize(self.device)
+        except Exception as e:   # noqa: BLE001  (a model that cannot be captured still runs, eagerly)
+            if self.graphs_kind != "cuda":
+                raise
+            self.capture_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            log.warning("backend.static_shapes=graphs: capturing %s failed (%s); static shapes run eagerly",
+                        type(self.model).__name__, self.capture_error)
+            self.graphs_kind, self._graphs = None, {}
             torch.cuda.synchronize(self.device)
+            return _Eager(self._body(B, Q, want))
         self._graphs[key] = g
         self.shapes.append(dict(bucket=B, query=Q, want=want, capture_s=time.perf_counter() - t0,
                                 warmup=self.warmup if self.graphs_kind == "cuda" else 0))
         return g
 
     def stats(self) -> dict:
-        """What the run's summary records about the static path."""
-        return dict(graphs=self.graphs_kind or "none", captured=len(self._graphs), static_forwards=self.static_calls,
-                    eager_forwards=self.eager_calls, capture_s=round(sum(s["capture_s"] for s in self.shapes), 6),
-                    kv_cache_gib=round(self.kv_bytes() / 2**30, 4), rows=self.rows_cap, slots=self.length)
+        """What the run's summary records about the static path: the graphs in use, those this run captured
+        (each after its warm-up) and the seconds that took, the forwards replayed or run eagerly."""
+        new = self.shapes[getattr(self, "_run_shapes", 0):]
+        out = dict(graphs=self.graphs_kind or "none", graphs_held=len(self._graphs), captured=len(new),
+                   capture_s=round(sum(s["capture_s"] for s in new), 6), warmup_per_capture=self.warmup,
+                   static_forwards=self.static_calls, eager_forwards=self.eager_calls,
+                   kv_cache_gib=round(self.kv_bytes() / 2**30, 4), rows=self.rows_cap, slots=self.length)
+        if self.capture_error:
+            out["capture_error"] = self.capture_error
+        return out
