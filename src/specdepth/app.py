@@ -15,6 +15,7 @@ import logging
 import os
 import _thread
 import shutil
+import signal
 import sys
 import threading
 import warnings
@@ -136,7 +137,6 @@ def build(cfg: DictConfig) -> dict:
     workload = make(cfg, "workload")
     policy = make(cfg, "policy")
     checks.check_policy(policy, engine_cfg)
-    notes = [w for w in [checks.batch_limits(workload, engine_cfg)] if w]
     executor = make(cfg, "backend", cost=cost, acceptance_model=acceptance, model=model, seed=seed,
                     decode=cfg.get("decode"), engine=engine_cfg)
     parallel.check_backend(executor, cost)
@@ -145,9 +145,11 @@ def build(cfg: DictConfig) -> dict:
     capacity = Capacity(model, hardware, parallel, engine_cfg.max_depth, memory=executor.clock == "model")
     requests = workload.requests(np.random.default_rng(np.random.SeedSequence([seed, 0x3A7])))
     engine = Engine(policy, executor, cost, engine_cfg, requests, capacity=capacity)
+    limited_by, limit, note = checks.batch_limits(workload, engine_cfg, capacity, len(requests))
+    notes = [note] if note else []
     return dict(seed=seed, engine=engine, model=model, hardware=hardware, cost=cost, acceptance=acceptance,
                 workload=workload, policy=policy, executor=executor, machine=machine, budget_source=budget_source,
-                warnings=notes, parallel=parallel, capacity=capacity)
+                warnings=notes, parallel=parallel, capacity=capacity, batch_limit=(limited_by, limit))
 
 
 def _choice(group: str, default):
@@ -235,6 +237,9 @@ def _execute(cfg: DictConfig, run_dir: str | Path, text: str) -> dict:
             res = parts["engine"].run()
         meta["warnings"] = meta["warnings"] + seen
         summary = summarize(res, **meta)
+        ran, notes = checks.what_ran(cfg, parts)
+        summary.update(ran)
+        summary["warnings"] = summary["warnings"] + notes
         summary["peak_kv_gb"] = parts["capacity"].peak_kv_gb   # per GPU, target + draft KV (issue 16)
         summary.update(parts["executor"].summary_fields())
         tables = {"steps.csv": (STEP_COLUMNS, res.steps), "requests.csv": (REQUEST_COLUMNS, res.requests)}
@@ -301,7 +306,10 @@ def _runtime_action() -> str:
 def format_summary(s: dict) -> str:
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
-    return (f"{s['policy']} on {s['backend']} | batch {s['batch_size']} | {s['output_tokens']} tokens in "
+    batch = f"batch {s['batch_size']}"
+    if s.get("batch_limited_by"):
+        batch += f" (at most {s.get('batch_limit')} at once: {s['batch_limited_by']})"
+    return (f"{s['policy']} on {s['backend']} | {batch} | {s['output_tokens']} tokens in "
             f"{f(s['time_s'], '.4g')} s = {f(s['throughput_tok_s'], ',.0f')} tok/s | tokens/step "
             f"{f(s['tokens_per_step'], '.3f')} | acceptance {f(s['acceptance_rate'], '.3f')} | TPOT p50 "
             f"{f(s['tpot_p50_s'] and s['tpot_p50_s'] * 1e3, '.3f')} ms | FLOPs/token {f(s['flops_per_token'], '.3g')}"
@@ -374,6 +382,8 @@ def _job(cfg: DictConfig, run_dir: str, multirun: bool):
         return _job_failed(run_dir, f"specdepth: unexpected error: {type(e).__name__}: {checks.one_line(e)}", True)
     Path(run_dir, sweeps.ERROR).unlink(missing_ok=True)   # an earlier failure of this job, now fixed
     print(format_summary(summary), flush=True)
+    if not multirun:
+        print(f"results: {run_dir}", flush=True)
     return summary.get("throughput_tok_s")
 
 
@@ -415,6 +425,8 @@ def _unraisable(u) -> None:
     Where nothing fails after it (the compilation went on; a finalizer) the run would go on to its end: the
     interrupt is delivered again in a moment, in the main thread, where it can be raised (CI once saw a run exit 0
     after its Ctrl-C; this is the likeliest cause, not reproduced here in 77 tries)."""
+    if _SIGINT[0]:   # the process is being stopped: a destructor interrupted, or failing after it, is noise
+        return
     if u.exc_type is not None and issubclass(u.exc_type, KeyboardInterrupt):
         _SWALLOWED[0] = True
         timer = _REDELIVERY[0]
@@ -441,6 +453,28 @@ def _debug() -> bool:
 
 
 _INTERRUPTED = "specdepth: interrupted (Ctrl-C); finished runs are kept, rerun the command to resume"
+_SIGINT = [False]   # a real Ctrl-C (SIGINT) reached this command (_on_sigint)
+
+
+def _on_sigint(signum, frame):
+    """The `specdepth` command's SIGINT handler: Python's own (raise KeyboardInterrupt), remembering that the
+    process is being stopped (_unraisable then drops what destructors print; _exit_interrupted ends it at once)."""
+    _SIGINT[0] = True
+    raise KeyboardInterrupt
+
+
+def _exit_interrupted():
+    """The interrupt's one line, then exit code 130. After a real Ctrl-C the process ends at once (os._exit,
+    after flushing): interrupted in numba's compilation, llvmlite objects left half-built print AttributeErrors
+    from their __del__ when the interpreter tears down (the CI flake of issue 46); no result file is open then,
+    the run dir is already cleaned up (_task) and the log handlers flush every record."""
+    print(_INTERRUPTED, file=sys.stderr, flush=True)
+    if _SIGINT[0]:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(130)
+    raise SystemExit(130) from None
 # errors in the user's input that Hydra or OmegaConf raise before the run starts (exit code 2)
 _INPUT_ERRORS = (HydraException, OmegaConfBaseException, OSError)
 
@@ -453,22 +487,26 @@ def main():
     os.environ["_SPECDEPTH_FULL_ERROR"] = "1" if debug else ""
     os.environ["HYDRA_FULL_ERROR"] = "1"   # Hydra re-raises; the errors are reported here
     sweeps.last_failures.clear()
+    checks.clear_logged()
     _SWALLOWED[0], _REDELIVERY[0] = False, None
     # a log line that cannot be written (a full disk) is dropped, not printed as a traceback; the write that
     # matters (a result, failures.jsonl) reports it
     raise_log_errors, logging.raiseExceptions = logging.raiseExceptions, False
     hook, sys.unraisablehook = sys.unraisablehook, _unraisable
+    _SIGINT[0] = False
+    sigint = signal.getsignal(signal.SIGINT)
+    ours = sigint is signal.default_int_handler and threading.current_thread() is threading.main_thread()
+    if ours:   # Python's handler (not SIG_IGN: a job started in the background keeps ignoring Ctrl-C)
+        signal.signal(signal.SIGINT, _on_sigint)
     try:
         _task()
         if _SWALLOWED[0]:   # the run ended before the swallowed Ctrl-C could be raised again (_unraisable)
             raise KeyboardInterrupt
     except KeyboardInterrupt:
-        print(_INTERRUPTED, file=sys.stderr, flush=True)
-        raise SystemExit(130) from None
+        _exit_interrupted()
     except _INPUT_ERRORS as e:
         if _interrupted(e):
-            print(_INTERRUPTED, file=sys.stderr, flush=True)
-            raise SystemExit(130) from None
+            _exit_interrupted()
         if debug:
             raise
         print(f"specdepth: error: {_input_error(e)}", file=sys.stderr, flush=True)
@@ -476,8 +514,7 @@ def main():
         raise SystemExit(2) from None
     except Exception as e:
         if _interrupted(e):
-            print(_INTERRUPTED, file=sys.stderr, flush=True)
-            raise SystemExit(130) from None
+            _exit_interrupted()
         if debug:
             raise
         print(f"specdepth: unexpected error: {type(e).__name__}: {checks.one_line(e)} "
@@ -485,6 +522,8 @@ def main():
         raise SystemExit(1) from None
     finally:
         _interrupt_handled()
+        if ours:
+            signal.signal(signal.SIGINT, sigint)
         logging.raiseExceptions = raise_log_errors
         sys.unraisablehook = hook
         os.environ.pop("_SPECDEPTH_FULL_ERROR", None)

@@ -12,6 +12,7 @@ import inspect
 import logging
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from .errors import ConfigError, PolicyError
@@ -128,20 +129,36 @@ def check_policy(policy, engine_cfg) -> None:
 
 
 # ---- the batch that runs -------------------------------------------------------------------------------
-def batch_limits(workload, engine_cfg) -> str | None:
-    """A warning when the requested concurrency cannot run at once: engine.max_batch_size or
-    engine.max_num_batched_tokens (one verify token per sequence at least) caps it. summary.json's
-    max_running / mean_running then say what ran."""
+def batch_limits(workload, engine_cfg, capacity=None, requests: int | None = None) -> tuple[str | None, int | None, str | None]:
+    """(what caps the requested concurrency, the most sequences it lets run at once, a warning), or
+    (None, None, None) when workload.batch_size can run at once. The cap is the tightest of
+    engine.max_batch_size, engine.max_num_batched_tokens (one verify token per sequence at least) and the KV
+    cache memory (`memory`: how many of the first requests fit beside the weights, capacity.Capacity.room).
+    summary.json's batch_limited_by / batch_limit / max_running / mean_running then say what ran."""
     want = int(workload.batch_size)
+    if requests is not None:
+        want = min(want, int(requests))
     cap = min(engine_cfg.max_batch_size, engine_cfg.max_num_batched_tokens)
-    if want <= cap:
-        return None
     by = ("engine.max_batch_size" if engine_cfg.max_batch_size <= engine_cfg.max_num_batched_tokens
           else "engine.max_num_batched_tokens")
-    msg = (f"workload.batch_size={want} exceeds {by}={cap}: at most {cap} sequences run at once "
+    fit = want
+    if capacity is not None and capacity.memory:
+        none = np.zeros(0, np.int64)
+        fit = capacity.room(none, none, 0, min(want, cap))
+    if fit < min(want, cap):
+        msg = (f"workload.batch_size={workload.batch_size}: at most {fit} sequences run at once: the KV cache "
+               f"memory of model {capacity.name} holds {capacity.kv_tokens} tokens per GPU beside the weights and "
+               f"each request reserves prompt + output + engine.max_depth tokens (raise hardware.memory_gb or "
+               f"parallel.tensor, or shorten the requests; summary.json max_running / mean_running record the "
+               f"batch that ran)")
+        log_once(msg)
+        return "memory", fit, msg
+    if int(workload.batch_size) <= cap:
+        return None, None, None
+    msg = (f"workload.batch_size={int(workload.batch_size)} exceeds {by}={cap}: at most {cap} sequences run at once "
            f"(summary.json max_running / mean_running record the batch that ran)")
-    log.warning(msg)
-    return msg
+    log_once(msg)
+    return by, cap, msg
 
 
 # ---- local checkpoints -----------------------------------------------------------------------------------
@@ -197,10 +214,57 @@ def machine_and_budget(executor, cost, hardware, engine_cfg) -> tuple[str | None
         label = (cost.device or "profile") if profile else (hardware.name if hardware is not None else None)
         return label, source
     if profile and cost.device and cost.device.split(":")[0] != machine.split(":")[0].split(" ")[0]:
-        log.warning("cost.path %s was profiled on %s; this run is on %s", cost.path, cost.device, machine)
+        log_once(f"cost.path {cost.path} was profiled on {cost.device}; this run is on {machine}")
     if not explicit and not profile:
         engine_cfg.token_budget = engine_cfg.max_num_batched_tokens
         source = (f"none: {cost_label(cost, hardware)} does not model this machine ({machine}); policies are "
                   f"offered engine.max_num_batched_tokens. Profile it (specdepth-profile) and use cost=table")
-        log.warning("backend=%s: no token budget: %s", executor.name, source)
+        log_once(f"backend={executor.name}: no token budget: {source}")
     return machine, source
+
+
+# ---- what ran, for summary.json ---------------------------------------------------------------------------
+def what_ran(cfg, parts: dict) -> tuple[dict, list[str]]:
+    """(summary.json fields that say what ran without config.yaml, warnings): the tensor-parallel degrees, the
+    clock's cost model and profile (backend.clock_profile: the hardware label is then the profile's device),
+    the acceptance model and its parameters (null on a lossless backend: the target decides), and what capped
+    the batch (batch_limited_by: memory, engine.max_batch_size or engine.max_num_batched_tokens; batch_limit:
+    the most sequences it let run at once; null when the requested batch could run)."""
+    from omegaconf import OmegaConf
+
+    executor, cost, par = parts["executor"], parts["cost"], parts["parallel"]
+    clock = getattr(executor, "clock_cost", cost)
+    profile = getattr(clock, "path", None) if clock is not cost else None
+    node = cfg.get("acceptance")
+    params = None
+    if node is not None and not executor.lossless:
+        params = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "_target_"}
+    by, limit = parts["batch_limit"]
+    fields = dict(tensor_parallel=par.tensor, draft_tensor_parallel=par.draft_tensor,
+                  clock_profile=profile, clock_model=cost_label(clock, parts["hardware"]),
+                  acceptance_model=type(parts["acceptance"]).__name__, acceptance_params=params,
+                  batch_limited_by=by, batch_limit=limit)
+    notes = []
+    if profile is not None:
+        fields["hardware"] = getattr(clock, "device", None) or "profile"
+    if profile is not None and getattr(cost, "device", None) != fields["hardware"]:   # policies saw another machine
+        notes.append(f"backend.clock_profile: every time of this run comes from {profile} (profiled on "
+                     f"{fields['hardware']}); the policies saw cost {cost_label(cost, parts['hardware'])}")
+        log_once(notes[-1])
+    return fields, notes
+
+
+_LOGGED: set = set()   # warnings printed by this command (log_once); app.main empties it
+
+
+def log_once(msg: str) -> None:
+    """log.warning(msg) the first time this command meets it: once per run, or per sweep (its jobs share a
+    process); summary.json keeps it in every run it applies to."""
+    if msg not in _LOGGED:
+        _LOGGED.add(msg)
+        log.warning("%s", msg)
+
+
+def clear_logged() -> None:
+    """A new command: every warning may be printed once again (log_once)."""
+    _LOGGED.clear()

@@ -336,7 +336,12 @@ class TableCost(CostModel):
         if not rows["target"]:
             raise ConfigError(f"cost.path: {p} has no target rows")
         self._check_model(p, meta, model_name)
-        if not rows["draft"]:
+        if not rows["draft"]:   # a target-only profile prices only a draft that is the target itself
+            self._build(rows["target"], p, "target")
+            if self.draft.signature != self.target.signature:
+                raise ConfigError(f"cost.path: {p} has no draft rows (the file is cut off, or was profiled with "
+                                  f"models=[target]); this run's draft is another model: profile both "
+                                  f"(specdepth-profile models=[target,draft]) and point cost.path at that CSV")
             rows["draft"] = rows["target"]
         # draft_next rows (specdepth-profile interleave=true): a draft forward that follows another draft
         # forward of the same step (positions >= 1), where the draft rows time the first one, after a target
@@ -348,6 +353,7 @@ class TableCost(CostModel):
         self.device = meta.get("device")
         self.model_name = model_name
         self._grid = {w: self._build(rows[w], p, w) for w in rows}
+        self._check_cover(p)
 
     def _read(self, p):
         """({target|draft: {(batch, query, context): seconds}}, the profile's model/device metadata)."""
@@ -396,6 +402,16 @@ class TableCost(CostModel):
             raise ConfigError(f"cost.path: {p} was profiled for model {meta['name']!r}, this run's model is "
                               f"{model_name!r}: profile this model with specdepth-profile and point cost.path at "
                               f"its CSV")
+
+    def _check_cover(self, p):
+        """specdepth-profile times every model at the same grid points: draft (and draft_next) rows that stop
+        short of the target's batches or contexts mean a file cut off (they would be extrapolated)."""
+        tb, _, tc, _ = self._grid["target"]
+        for which, (b, _, c, _) in self._grid.items():
+            if which != "target" and (b[-1] < tb[-1] or c[-1] < tc[-1]):
+                raise ConfigError(f"cost.path: {p}: the {which} rows stop at batch {2 ** b[-1]:g} and context "
+                                  f"{c[-1]:g}, the target rows at batch {2 ** tb[-1]:g} and context {tc[-1]:g} (the "
+                                  f"file is cut off?): profile again with specdepth-profile")
 
     @staticmethod
     def _build(points: dict, p, which):
