@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _kernels as _k
+from . import protocols
 from .clock import Clock
 from .cost import CostModel
 from .errors import ConfigError, PolicyError, SpecdepthError, as_bool, as_float, as_int
@@ -173,6 +174,8 @@ class Engine:
             raise ConfigError(f"policy {type(policy).__name__} is an oracle: it needs what only a simulated run "
                               f"knows (acceptance outcomes, their probabilities or the clock's true cost); backend "
                               f"{executor.name!r} cannot provide them: use backend=sim")
+        protocols.check_cost(cost)
+        executor = protocols.checked_executor(executor)
         self.policy, self.executor, self.cost, self.cfg = policy, executor, cost, config
         self.requests = executor.prepare(sorted(requests, key=lambda r: r.arrival_s))
         self.budget = config.resolve_budget(cost)
@@ -190,7 +193,8 @@ class Engine:
         except SpecdepthError:
             raise
         except Exception as e:
-            raise PolicyError(f"policy {self._pname}: {hook}() raised {type(e).__name__}: {e}") from e
+            hint = protocols.policy_expects(self._hooks[hook], hook) if isinstance(e, TypeError) else ""
+            raise PolicyError(f"policy {self._pname}: {hook}() raised {type(e).__name__}: {e}{hint}") from e
 
     def _bad(self, rule: str):
         raise PolicyError(f"policy {self._pname} broke a rule: {rule}")

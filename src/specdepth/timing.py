@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _kernels as _k
+from . import protocols
 from .acceptance import AcceptanceModel
 from .errors import ConfigError, as_choice
 
@@ -31,7 +32,7 @@ STREAM = 0x51D
 
 class SimulatedOutcomes:
     def __init__(self, model: AcceptanceModel, seed: int = 0):
-        self.model = model
+        self.model = model = protocols.checked_acceptance(model)
         model.reset(np.random.default_rng(np.random.SeedSequence([int(seed), STREAM])))
         self.conf = self.acc = None      # this step's (confidence, accepted) block, [rows, k]
         self.rows = None
