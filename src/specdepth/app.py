@@ -336,7 +336,7 @@ def _job_failed(run_dir: str, message: str, multirun: bool):
         raise SystemExit(2)
     hc = HydraConfig.get()
     sweeps.record_failure(run_dir, hc.sweep.dir, hc.overrides.task, message)
-    return float("nan")   # the Optuna sweeper reads a failed trial's NaN as failed
+    return None   # the Optuna sweeper records a trial without a number as failed (a NaN fails its own bookkeeping)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -476,7 +476,7 @@ def _exit_interrupted():
         os._exit(130)
     raise SystemExit(130) from None
 # errors in the user's input that Hydra or OmegaConf raise before the run starts (exit code 2)
-_INPUT_ERRORS = (HydraException, OmegaConfBaseException, OSError)
+_INPUT_ERRORS = (HydraException, OmegaConfBaseException, OSError, SpecdepthError)
 
 
 def main():
@@ -517,6 +517,10 @@ def main():
             _exit_interrupted()
         if debug:
             raise
+        if sweeps.running[0] is not None and "No trials are completed" in str(e):   # Optuna: every trial failed
+            print(f"specdepth: error: no trial of the Optuna study finished (their errors: "
+                  f"{Path(sweeps.running[0]) / sweeps.FAILURES})", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
         print(f"specdepth: unexpected error: {type(e).__name__}: {checks.one_line(e)} "
               f"(HYDRA_FULL_ERROR=1 shows the traceback)", file=sys.stderr, flush=True)
         raise SystemExit(1) from None

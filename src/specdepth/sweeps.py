@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
+from .errors import SpecdepthError, as_int
 from .results import atomic_write
 
 log = logging.getLogger("specdepth")
@@ -76,11 +77,26 @@ def read_failures(sweep_dir) -> list[dict]:
     return out
 
 
+def check_sweeper(node) -> None:
+    """The Optuna sweeper's counts, before any trial: n_trials >= 1 (0 ran nothing and then failed on "no trials
+    are completed yet"), n_jobs >= 1."""
+    if node is None or "optuna" not in str(node.get("_target_", "")).lower():
+        return
+    for key in ("n_trials", "n_jobs"):
+        if node.get(key) is not None:
+            as_int(node.get(key), f"hydra.sweeper.{key}", min=1)
+
+
 class FailureCallback(Callback):
     """Registered in conf/config.yaml (hydra.callbacks.failures): empties the failures file when a sweep
     starts and reports its failures when the sweep ends."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
+        try:
+            check_sweeper(config.hydra.get("sweeper"))
+        except SpecdepthError as e:   # Hydra turns a callback's exception into a warning and goes on: stop here
+            print(f"specdepth: error: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
         last_failures.clear()
         unwritten.clear()
         running[0] = str(config.hydra.sweep.dir)
