@@ -109,23 +109,33 @@ _PAIR = "(seconds, flops): two finite floats >= 0"
 class _CostProbe(_Checked):
     kind = "cost model"
 
+    def _call(self, hook, expected, *args):
+        if not hasattr(self._obj, hook.split("(")[0]):   # not a CostModel: it fails where a caller needs it
+            return None
+        return super()._call(hook, expected, *args)
+
     def run(self) -> None:
         ctx, q, d = np.array([8, 9], np.int64), np.array([1, 2], np.int64), np.array([1, 2], np.int64)
         for hook in ("target_forward(ctx, q)", "draft_forward(ctx, q)", "draft_positions(ctx, depths)"):
-            v = self._tuple(hook, _PAIR, self._call(hook, _PAIR, ctx, q if "forward" in hook else d), 2)
-            self._seconds(hook, _PAIR, *v)
+            v = self._call(hook, _PAIR, ctx, q if "forward" in hook else d)
+            if v is not None:
+                self._seconds(hook, _PAIR, *self._tuple(hook, _PAIR, v, 2))
         for hook, args in (("verify_time(ctx, depths)", (ctx, d)), ("draft_time(ctx)", (ctx,)),
                            ("step_time(ctx, depths)", (ctx, d))):
-            self._seconds(hook, "seconds: a finite float >= 0", self._call(hook, "seconds", *args))
+            t = self._call(hook, "seconds", *args)
+            if t is not None:
+                self._seconds(hook, "seconds: a finite float >= 0", t)
         for hook, args in (("verify_times(ctx, totals)", (ctx, np.array([0.0, 2.0]))),
                            ("draft_times(context, rows)", (8.0, np.array([1, 2])))):
             expected = "seconds per entry: a float array of shape (2,)"
-            t = self._array(hook, expected, self._call(hook, expected, *args), (2,), "f")
-            self._seconds(hook, expected, *t.tolist())
+            t = self._call(hook, expected, *args)
+            if t is not None:
+                self._seconds(hook, expected, *self._array(hook, expected, t, (2,), "f").tolist())
 
 
 def check_cost(cost) -> None:
-    """Probe a foreign cost model's methods once on a two-row batch (before the run; nothing is kept)."""
+    """Probe a foreign cost model's methods once on a two-row batch (before the run; nothing is kept). A method
+    it lacks is skipped: a CostModel subclass has them all; a partial one fails where a caller needs it."""
     if foreign(cost):
         _CostProbe(cost).run()
 
