@@ -209,8 +209,8 @@ def test_cost_aware_policies_start_from_the_engines_acceptance_prior():
     step, and one known to be poor is not drafted at all; 0.7 (the default) plans as before."""
     from specdepth.policies import BatchScaled, ConfidenceThreshold
     cost = LinearCost(v0=10e-3, d0=1e-3)
-    for make in (lambda: Goodput(use_confidence=False), lambda: BatchScaled(probe=0),
-                 lambda: ConfidenceThreshold(probe=0, extend=0)):   # (their probe would try one token at 0.05;
+    for make in (lambda: Goodput(use_confidence=False), lambda: BatchScaled(level={"probe": 0}),
+                 lambda: ConfidenceThreshold(level={"probe": 0}, extend=0)):   # (their probe would try one token at 0.05;
         # the plan's depth is the cost rule's without goodput's and confidence's room for confident rows)
         depth = {r: int(make().plan(make_view(1, cost=cost, prior=r))[0]) for r in (0.05, 0.7, 0.95)}
         assert depth[0.05] == 0 < depth[0.7] < depth[0.95], (make, depth)
@@ -303,7 +303,7 @@ def test_policies_skip_replanning_while_no_draft_pays(policy):
     they compute that plan on only a few of the steps (the same depths: all zero); idle_replan=0 on every step."""
     cost = LinearCost(v0=5e-3, d0=5e-3)
     for most, plans in ((8, 6), (0, 30)):
-        p = policy(idle_replan=most, probe=0)
+        p = policy(idle_replan=most, probe=0) if policy is Goodput else policy(idle_replan=most, level={"probe": 0})
         inner = p if policy is Goodput else p._depth
         name = "_plan" if policy is Goodput else "_best_depth"
         calls = []
@@ -811,14 +811,14 @@ def test_goodput_global_ranking_drains_like_the_position_ranking():
 
 @pytest.mark.parametrize("cls", [BatchScaled, ConfidenceThreshold])
 def test_cost_aware_position_factor_prior_and_optimism_are_options(cls):
-    """`position_prior` / `position_optimism` (as goodput's): the per-position factors' pseudo-tokens toward 1 and
+    """`level.position_prior` / `level.position_optimism`: the per-position factors' pseudo-tokens toward 1 and
     the standard errors a factor below 1 is raised by. A position whose drafts were accepted half as often as the
     first's: the factor is lower with fewer pseudo-tokens and with less optimism, and the defaults are 20 and 2."""
     from specdepth.policies.kit import PositionFactors
-    assert (cls().position_prior, cls().position_optimism) == (20.0, 2.0)
+    assert (cls().level.position_prior, cls().level.position_optimism) == (20.0, 2.0)
     f = {}
     for prior, opt in ((20.0, 2.0), (20.0, 1.0), (5.0, 1.0)):
-        pos = cls(position_prior=prior, position_optimism=opt)._depth._pos
+        pos = cls(level={"position_prior": prior, "position_optimism": opt})._depth._pos
         assert isinstance(pos, PositionFactors) and (pos.prior, pos.optimism) == (prior, opt)
         cols = np.arange(2)[None, :]
         # at the estimate 0.5: position 0 accepted 32 of 64 (as estimated), position 1 8 of 32 (half as often)
@@ -826,6 +826,6 @@ def test_cost_aware_position_factor_prior_and_optimism_are_options(cls):
         pos.add(cols < np.minimum(drafted, accepted + 1)[:, None], cols < accepted[:, None], np.full(64, 0.5))
         f[prior, opt] = pos.factor(2)
     assert f[20.0, 2.0][1] > f[20.0, 1.0][1] > f[5.0, 1.0][1]
-    for bad in ({"position_prior": -1}, {"position_optimism": "lots"}):
-        with pytest.raises(ConfigError, match=f"policy.{next(iter(bad))}"):
-            cls(**bad)
+    for bad in ({"position_prior": -1}, {"position_optimism": "lots"}, {"prior": 1}):
+        with pytest.raises(ConfigError, match=f"policy.level.{next(iter(bad))}"):
+            cls(level=bad)

@@ -219,7 +219,7 @@ def test_cost_aware_depth_prices_each_draft_position_at_its_own_rate(pol):
     cell = ["hardware=b200", "model=llama3_8b", "acceptance=decay", "acceptance.first=0.84", "acceptance.decay=0.69",
             "workload=closed", "workload.batch_size=3", "workload.prompt_len=200", "workload.output_len=300"]
     finish = {}
-    for name, pol_args in (("on", [f"policy={pol}"]), ("off", [f"policy={pol}", "policy.positions=false"]),
+    for name, pol_args in (("on", [f"policy={pol}"]), ("off", [f"policy={pol}", "policy.level.positions=false"]),
                            *((f"fixed{k}", ["policy=fixed", f"policy.depth={k}"]) for k in (1, 2, 3, 4))):
         finish[name] = sum(max(r[5] for r in _run(*cell, *pol_args, f"seed={seed}")[0].requests) for seed in range(3))
     best = min(finish[f"fixed{k}"] for k in (1, 2, 3, 4))
@@ -281,7 +281,7 @@ def test_cost_aware_depth_probes_a_level_its_prior_hides(pol):
     the policies draft: faster than without probing, and at least fixed depth 2's throughput."""
     cell = ["acceptance=iid", "acceptance.alpha=0.95", "workload.batch_size=300", "workload.output_len=64"]
     out = {}
-    for name, ov in (("probe", [f"policy={pol}"]), ("off", [f"policy={pol}", "policy.probe=0"]),
+    for name, ov in (("probe", [f"policy={pol}"]), ("off", [f"policy={pol}", "policy.level.probe=0"]),
                      ("fixed2", ["policy=fixed", "policy.depth=2"])):
         res, _ = _run(*cell, *ov)
         out[name] = (sum(r[2] for r in res.requests) / max(r[5] for r in res.requests), sum(r[4] for r in res.steps))
@@ -340,7 +340,7 @@ def test_uniform_depth_with_ends_prices_each_row_at_the_drafts_it_gets():
     assert uniform_depth(a, costs, K, ends=np.full(n, K))[0] == uniform_depth(a, costs, K)[0]
 
 
-def testexpected_tokens_posterior_predictive_is_the_beta_mean_of_a_power_and_tends_to_the_plain_rate():
+def test_expected_tokens_posterior_predictive_is_the_beta_mean_of_a_power_and_tends_to_the_plain_rate():
     """expected_tokens(trials=t): the chance that drafts 0..p all survive is E[a^(p+1)] under Beta(a t, (1-a) t)
     (exact, by the Beta function), not a^(p+1); deeper drafts are worth more on thin evidence, and the plain
     figure comes back as t grows. uniform_depth with trials plans at least as deep as without."""

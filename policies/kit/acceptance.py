@@ -77,7 +77,6 @@ class PositionFactors:
         self._cache = None
 
 
-
 def shrunk_rates(accepted: np.ndarray, rejected: np.ndarray, level: np.ndarray) -> np.ndarray:
     """Per-row acceptance estimates for rows that may really differ: the batch's level (the mean of `level`,
     e.g. view.acceptance, the estimate the policy uses anyway) plus each row's own deviation from the pooled
@@ -99,16 +98,12 @@ def shrunk_rates(accepted: np.ndarray, rejected: np.ndarray, level: np.ndarray) 
     return np.clip(level + shrink * (rate - pooled), 0.0, 0.999)
 
 
-
 def tie_bands(a: np.ndarray, tol: float) -> np.ndarray:
     """Estimates that differ by less than a fraction `tol` count as one: from the highest down, a band holds the
     values within tol (relative) of its highest, and every row of it gets the band's mean. A ranking by the
     estimate then ties rows whose estimates differ by less than they can tell apart, and its tie-break (more
-    tokens left first) spreads the drafts over them. Without it, a systematic offset of a few 1e-4 (rows with
-    evidence vs rows still at the batch's prior, whose prior pseudo-tokens the batch's rate never quite forgets)
-    drafted the same rows every step of a stream: they finished in 46-50 steps, the rest in 88, and the staggered
-    admissions left the stream a tail of 50 rows for 30 steps (c191 of robustness draw 2052: 0.949 of fixed
-    depth 1). tol <= 0: `a` unchanged."""
+    tokens left first) spreads the drafts over them, instead of drafting the same rows every step for an offset
+    of a few 1e-4 (rows with evidence vs rows still at the batch's prior). tol <= 0: `a` unchanged."""
     if tol <= 0.0 or a.size < 2:
         return a
     u, inv, cnt = np.unique(a, return_inverse=True, return_counts=True)
@@ -125,7 +120,6 @@ def tie_bands(a: np.ndarray, tol: float) -> np.ndarray:
     band = np.array(band, np.int64)
     mean = np.bincount(band, weights=u * cnt) / np.bincount(band, weights=cnt)
     return mean[band][inv]
-
 
 
 def expected_tokens(acceptance, ks: np.ndarray, factors: np.ndarray | None = None,
@@ -147,7 +141,6 @@ def expected_tokens(acceptance, ks: np.ndarray, factors: np.ndarray | None = Non
         step = step * np.asarray(factors, float)[:k, None]
     survive = np.cumprod(np.minimum(step, 0.999), axis=0)
     return 1.0 + np.concatenate([np.zeros((1, a.size)), np.cumsum(survive, axis=0)])[ks]
-
 
 
 class ConfidenceCalibration:
@@ -205,9 +198,8 @@ class ConfidenceCalibration:
         """Newton on the ridge-penalised log-likelihood (penalty prior/8 x ((a)^2 + (b - 1)^2): Fisher
         information of `prior` tokens at p = 1/2 spread over the scale's both parameters), each step halved
         until the objective does not fall. A full step from a fit of nearly separated tokens (all rejected below
-        some confidence, all accepted above) can overshoot to where the sigmoid saturates, and plain Newton then
-        runs away, settling at a = 52, b = 120 on c146 of robustness draw 2065: a step function of the confidence (an
-        overflow in exp)."""
+        some confidence, all accepted above) can overshoot to where the sigmoid saturates, where plain Newton runs
+        away to a step function of the confidence."""
         lam = self.prior / 8.0
         a, b, x, n, acc = self.a, self.b, self.x, self.n, self.acc
 
@@ -234,7 +226,6 @@ class ConfidenceCalibration:
             if abs(da) + abs(db) < 1e-6:
                 break
         self.a, self.b = a, b
-
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:

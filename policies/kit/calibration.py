@@ -11,9 +11,7 @@ from .cost import Tables, every_row_deep
 _UPPER3 = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))   # a symmetric 3 x 3 matrix's upper triangle
 
 
-
 _AT3 = ((0, 1, 2), (1, 3, 4), (2, 4, 5))                      # where entry (a, b) of it lies in that list
-
 
 
 class CostCalibration:
@@ -38,11 +36,8 @@ class CostCalibration:
     model's seconds per forward vary by less than UNIDENTIFIED, about 10 %: memory-bound forwards whose rows barely
     change their price), the excess over the model is read as a fixed cost per forward (scale 1, the fixed part
     fitted alone; where the model overprices, a scale alone): the scale would multiply the model's price of each
-    further row, which such data cannot tell. A small draft's forward at a small batch costs a nearly constant time
-    the roofline can miss (launches, an engine's own fixed costs), not a multiple of its rows' price (c64 of
-    robustness draw 2058: 1.33 ms per forward fitted as scale 3.8 and 0.56 ms; goodput drafted 2-3 rows a step
-    where every row paid, 0.962 of fixed depth 1 against 1.005 with the true cost). goodput's `draft_fixed`, off by
-    default (it moved the development draws' other cells within chance, slightly down in expectation).
+    further row, which such data cannot tell (a small draft's forward at a small batch costs a nearly constant
+    time the roofline can miss: launches, an engine's own fixed costs).
     """
 
     PHASES = ("draft", "verify")
@@ -106,19 +101,17 @@ class CostCalibration:
     def observe(self, view, pad: float | None = None, caught_up: bool = False) -> None:
         """Add this step's measured vs predicted costs (call from observe; a no-op where none). `pad`: what
         the verify would cost more than predicted if the engine padded every row to the step's deepest one
-        (`_common.pad_extra`); given, the fit also learns how much of that the engine pays (`self.pad`).
+        (`pad_extra`); given, the fit also learns how much of that the engine pays (`self.pad`).
         A step that drafts after a step that drafted nothing is left out of the draft fit: there the draft also
         catches up the tokens it skipped (backend=hf; `backend.draft_catch_up`), a cost of the idle steps, not
         of the positions drafted, and one such step could set the fit for good, since a fit that says drafts
-        are dear is not corrected while no draft is made (c12 of robustness draw 2036: a probe after 166 idle
-        steps measured 0.32 s against 2.3 ms predicted; the draft's scale of 21 stopped drafting for the run).
+        are dear is not corrected while no draft is made.
         `caught_up` (a policy that knows, from view.draft_lag at plan: `CatchUpPadding.caught_up`): whether a row
         whose draft lagged drafted this step; such a step is left out too, though the step before drafted. For
         a policy that drafts every row or none (CostAwareDepth) a row lags only where `catch_up` held it back, for
-        many steps: one step that drafted rows just caught up next to held ones set the draft's scale as above
-        and stopped drafting for the run (c103 of robustness draw 2041, batch_scaled 0.985 of the baseline
-        against 1.016 without `catch_up`). Not for goodput, whose per-row plans leave rows a few tokens behind
-        on most drafting steps of a stream: left out, those steps starve the fit (c44 of 2041, 0.997 -> 0.972)."""
+        many steps, and one step that drafts rows just caught up next to held ones would set the draft's scale as
+        above. Not for goodput, whose per-row plans leave rows a few tokens behind on most drafting steps of a
+        stream: left out, those steps would starve the fit."""
         mv = view.measured_verify_s
         if mv is None:
             return
@@ -142,8 +135,8 @@ class CostCalibration:
         cannot pass for padding even when the padding feature barely varies (the prior's pull on the fixed
         part once did, on a cell with no padding). Where the fixed part comes out negative (a cost model that
         charges a fixed part the engine does not pay) the fit is taken again without it: refusing the padding
-        there let a padded 70B verify at batch 200 pass for a 30 ms fixed cost in the verify-only fit, which
-        then priced drafts as nearly free (c83 of robustness draw 2035, 0.950 of `none`)."""
+        there would let a padded verify pass for a fixed cost in the verify-only fit, pricing drafts as nearly
+        free."""
         keep = math.exp(-1.0 / self.memory)
         x = (predicted, 1.0, pad)
         self._pad_xx = [v * keep + x[a] * x[b] for v, (a, b) in zip(self._pad_xx, _UPPER3)]
@@ -188,9 +181,7 @@ class CostCalibration:
         above the fit; None where the fit is singular). Only steps that drafted rows unevenly show padding at
         all; where the plan drafts the same rows alike every step the padding feature is constant and so is
         confounded with a fixed cost per step. Taking the ragged reading there is a trap: it prices the uneven
-        plan as cheap, the plan stays uneven, and the data never tell (c233 of robustness draw 2044: one row
-        drafted two deep for 340 steps while all 96 paid the padded positions; goodput 0.859 of goodput with
-        the true cost). Assumed, padding makes the plan even, which varies the feature and settles the question."""
+        plan as cheap, the plan stays uneven, and the data never tell. Assumed, padding makes the plan even, which varies the feature and settles the question."""
         if not self.cautious or (upper is not None and upper < 0.5):
             return 0.0
         return 1.0 if upper is None else min(upper, 1.0)
@@ -200,9 +191,7 @@ class CostCalibration:
         `cautious`), the scale and fixed part refitted. Why `sticky`: where the recent steps cannot tell whether the
         engine pads, a plan that drafts every row alike pads nothing, so the padding feature stops varying and,
         with forgetting, its coefficient's error grows until the test above fails. Dropping it then priced
-        partial drafting as cheap on a padded engine, and goodput drafted 60-80 of 109 rows while every row paid
-        the padded position (c69 of robustness draw 2042: 0.944 of fixed depth 1, against 1.003 with the true
-        cost). The scale and fixed part are refitted with the padding held at prev; the term goes only where
+        partial drafting as cheap on a padded engine, where every row pays the padded position. The scale and fixed part are refitted with the padding held at prev; the term goes only where
         the data put it more than three standard errors below prev (above), or the refit has no positive scale."""
         if prev <= 0.0:
             return
@@ -223,14 +212,14 @@ class CostCalibration:
         y = self._pad_xy
         if len(idx) == 3:
             a00, a01, a02, a11, a12, a22 = A
-            c00, c01, c02 = a11 * a22 - a12 * a12, a02 * a12 - a01 * a22, a01 * a12 - a02 * a11
-            c11, c12, c22 = a00 * a22 - a02 * a02, a01 * a02 - a00 * a12, a00 * a11 - a01 * a01
-            det = a00 * c00 + a01 * c01 + a02 * c02
+            m00, m01, m02 = a11 * a22 - a12 * a12, a02 * a12 - a01 * a22, a01 * a12 - a02 * a11
+            m11, m12, m22 = a00 * a22 - a02 * a02, a01 * a02 - a00 * a12, a00 * a11 - a01 * a01
+            det = a00 * m00 + a01 * m01 + a02 * m02
             if det == 0.0:
                 return None
-            coef = [(c00 * y[0] + c01 * y[1] + c02 * y[2]) / det, (c01 * y[0] + c11 * y[1] + c12 * y[2]) / det,
-                    (c02 * y[0] + c12 * y[1] + c22 * y[2]) / det]
-            last = c22 / det
+            coef = [(m00 * y[0] + m01 * y[1] + m02 * y[2]) / det, (m01 * y[0] + m11 * y[1] + m12 * y[2]) / det,
+                    (m02 * y[0] + m12 * y[1] + m22 * y[2]) / det]
+            last = m22 / det
         else:
             i, j = idx
             aii, aij, ajj = A[_AT3[i][i]], A[_AT3[i][j]], A[_AT3[j][j]]

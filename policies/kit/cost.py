@@ -20,7 +20,6 @@ def _grid(n: int, dense: int = 32, points: int = 40) -> np.ndarray:
     return g
 
 
-
 class StepCost:
     """Predicted step time pieces for the current batch, from `view.cost`, as lookup tables:
 
@@ -105,7 +104,6 @@ class StepCost:
         return v
 
 
-
 def row_cost(cost, ctx: np.ndarray) -> float:
     """Seconds one more row at the batch's mean context adds to a verify without drafts (`cost`: a cost model
     such as view.cost; 0 for an empty batch)."""
@@ -117,7 +115,6 @@ def row_cost(cost, ctx: np.ndarray) -> float:
     return max(float(cost.verify_time(c, np.zeros(n))) - one_less, 0.0)
 
 
-
 class Tables:
     """Step-time tables in StepCost's layout: `verify`, `draft`, and `pad` (None, or pad[p]: the seconds that
     opening draft position p adds to a padded verify, whatever the number of rows drafting there)."""
@@ -126,12 +123,10 @@ class Tables:
         self.verify, self.draft, self.pad = verify, draft, pad
 
 
-
 def every_row_deep(verify: np.ndarray, n: int) -> np.ndarray:
     """A StepCost verify table (x drafts over n rows) read at x = n p, every row p deep, for p = 0, 1, ... (the
     last point repeated where the table ends): what a verify that pads every row to the deepest costs per depth."""
     return verify[np.minimum(np.arange(verify.size // max(n, 1) + 1) * n, verify.size - 1)]
-
 
 
 def as_padded(costs, n: int) -> Tables:
@@ -143,7 +138,6 @@ def as_padded(costs, n: int) -> Tables:
     if costs.pad is not None and len(costs.pad):
         return costs
     return Tables(np.full_like(costs.verify, costs.verify[0]), costs.draft, np.diff(every_row_deep(costs.verify, n)))
-
 
 
 def pad_extra(costs, drafted: np.ndarray, view=None) -> float:
@@ -165,7 +159,6 @@ def pad_extra(costs, drafted: np.ndarray, view=None) -> float:
         return 0.0
     v = costs.verify
     return float(v[min(n * k, v.size - 1)] - v[min(int(drafted.sum()), v.size - 1)])
-
 
 
 class PolicyTime:

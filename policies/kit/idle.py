@@ -38,13 +38,10 @@ class IdleReplan:
         self._left, self._ids = self._run, np.array(view.request_ids)
 
 
-
 PROBE_TOKENS = 64   # evidence is thin while it rests on fewer verified drafts than max(batch, this) ...
 
 
-
 PROBE_ROUNDS = 4    # ... and a run probes at most this many steps
-
 
 
 def thin_evidence(evidence: float, prior: float, batch: int) -> bool:
@@ -52,12 +49,10 @@ def thin_evidence(evidence: float, prior: float, batch: int) -> bool:
     return evidence < prior + max(batch, PROBE_TOKENS)
 
 
-
 def may_probe(probes: int, evidence: float, prior: float, batch: int) -> bool:
     """The probe gate of goodput, batch_scaled and confidence: fewer than PROBE_ROUNDS probe steps so far, and
     thin evidence (`thin_evidence`)."""
     return probes < PROBE_ROUNDS and thin_evidence(evidence, prior, batch)
-
 
 
 def catch_up_s(view, drafting: np.ndarray, cost=None, padded: bool = False) -> float:
@@ -79,23 +74,20 @@ def catch_up_s(view, drafting: np.ndarray, cost=None, padded: bool = False) -> f
     return max(float(cost.draft_forward(ctx, lag)[0]) - float(cost.draft_forward(ctx, q0)[0]), 0.0)
 
 
-
 def catch_up_pays(view, drafting: np.ndarray, gain_s: float, steps: float, cost=None, padded: bool = False,
                   free_s: float = 0.0) -> bool:
     """Whether drafting the rows `drafting` this step is worth the draft's catch-up (`catch_up_s`). A row that
     lags has not drafted for a while; its first draft forward feeds every token it skipped, once, and drafting
     then costs what it did before. A per-step plan cannot price that (it would charge a whole catch-up to one
-    step's gain, and never resume) and one that ignores it resumed where a few steps' gain did not pay for it
-    (c191 of robustness draw 2040: a batch of 349 at acceptance 0.3 whose tail resumed drafting, 2.6-3.5 % of
-    the run's time spent catching up). So the catch-up is paid when what drafting saves per step (`gain_s`
+    step's gain, and never resume) and one that ignores it resumes where a few steps' gain does not pay for it.
+    So the catch-up is paid when what drafting saves per step (`gain_s`
     seconds, against not drafting) over the steps it is expected to go on (`steps`) covers it, or when it costs
     at most `free_s` (e.g. one idle step, what a probe may cost: a plan that drafts after a few idle steps
     resumes, instead of leaving its rows idle for good because their lag, and so the price of resuming, only
-    grows while they wait; c75 of robustness draw 2038, a stream of batch 301 near the break-even: 1 % lost).
+    grows while they wait).
     True where no drafting row lags (the common case: one comparison)."""
     c = catch_up_s(view, drafting, cost, padded)
     return c <= free_s or gain_s * steps >= c
-
 
 
 def plan_pays_catch_up(view, depths: np.ndarray, late: np.ndarray, S: np.ndarray, G: float, base: float, costs,
@@ -112,15 +104,12 @@ def plan_pays_catch_up(view, depths: np.ndarray, late: np.ndarray, S: np.ndarray
     return catch_up_pays(view, depths > 0, t0 * max(G * t0 / base - 1.0, 0.0), steps, cost, padded, free_s=t0)
 
 
-
 def catch_up_rows(view, late: np.ndarray, budget_s: float, cost=None, padded: bool = False) -> np.ndarray:
     """The rows of `late` (bool mask) to catch up this step while the acceptance estimate rests on thin evidence:
     the ones with the most tokens left (view.remaining; ties by row) whose catch-up (`catch_up_s`) costs at most
     `budget_s` (e.g. one idle step, as a probe may cost), none where one row costs more. A resumption priced at an
     estimate that has seen no verified draft (a large batch that never drafted until its tail) is a guess: at
-    that budget a few rows' drafts, once verified, tell whether resuming the others pays (c191 of robustness draw
-    2040: resumed at the prior's 0.7, the rows accepted 0.3, and drafting stopped after one step that spent 1.9 %
-    of the run catching up). Returns a bool mask."""
+    that budget a few rows' drafts, once verified, tell whether resuming the others pays. Returns a bool mask."""
     order = np.argsort(-view.remaining, kind="stable")
     rows = order[late[order]]
     out = np.zeros(late.size, bool)
@@ -137,14 +126,13 @@ def catch_up_rows(view, late: np.ndarray, budget_s: float, cost=None, padded: bo
     return out
 
 
-
 class CatchUpPadding:
     """Whether the engine pads the draft's catch-up, learnt from the steps that paid one: a padded engine feeds every
     row of the draft's first forward the largest lag among them (backend=hf right-pads its draft input; the
     simulator with backend.pad_ragged), a ragged one each row its own. A policy whose verify fit cannot tell
     (batch_scaled and confidence plan one depth for every row, so padding never shows in their verify) priced the
-    catch-up of rows with mixed lags ragged, and on a padded engine paid up to 4 x more than it planned (c191 of
-    robustness draw 2040). `planned(view, drafting)` in plan records both prices of the step's catch-up;
+    catch-up of rows with mixed lags ragged, and on a padded engine paid several times more than it planned.
+    `planned(view, drafting)` in plan records both prices of the step's catch-up;
     `observe(view, calibration)` compares what the draft forwards cost beyond the calibrated price of the step's
     positions with them, where they differ (by more than 25 %). `padded`: the verdict, None until then.
 

@@ -58,9 +58,7 @@ def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | No
     return depths, best_g
 
 
-
 _SMALL = 16   # batches up to this many rows search in plain floats (_SmallColumns)
-
 
 
 class _SmallColumns:
@@ -103,7 +101,6 @@ class _SmallColumns:
         return self._last[:m]
 
 
-
 class _NestedColumns:
     """Column p of the search when rankings differ by position: cumulative values of the rows that drafted
     at p - 1 (the best m of the previous call), in column p's ranking."""
@@ -136,7 +133,6 @@ class _NestedColumns:
         return self._last[:m]
 
 
-
 def _by_position(column, K, G, costs, n, base):
     """Position by position, the number of rows m_p that maximises value - G x (draft forward + verify
     growth); stops at the first position where none pays. Returns ([m_p], expected value, seconds)."""
@@ -161,7 +157,6 @@ def _by_position(column, K, G, costs, n, base):
         x += m
         prev = m
     return ms, e, ver[x] + tdraft
-
 
 
 def _by_position_small(column, K, G, costs, n, base):
@@ -189,7 +184,6 @@ def _by_position_small(column, K, G, costs, n, base):
         x += m
         prev = m
     return ms, e, v[x] + tdraft
-
 
 
 def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarray | None = None,
@@ -250,7 +244,6 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
     return k, float(g[k])
 
 
-
 def best_prefix(n_rows: int, rows: np.ndarray, pos: np.ndarray, value: np.ndarray, costs: StepCost,
                 base_value: float):
     """Goodput of every prefix of a ranked slot list; returns (best prefix length, its goodput).
@@ -274,7 +267,6 @@ def best_prefix(n_rows: int, rows: np.ndarray, pos: np.ndarray, value: np.ndarra
     g = e / t
     m = int(np.argmax(g))
     return m, float(g[m])
-
 
 
 def keep_by_margin(view, position: int, idx: np.ndarray, v, costs, G: float, ratio=None) -> np.ndarray:
@@ -322,12 +314,10 @@ def keep_by_margin(view, position: int, idx: np.ndarray, v, costs, G: float, rat
     return keep
 
 
-
 def draft_caps(view, kmax: int) -> np.ndarray:
     """Per row, the most drafts worth making: its remaining tokens - 1 (a step emits at most what the request has
     left, so a draft past its last token is never emitted), in 0..kmax."""
     return np.clip(view.remaining - 1, 0, kmax)
-
 
 
 def fit_token_cap(depths: np.ndarray, view) -> np.ndarray:
