@@ -41,6 +41,22 @@ def test_gpu_check_smoke(tmp_path):
                          for r in cross if not r["policy"] == "goodput")
     # (goodput calibrates its cost model to the measured step times: its decisions follow the clock)
     assert all(r["real_tokens_per_step"] == r["table_tokens_per_step"] for r in cross if r["policy"] != "goodput")
+    # the measurement protocol: per batch a warm-up pass, then timed passes in the same (interleaved) order
+    runs = list(csv.DictReader((tmp_path / "crossover_runs.csv").open()))
+    for b in {r["batch"] for r in runs}:
+        seq = [r for r in runs if r["batch"] == b]
+        passes = [[(r["alpha"], r["policy"]) for r in seq if r["pass"] == k] for k in ("warmup", "0", "1")]
+        assert passes[0] == passes[1] == passes[2] and [r["pass"] for r in seq][0] == "warmup"
+        assert int(seq[0]["captured"]) > 0   # (goodput's timed runs may reach a depth its warm-up did not)
+        assert all(int(r["captured"]) == 0 for r in seq if r["pass"] != "warmup" and r["policy"] != "goodput")
+    full = list(csv.DictReader((tmp_path / "crossover.csv").open()))
+    assert all(int(r["real_reps"]) == 2 and r["real_spread"] != "" for r in full if r["real_tok_s"])
+    for r in full:   # a reported speed-up never exceeds its tokens-per-step bound; one that would is flagged
+        assert (r["real_speedup"] == "" and r["flag"]) or not r["real_speedup"] or \
+            float(r["real_speedup"]) <= float(r["bound"]) * 1.03
+    summ = json.loads(next((tmp_path / "runs" / "real").rglob("summary.json")).read_text())
+    assert summ["static_shapes"]["mode"] == "graphs"
+    assert {"spread", "model_s", "warmup", "path"} <= set(next(csv.DictReader((tmp_path / "roofline.csv").open())))
     from specdepth.cost import TableCost
     from specdepth.models import ModelArch
     arch = ModelArch.from_hf_config(tmp_path / "_models" / "target", "t")

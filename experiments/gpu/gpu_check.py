@@ -48,16 +48,17 @@ SMOKE_DRAFT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, nu
 FULL = dict(
     total_s=450, report_s=15, dtype="bfloat16", shapes=(LLAMA_8B, LLAMA_1B), name="llama8b_1b_random",
     grid=([1, 4, 16, 64, 256], [1, 2, 4, 7, 128], [0, 128, 256]), warmup=1, repeats=3,
-    batches=[1, 2, 4, 8, 16, 32, 64, 128, 256], depths=list(range(7)), alphas=[0.6, 0.8], prompt_len=128,
+    batches=[1, 2, 4, 8, 16, 32, 64, 128, 256], depths=[0, 1, 2, 4, 6], alphas=[0.6, 0.8], prompt_len=128,
     output_len=32, lossless=dict(batch=4, prompt_len=32, output_len=32, pair=dict()), overhead_len=32, k=4, reps=3,
-    budgets=dict(roofline=75, crossover=200, lossless=50, overhead=70))
+    budgets=dict(roofline=60, crossover=255, lossless=35, overhead=70), sim_reserve_s=45, compile_s=45)
 SMOKE = dict(
-    total_s=55, report_s=4, dtype="bfloat16", shapes=(SMOKE_TARGET, SMOKE_DRAFT), name="tiny_random",
+    total_s=65, report_s=4, dtype="bfloat16", shapes=(SMOKE_TARGET, SMOKE_DRAFT), name="tiny_random",
     grid=([1, 2], [1, 2, 4, 16], [0, 16]), warmup=0, repeats=1,
-    batches=[1, 2], depths=list(range(7)), alphas=[0.6, 0.8], prompt_len=16, output_len=8,
+    batches=[1, 2], depths=[0, 1, 2, 4, 6], alphas=[0.6, 0.8], prompt_len=16, output_len=8,
     lossless=dict(batch=2, prompt_len=16, output_len=8,
                   pair=dict(vocab=256, hidden=64, layers=2, heads=4, intermediate=128)),
-    overhead_len=8, k=2, reps=1, budgets=dict(roofline=8, crossover=18, lossless=12, overhead=8))
+    overhead_len=8, k=2, reps=2, budgets=dict(roofline=8, crossover=22, lossless=12, overhead=10), sim_reserve_s=4,
+    compile_s=1e9)
 PARTS = ("roofline", "crossover", "lossless", "overhead")
 
 
@@ -82,6 +83,11 @@ class Ctx:
         self.profile: Path | None = None
         self.info: dict = {}
         self.log = open(out / "log.txt", "a")
+
+    @property
+    def torch_device(self):
+        import torch
+        return torch.device(self.device)
 
     def say(self, msg: str) -> None:
         line = f"[{time.monotonic() - T0:6.1f} s] {msg}"
@@ -176,16 +182,21 @@ def part_roofline(ctx: Ctx, budget: Budget) -> dict:
     import numpy as np
 
     from specdepth.app import build, make
+    from specdepth.gpuinfo import snapshot
     from specdepth.profile import measure, write_profile
     p = ctx.plan
     cfg = compose([*big_pair(ctx), "backend=hf", "policy=none", "workload.batch_size=1", "workload.output_len=1"])
     ex = build(cfg)["executor"]
     rows = []
+    before = snapshot(ctx.torch_device)
     for which, model in (("target", ex.target_model), ("draft", ex.draft_model)):
         if budget.left() <= 0:
             break
-        rows += measure([(which, model)], p["grid"], p["warmup"], p["repeats"], 1, p["dtype"], p["name"])
+        # the executor's path (static shapes, graphs captured once per shape after the warm-up forwards)
+        rows += measure([(which, model)], p["grid"], p["warmup"], p["repeats"], 1, p["dtype"], p["name"],
+                        static="graphs")
         ctx.say(f"roofline: {which} profiled ({len(rows)} points)")
+    after = snapshot(ctx.torch_device)
     write_profile(rows, ctx.out / "profile.csv")
     complete = {r[0] for r in rows} == {"target", "draft"}
     if complete:
@@ -194,15 +205,17 @@ def part_roofline(ctx: Ctx, budget: Budget) -> dict:
     pair, hw = make(rc, "model"), make(rc, "hardware")
     roof = make(rc, "cost", target=pair.target_arch, draft=pair.draft_arch, hardware=hw)
     out = []
-    for which, b, q, c, sec, *_ in rows:
+    for which, b, q, c, sec, *rest in rows:
         fwd = roof.target_forward if which == "target" else roof.draft_forward
         pred = fwd(np.full(b, c, np.int64), np.full(b, q, np.int64))[0]
         out.append(dict(model=which, batch=b, query=q, context=c, tokens=b * q, measured_s=sec, roofline_s=pred,
-                        measured_over_roofline=sec / pred))
+                        measured_over_roofline=sec / pred, model_s=rest[4], spread=rest[5], warmup=rest[6],
+                        repeats=rest[7], path=("static" if q <= 17 else "eager") + f" ({rest[8]})"))
     write_csv(ctx.out / "roofline.csv", out)
     plot_roofline(out, ctx.out / "roofline.png", f"{ctx.info['device']}: measured vs roofline "
                   f"({ctx.info['hardware']})")
-    return dict(status="ok" if complete else "partial", **roofline_text(ctx, out))
+    return dict(status="ok" if complete else "partial", gpu_before=before, gpu_after=after,
+                **roofline_text(ctx, out))
 
 
 def roofline_text(ctx: Ctx, rows: list[dict]) -> dict:
@@ -210,12 +223,13 @@ def roofline_text(ctx: Ctx, rows: list[dict]) -> dict:
     mid = ctxs[len(ctxs) // 2] if ctxs else 0
     lines = [f"Forward time, measured vs the simulator's roofline ({ctx.info['hardware']}), context {mid} "
              "tokens per sequence (all points: roofline.csv):", "",
-             "| model | batch | query | tokens | measured (ms) | roofline (ms) | measured / roofline |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| model | batch | query | tokens | path | measured (ms) | spread | roofline (ms) | measured / roofline |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|"]
     for r in rows:
         if r["context"] == mid:
-            lines.append(f"| {r['model']} | {r['batch']} | {r['query']} | {r['tokens']} | {r['measured_s'] * 1e3:.3f} "
-                         f"| {r['roofline_s'] * 1e3:.3f} | {r['measured_over_roofline']:.2f} |")
+            lines.append(f"| {r['model']} | {r['batch']} | {r['query']} | {r['tokens']} | {r['path']} | "
+                         f"{r['measured_s'] * 1e3:.3f} | {fmt(r['spread'] * 100, '.1f')}% | {r['roofline_s'] * 1e3:.3f} | "
+                         f"{r['measured_over_roofline']:.2f} |")
     head = []
     for which in ("target", "draft"):
         d = [r for r in rows if r["model"] == which and r["query"] == 1 and r["context"] == mid]
@@ -225,7 +239,29 @@ def roofline_text(ctx: Ctx, rows: list[dict]) -> dict:
             head.append(f"{which} decode b{lo['batch']} {lo['measured_s'] * 1e3:.2f} ms (roofline "
                         f"{lo['roofline_s'] * 1e3:.2f}), b{hi['batch']} {hi['measured_s'] * 1e3:.2f} ms (roofline "
                         f"{hi['roofline_s'] * 1e3:.2f}); median measured/roofline {ratio:.2f}")
+    drops = monotonic_drops(rows)
+    head.append(f"{len(drops)} points more than 5% faster than a point with fewer tokens")
+    if drops:
+        lines += ["", "Forward time falling with more tokens (> 5 %): " + "; ".join(drops)]
     return dict(markdown="\n".join(lines), headline="roofline: " + "; ".join(head))
+
+
+def monotonic_drops(rows: list[dict], tol: float = 0.05) -> list[str]:
+    """Points whose forward is more than `tol` faster than one with fewer tokens (same model and context):
+    the forward time should not fall as the tokens grow."""
+    out = []
+    for which in ("target", "draft"):
+        for c in sorted({r["context"] for r in rows}):
+            pts = sorted((r for r in rows if r["model"] == which and r["context"] == c), key=lambda r: r["tokens"])
+            slowest = None
+            for r in pts:
+                if slowest is not None and r["tokens"] > slowest["tokens"] and \
+                        r["measured_s"] < slowest["measured_s"] * (1 - tol):
+                    out.append(f"{which} ctx {c}: {r['batch']}x{r['query']} {r['measured_s'] * 1e3:.2f} ms < "
+                               f"{slowest['batch']}x{slowest['query']} {slowest['measured_s'] * 1e3:.2f} ms")
+                if slowest is None or r["measured_s"] > slowest["measured_s"]:
+                    slowest = r
+    return out
 
 
 def plot_roofline(rows: list[dict], path: Path, title: str) -> None:
@@ -281,55 +317,87 @@ def crossover_cells(ctx: Ctx, batch: int) -> list[tuple]:
     return [(None, "fixed0")] + [(x, pol) for x in a for pol in policies(ctx) if pol != "fixed0"]
 
 
-def real_crossover(ctx: Ctx, budget: Budget, base: dict) -> tuple[dict, list]:
+def real_crossover(ctx: Ctx, budget: Budget, base: dict) -> tuple[dict, list, list]:
+    """The measurement protocol, per batch size in increasing order: a warm-up pass (every cell once, untimed:
+    first use of each shape, its graph capture; recorded in crossover_runs.csv), then `reps` timed passes over
+    the same cells in the same order (A B C ... A B C ...: interleaved, so a slow spell of the GPU spreads
+    over every cell). A batch size starts only when its passes fit the budget (estimated from the last one).
+    Returns ({cell: [summary of each timed pass]}, the cells not run, the run log)."""
     from specdepth.app import run
-    p, done, skipped, last = ctx.plan, {}, [], 0.0
-    run(cell(base, p["alphas"][0], 2, "fixed2"), run_dir(ctx, "warmup"))   # first CUDA/cuBLAS use, not recorded
+    p, done, skipped, log_rows, last = ctx.plan, {}, [], [], None
     for b in p["batches"]:
-        first = True
-        for akey, pol in crossover_cells(ctx, b):
-            if skipped or budget.left() < last * (2.5 if first else 1.2):
-                skipped.append((akey, b, pol))
-                continue
-            t = time.monotonic()
-            alpha = p["alphas"][0] if akey is None else akey
-            done[(akey, b, pol)] = run(cell(base, alpha, b, pol), run_dir(ctx, "real", f"a{akey}", f"b{b}", pol))
-            last, first = time.monotonic() - t, False
-        ctx.say(f"crossover: batch {b} done ({len(done)} real runs)" if not skipped else
-                f"crossover: budget spent, {len(skipped)} cells skipped from batch {skipped[0][1]}")
-    return done, skipped
+        cells = crossover_cells(ctx, b)
+        need = None if last is None else last[1] * (1 + p["reps"]) * (b / last[0]) ** 0.5
+        if skipped or (need is not None and budget.left() - p["sim_reserve_s"] < need):
+            skipped += [(a, b, pol) for a, pol in cells]
+            continue
+        t_batch = time.monotonic()
+        for rep in range(-1, p["reps"]):   # -1: the warm-up pass
+            for akey, pol in cells:
+                alpha = p["alphas"][0] if akey is None else akey
+                d = run_dir(ctx, "real" if rep >= 0 else "warmup", f"a{akey}", f"b{b}", pol, f"r{max(rep, 0)}")
+                t = time.monotonic()
+                s = run(with_values(cell(base, alpha, b, pol), resume=False), d)
+                log_rows.append(dict(seq=len(log_rows), pass_=("warmup" if rep < 0 else rep), batch=b, alpha=akey,
+                                     policy=pol, tok_s=s["throughput_tok_s"], seconds=round(time.monotonic() - t, 4),
+                                     captured=sum(s.get("static_shapes", {}).get(m, {}).get("captured", 0)
+                                                  for m in ("target", "draft"))))
+                if rep >= 0:
+                    done.setdefault((akey, b, pol), []).append(s)
+        last = (b, (time.monotonic() - t_batch) / (1 + p["reps"]))
+        ctx.say(f"crossover: batch {b}: warm-up + {p['reps']} interleaved passes of {len(cells)} cells in "
+                f"{time.monotonic() - t_batch:.1f} s")
+    if skipped:
+        ctx.say(f"crossover: budget spent, {len(skipped)} cells not run (from batch {skipped[0][1]})")
+    return done, skipped, log_rows
 
 
 def sim_crossover(ctx: Ctx, base: dict, done: dict, name: str) -> dict:
-    """The simulator's run of every cell measured (backend=sim, the backend's padding and catch-up charged)."""
+    """The simulator's run of every cell measured (backend=sim, the backend's padding and catch-up charged):
+    deterministic, once each."""
     from specdepth.app import run
     out = {}
     for (akey, b, pol) in done:
         if time.monotonic() > ctx.deadline:
             break
         alpha = ctx.plan["alphas"][0] if akey is None else akey
-        out[(akey, b, pol)] = run(cell(base, alpha, b, pol), run_dir(ctx, name, f"a{akey}", f"b{b}", pol))
+        out[(akey, b, pol)] = [run(cell(base, alpha, b, pol), run_dir(ctx, name, f"a{akey}", f"b{b}", pol))]
     return out
 
 
 def part_crossover(ctx: Ctx, budget: Budget) -> dict:
+    from specdepth.gpuinfo import snapshot
     hw = ["cost=roofline", f"hardware={ctx.info['hardware']}"]
     table = ["cost=table", f"cost.path={ctx.profile}"] if ctx.profile else None
     sim = ["backend=sim", "backend.pad_ragged=true", "backend.draft_catch_up=true", "engine.charge_policy_time=true"]
-    done, skipped = real_crossover(ctx, budget, bases(ctx, ["backend=hf", "backend.acceptance=simulated"],
-                                                      table or hw))
+    before = snapshot(ctx.torch_device)
+    done, skipped, log_rows = real_crossover(
+        ctx, budget, bases(ctx, ["backend=hf", "backend.acceptance=simulated", "backend.static_shapes=graphs"],
+                           table or hw))
+    after = snapshot(ctx.torch_device)
     preds = {"table": sim_crossover(ctx, bases(ctx, sim, table), done, "sim_table") if table else {},
              "roofline": sim_crossover(ctx, bases(ctx, sim, hw), done, "sim_roofline")}
     rows = crossover_rows(ctx, done, preds)
     write_csv(ctx.out / "crossover.csv", rows)
+    write_csv(ctx.out / "crossover_runs.csv", [{("pass" if k == "pass_" else k): v for k, v in r.items()}
+                                                for r in log_rows])
     plot_crossover(ctx, rows, ctx.out / "crossover.png")
     text = crossover_text(ctx, rows, table is not None)
+    text["markdown"] += "\n\n" + protocol_text(ctx, rows, log_rows, before, after)
+    text["headline"] += "; " + protocol_headline(rows, table is not None)
     if skipped:
         text["markdown"] += (f"\n\nBudget spent: {len(skipped)} cells not run (from batch {skipped[0][1]} on).")
-    return dict(status="partial" if skipped else "ok", **text)
+    return dict(status="partial" if skipped else "ok", gpu_before=before, gpu_after=after, **text)
+
+
+BOUND_TOL = 0.03   # a measured speed-up more than 3 % above its tokens-per-step bound is a measurement error
 
 
 def crossover_rows(ctx: Ctx, done: dict, preds: dict) -> list[dict]:
+    """One row per (alpha, batch, policy): per source (real: the median of the timed passes, with their
+    relative spread; table, roofline: the simulator) throughput, speed-up over no speculation and tokens per
+    step. A real speed-up above the cell's tokens-per-step bound (no step can cost less than a step without
+    drafts) is not reported: `flag` says so and gives the figure."""
     rows = []
     for a in ctx.plan["alphas"]:
         for b in ctx.plan["batches"]:
@@ -337,13 +405,57 @@ def crossover_rows(ctx: Ctx, done: dict, preds: dict) -> list[dict]:
                 key = (None if pol == "fixed0" else a, b, pol)
                 row = dict(alpha=a, batch=b, policy=pol)
                 for src, runs in (("real", done), *preds.items()):
-                    s, base = runs.get(key), runs.get((None, b, "fixed0"))
-                    tput = s["throughput_tok_s"] if s else None
+                    ss, base = runs.get(key), runs.get((None, b, "fixed0"))
+                    tput = statistics.median(s["throughput_tok_s"] for s in ss) if ss else None
+                    btput = statistics.median(s["throughput_tok_s"] for s in base) if base else None
                     row[f"{src}_tok_s"] = tput
-                    row[f"{src}_speedup"] = tput / base["throughput_tok_s"] if tput and base else None
-                    row[f"{src}_tokens_per_step"] = s["tokens_per_step"] if s else None
+                    row[f"{src}_speedup"] = tput / btput if tput and btput else None
+                    row[f"{src}_tokens_per_step"] = statistics.median(s["tokens_per_step"] for s in ss) if ss else None
+                    if src == "real":
+                        v = [s["throughput_tok_s"] for s in ss] if ss else []
+                        row["real_reps"] = len(v)
+                        row["real_spread"] = (max(v) - min(v)) / tput if len(v) > 1 else None
                 rows.append(row)
+    for r in rows:
+        base_tps = next((x["real_tokens_per_step"] for x in rows if x["batch"] == r["batch"]
+                         and x["policy"] == "fixed0"), None)
+        r["bound"] = r["real_tokens_per_step"] / base_tps if r["real_tokens_per_step"] and base_tps else None
+        r["flag"] = None
+        if r["real_speedup"] is not None and r["bound"] is not None and r["real_speedup"] > r["bound"] * (1 + BOUND_TOL):
+            r["flag"] = f"measurement error: speed-up {r['real_speedup']:.3f} above its bound {r['bound']:.3f}"
+            r["real_speedup"] = None
+        for src in ("table", "roofline"):
+            x, y = r.get(f"{src}_speedup"), r["real_speedup"]
+            r[f"{src}_vs_real"] = x / y - 1 if x and y else None
     return rows
+
+
+def protocol_headline(rows: list[dict], have_table: bool) -> str:
+    spreads = [r["real_spread"] for r in rows if r.get("real_spread") is not None]
+    flags = sum(bool(r["flag"]) for r in rows)
+    out = (f"protocol: {max((r['real_reps'] for r in rows), default=0)} interleaved passes after a warm-up, "
+           f"spread median {fmt(statistics.median(spreads) * 100 if spreads else None, '.1f')}% / max "
+           f"{fmt(max(spreads) * 100 if spreads else None, '.1f')}%, {flags} speed-ups above their bound")
+    if have_table:
+        dev = [abs(r["table_vs_real"]) for r in rows if r.get("table_vs_real") is not None and r["policy"] != "fixed0"]
+        if dev:
+            out += (f"; sim (cost=table) vs measured speed-up: median {statistics.median(dev) * 100:.1f}%, max "
+                    f"{max(dev) * 100:.1f}%, {sum(d <= 0.10 for d in dev)} of {len(dev)} within 10%")
+    return out
+
+
+def protocol_text(ctx: Ctx, rows: list[dict], log_rows: list[dict], before: dict, after: dict) -> str:
+    warm = [r for r in log_rows if r["pass_"] == "warmup"]
+    lines = ["Protocol: per batch size a warm-up pass (every cell once, untimed: "
+             f"{sum(r['seconds'] for r in warm):.1f} s, {sum(r['captured'] for r in warm)} graphs captured), then "
+             f"{ctx.plan['reps']} timed passes in the same order (crossover_runs.csv lists every run in order); "
+             "a cell's figure is the median of its passes, its spread (max - min) / median. "
+             "GPU state (NVML) before / after: " + json.dumps(before) + " / " + json.dumps(after), ""]
+    flagged = [r for r in rows if r["flag"]]
+    if flagged:
+        lines += ["Not reported (measurement errors):", ""] + [f"* alpha {r['alpha']}, batch {r['batch']}, "
+                                                                f"{r['policy']}: {r['flag']}" for r in flagged]
+    return "\n".join(lines)
 
 
 def crossover_text(ctx: Ctx, rows: list[dict], have_table: bool) -> dict:
@@ -455,7 +567,8 @@ def part_lossless(ctx: Ctx, budget: Budget) -> dict:
              ("random_pair", [f"model.target={rp / 'target'}", f"model.draft={rp / 'draft'}", "model.target_arch=null",
                               "model.draft_arch=null", "model.prompts=null", "model.dtype=float32",
                               "model.name=random_pair"]))
-    common = ["backend=hf", f"model.device={ctx.device}", "workload=closed", f"workload.batch_size={L['batch']}",
+    common = ["backend=hf", "backend.static_shapes=graphs", f"model.device={ctx.device}", "workload=closed",
+              f"workload.batch_size={L['batch']}",
               f"workload.prompt_len={L['prompt_len']}", f"workload.output_len={L['output_len']}",
               "engine.progress=false", "seed=0"]
     rows = []
@@ -505,35 +618,68 @@ def duel(budget: Budget, ours, theirs, reps: int) -> tuple[list, list]:
 
 
 def part_overhead(ctx: Ctx, budget: Budget) -> dict:
+    """Batch 1: our backend graphed (static shapes, CUDA graphs) and eager (the dynamic path) against HF generate
+    (k = 0) and HF assisted generation (k = 4), eager, in interleaved pairs after a warm-up; HF generate with a
+    static cache compiled into CUDA graphs (torch.compile, mode reduce-overhead) where the budget leaves a
+    minute for its compile; and timing mode's cost per step against the lossless run's."""
     from hf_backend import hf_generate
     p, k, n = ctx.plan, ctx.plan["k"], ctx.plan["overhead_len"]
     base = [*big_pair(ctx), "backend=hf", "workload.batch_size=1", f"workload.prompt_len={p['prompt_len']}",
             f"workload.output_len={n}", "policy=fixed"]
-    ours0, oursk = compose([*base, "policy.depth=0"]), compose([*base, f"policy.depth={k}"])
     cases, ours_runs = [], []
-    o, h = duel(budget, lambda: run_engine(ours0), lambda r: hf_generate(r["target"], None, r["prompts"], n),
-                p["reps"])
-    ours_runs += o
-    cases.append(case_row("k=0 vs HF generate", "k=0 vs HF generate, batch 1", o, h))
-    o, h = duel(budget, lambda: run_engine(oursk),
-                lambda r: hf_generate(r["target"], r["draft"], r["prompts"], n, k), p["reps"])
-    ours_runs += o
-    cases.append(case_row(f"k={k} vs HF assisted", f"fixed k={k} (lossless) vs HF assisted k={k}, batch 1", o, h))
-    alpha = min(max(round(statistics.fmean(r["acceptance"] or 0.0 for r in o), 2), 0.0), 0.99)
+    for path in ("graphs", "off"):
+        label = "graphed" if path == "graphs" else "eager"
+        ours0 = compose([*base, "policy.depth=0", f"backend.static_shapes={path}"])
+        oursk = compose([*base, f"policy.depth={k}", f"backend.static_shapes={path}"])
+        o, h = duel(budget, lambda: run_engine(ours0), lambda r: hf_generate(r["target"], None, r["prompts"], n),
+                    p["reps"])
+        ours_runs += o if path == "graphs" else []
+        cases.append(case_row(f"k=0 {label} vs HF generate", f"ours k=0 ({label}) vs HF generate (eager), batch 1",
+                              o, h))
+        o, h = duel(budget, lambda: run_engine(oursk),
+                    lambda r: hf_generate(r["target"], r["draft"], r["prompts"], n, k), p["reps"])
+        ours_runs += o if path == "graphs" else []
+        cases.append(case_row(f"k={k} {label} vs HF assisted", f"ours fixed k={k} ({label}, lossless) vs HF assisted "
+                              f"k={k} (eager), batch 1", o, h))
+        if path == "graphs":
+            graphed = o
+    if budget.left() > p["compile_s"] and ctx.device == "cuda":
+        ours0 = compose([*base, "policy.depth=0", "backend.static_shapes=graphs"])
+        o, h = duel(budget, lambda: run_engine(ours0), lambda r: hf_compiled(r["target"], r["prompts"], n), p["reps"])
+        cases.append(case_row("k=0 graphed vs HF generate compiled", "ours k=0 (graphed) vs HF generate (static "
+                              "cache, torch.compile reduce-overhead), batch 1", o, h))
+    alpha = min(max(round(statistics.fmean(r["acceptance"] or 0.0 for r in graphed), 2), 0.0), 0.99)
     timed = compose([*base, f"policy.depth={k}", "backend.acceptance=simulated", "acceptance=iid",
-                     f"acceptance.alpha={alpha}"])
+                     f"acceptance.alpha={alpha}", "backend.static_shapes=graphs"])
     t, _ = duel(budget, lambda: run_engine(timed), lambda r: None, p["reps"])
     cases.append(dict(label="timing mode vs lossless, per step",
                       case=f"fixed k={k}: timing mode (iid alpha={alpha}, the measured acceptance) vs lossless",
-                      ours_tok_s=max(r["tok_s"] for r in t), other_tok_s=max(r["tok_s"] for r in o),
+                      ours_tok_s=max(r["tok_s"] for r in t), other_tok_s=max(r["tok_s"] for r in graphed),
                       ours_ms_per_step=min(r["wall_s"] / r["steps"] for r in t) * 1e3,
-                      other_ms_per_step=min(r["wall_s"] / r["steps"] for r in o) * 1e3))
+                      other_ms_per_step=min(r["wall_s"] / r["steps"] for r in graphed) * 1e3))
     cases[-1]["ratio"] = cases[-1]["ours_ms_per_step"] / cases[-1]["other_ms_per_step"]
     step = sum(r["step_s"] for r in ours_runs)
     outside = step - sum(r["forward_s"] for r in ours_runs)
     steps = sum(r["steps"] for r in ours_runs)
     write_csv(ctx.out / "overhead.csv", cases)
     return overhead_text(cases, outside / step, outside / steps)
+
+
+def hf_compiled(target, prompts, n):
+    """HF generate over a static cache with the model's forward compiled into CUDA graphs (the model's own
+    forward is restored afterwards; the first call pays the compile, which duel's warm-up absorbs)."""
+    from hf_backend import hf_generate
+    import torch
+    gc, fwd = target.generation_config, target.forward
+    old = getattr(gc, "cache_implementation", None)
+    compiled = target.__dict__.get("_specdepth_compiled") or torch.compile(fwd, mode="reduce-overhead")
+    target.__dict__["_specdepth_compiled"] = compiled
+    try:
+        gc.cache_implementation = "static"
+        target.forward = compiled
+        return hf_generate(target, None, prompts, n)
+    finally:
+        gc.cache_implementation, target.forward = old, fwd
 
 
 def case_row(label: str, name: str, ours: list, theirs: list) -> dict:

@@ -35,6 +35,6 @@ if ! "$PYTHON" -c "import specdepth.conf, specdepth.policies" 2>/dev/null; then
 fi
 # the driver stops itself before its budget (450 s, smoke 55 s); this is the hard stop behind it
 LIMIT=475
-case " $* " in *" --smoke "*) LIMIT=90 ;; esac
+case " $* " in *" --smoke "*) LIMIT=100 ;; esac
 timeout -k 5 "$LIMIT" "$PYTHON" experiments/gpu/gpu_check.py "$OUT" "$@" 2>&1 | tee -a "$OUT/console.txt"
 exit "${PIPESTATUS[0]}"

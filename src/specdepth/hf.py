@@ -28,6 +28,7 @@ from .cost import CostModel, forward_flops
 from .errors import BackendError, ConfigError, as_bool, as_float, as_int
 from .executor import Executor, prefill_groups, prefill_price
 from .hf_runner import MODELS, Runner, SlotCache, _torch, random_causal_lm  # noqa: F401  (Runner, SlotCache: API)
+from .gpuinfo import snapshot
 from .hf_static import StaticRunner, resolve_mode
 from .inputs import too_large_draft_vocab
 from .timing import timing_outcomes
@@ -173,6 +174,7 @@ class HFExecutor(Executor):
             rows = min(self.max_batch, len(requests))
             self.width = max(r.prompt_len + r.output_len for r in requests) + self.max_depth + 2
             self.tr, self.dr = self._runner(self.target_model, rows), self._runner(self.draft_model, rows)
+        self._gpu_before = snapshot(self.device)
         return requests
 
     def _runner(self, model, rows: int):
@@ -197,7 +199,10 @@ class HFExecutor(Executor):
         for name, r in (("target", self.tr), ("draft", self.dr)):
             if isinstance(r, StaticRunner):
                 out[name] = r.stats()
-        return dict(static_shapes=out)
+        fields = dict(static_shapes=out)
+        if self.cuda:   # the GPU's clocks, power and temperature before and after the run (NVML)
+            fields["gpu_state"] = dict(before=self._gpu_before, after=snapshot(self.device))
+        return fields
 
     def attach(self, rows):
         for name in ("hf_request", "hf_plen", "hf_olen", "hf_length", "hf_tlen", "hf_dlen"):

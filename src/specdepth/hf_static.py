@@ -293,7 +293,7 @@ class StaticRunner(Runner):
         (each after its warm-up) and the seconds that took, the forwards replayed or run eagerly."""
         new = self.shapes[getattr(self, "_run_shapes", 0):]
         out = dict(graphs=self.graphs_kind or "none", graphs_held=len(self._graphs), captured=len(new),
-                   capture_s=round(sum(s["capture_s"] for s in new), 6), warmup_per_capture=self.warmup,
+                   capture_s=round(sum(s["capture_s"] for s in new), 6), warmup_per_capture=self.warmup if self.graphs_kind == "cuda" else 0,
                    static_forwards=self.static_calls, eager_forwards=self.eager_calls,
                    kv_cache_gib=round(self.kv_bytes() / 2**30, 4), rows=self.rows_cap, slots=self.length)
         if self.capture_error:

@@ -30,17 +30,21 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .app import CONF_DIR, make_model
+from .app import CONF_DIR, _debug, _discard_run_dir, make_model
+from .checks import check_top_level_keys
 from .errors import ConfigError, SpecdepthError, as_int
 from .results import atomic_write
 
 log = logging.getLogger("specdepth.profile")
 # `arch` (ModelArch.signature of the row's model) lets cost=table refuse a profile made for another model;
 # readers that predate it ignore the extra column
-COLUMNS = ("model", "batch", "query", "context", "seconds", "device", "dtype", "name", "arch")
+COLUMNS = ("model", "batch", "query", "context", "seconds", "device", "dtype", "name", "arch", "model_seconds",
+           "spread", "warmup", "repeats", "static_shapes")
 
 
 def _ints(values, key):
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise ConfigError(f"{key} must be a list of integers, got {values!r}")
     try:
         out = sorted({as_int(v, key, min=0) for v in values})
     except TypeError:
@@ -84,29 +88,40 @@ def _load(cfg, pair, which, torch) -> list[tuple]:
     return loaded
 
 
-def _time_point(runner, toks, lens, q: int, warmup: int, repeats: int, device, before=None) -> float:
-    """Median seconds of one batched forward (after `warmup` untimed ones); `before()`, untimed, precedes
-    every one of them (interleave: the forwards the executor runs before this one)."""
+def _time_point(runner, toks, lens, q: int, warmup: int, repeats: int, device, before=None) -> tuple:
+    """One point: (median seconds of one batched forward, synchronized wall clock; median model seconds (CUDA
+    events on a GPU, the same wall clock on a CPU); relative spread (max - min) / median of the wall times),
+    after `warmup` untimed forwards of the same shape. `before()`, untimed, precedes every one of them
+    (interleave: the forwards the executor runs before this one)."""
     import torch
     b = toks.shape[0]
-    ts = []
+    cuda = device.type == "cuda"
+    walls, models = [], []
     with torch.inference_mode():
         for r in range(warmup + repeats):
             if before is not None:
                 before()
-            if device.type == "cuda":
+            if cuda:
                 torch.cuda.synchronize(device)
+                runner.collect()
+                runner.forward_s = 0.0
             t0 = time.perf_counter()
             runner.forward(slice(0, b), toks, lens, None, "all" if q > 1 else "last")
-            if device.type == "cuda":
+            if cuda:
                 torch.cuda.synchronize(device)
+            wall = time.perf_counter() - t0
+            if cuda:
+                runner.forward_s = 0.0
+                runner.collect()
             if r >= warmup:
-                ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+                walls.append(wall)
+                models.append(runner.forward_s if cuda else wall)
+    med = statistics.median(walls)
+    return med, statistics.median(models), (max(walls) - min(walls)) / med if med > 0 else 0.0
 
 
 def _walk(loaded, grid, rnd: int, rounds: int, warmup: int, repeats: int, times: dict,
-          interleave: bool = False) -> None:
+          interleave: bool = False, static: str = "off") -> None:
     """One round: every (model, batch, query, context) point of the grid once. interleave (with both models):
     each draft point is timed right after an untimed target forward (one token per row, same batch and
     context), as the executor runs a
@@ -114,7 +129,6 @@ def _walk(loaded, grid, rnd: int, rounds: int, warmup: int, repeats: int, times:
     draft_next points (query 1) right after a target forward and an untimed draft forward, as the executor
     runs the draft's later positions. On a CPU a small model's forward after a large one's is much slower
     (its weights and the interpreter's working set left the caches) than the same forward back to back."""
-    from .hf_runner import Runner
     batches, queries, contexts = grid
     models = dict(loaded)
     interleave = interleave and "target" in models and "draft" in models
@@ -126,15 +140,15 @@ def _walk(loaded, grid, rnd: int, rounds: int, warmup: int, repeats: int, times:
         pre = interleave and w == "draft"
         for b in batches:
             width = max(contexts) + max(queries) + 1
-            runner = Runner(model, b, width)
-            trunner = Runner(models["target"], b, width) if pre else None
+            runner = _runner(model, b, width, max(queries), static, device)
+            trunner = _runner(models["target"], b, width, max(queries), static, device) if pre else None
 
             def point(name, q, c, before):
                 sec = _time_point(runner, rng.integers(0, vocab, (b, q)), np.full(b, c, np.int64), q, warmup,
                                   repeats, device, before)
                 times.setdefault((name, b, q, c, str(device)), []).append(sec)
-                log.info("round %d/%d %s batch=%d query=%d context=%d: %.3f ms", rnd + 1, rounds, name, b, q, c,
-                         sec * 1e3)
+                log.info("round %d/%d %s batch=%d query=%d context=%d: %.3f ms (model %.3f ms, spread %.1f%%)",
+                         rnd + 1, rounds, name, b, q, c, sec[0] * 1e3, sec[1] * 1e3, sec[2] * 100)
 
             for c in contexts:
                 for q in queries:
@@ -155,21 +169,38 @@ def _walk(loaded, grid, rnd: int, rounds: int, warmup: int, repeats: int, times:
             runner = trunner = None   # free the caches before the next batch's
 
 
+def _runner(model, rows: int, width: int, max_query: int, static: str, device):
+    """The executor's forward path for this point: the dynamic Runner, or the static one (backend.static_shapes;
+    queries up to the grid's longest decode query run static, longer ones eagerly, as in the executor)."""
+    from .hf_runner import Runner
+    from .hf_static import StaticRunner, resolve_mode
+    mode = resolve_mode(static, device.type)
+    if mode == "off":
+        return Runner(model, rows, width)
+    graphs = None if mode == "eager" else ("cuda" if device.type == "cuda" else "standin")
+    return StaticRunner(model, rows, width, min(max_query, 17), graphs)
+
+
 def measure(loaded, grid, warmup: int = 2, repeats: int = 5, rounds: int = 1, dtype: str = "", name: str = "",
-            arch: dict | None = None, interleave: bool = False) -> list[tuple]:
+            arch: dict | None = None, interleave: bool = False, static: str = "off") -> list[tuple]:
     """Rows of profile.csv (COLUMNS) for [(target|draft, model)] over grid = (batches, queries, contexts);
     arch: {target|draft: ModelArch.signature} for the `arch` column. Every round walks the whole grid (both
     models); a point's figure is the median over rounds of each round's median, so a slow minute of the
     machine moves one round of every point, not a block of points. interleave: draft points timed as the
     executor runs them (after a target forward), plus draft_next rows (_walk)."""
-    times: dict[tuple, list[float]] = {}
+    times: dict[tuple, list[tuple]] = {}
     for rnd in range(rounds):
-        _walk(loaded, grid, rnd, rounds, warmup, repeats, times, interleave)
+        _walk(loaded, grid, rnd, rounds, warmup, repeats, times, interleave, static)
     arch = dict(arch or {})
     if "draft" in arch:
         arch.setdefault("draft_next", arch["draft"])
-    return [(w, b, q, c, statistics.median(v), device, dtype, name, arch.get(w, ""))
-            for (w, b, q, c, device), v in times.items()]
+    out = []
+    for (w, b, q, c, device), v in times.items():
+        walls = [x[0] for x in v]
+        spread = max(x[2] for x in v) if len(v) == 1 else (max(walls) - min(walls)) / statistics.median(walls)
+        out.append((w, b, q, c, statistics.median(walls), device, dtype, name, arch.get(w, ""),
+                    statistics.median(x[1] for x in v), round(spread, 6), warmup, repeats * rounds, static))
+    return out
 
 
 def write_profile(rows, out_path) -> None:
@@ -200,7 +231,7 @@ def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
     t_all = time.perf_counter()
     arch = {"target": pair.target_arch.signature, "draft": (pair.draft_arch or pair.target_arch).signature}
     rows = measure(loaded, (batches, queries, contexts), warmup, repeats, rounds, pair.dtype, pair.name, arch,
-                   bool(cfg.get("interleave", False)))
+                   bool(cfg.get("interleave", False)), str(cfg.get("static_shapes", "auto")))
     write_profile(rows, out_path)
     log.info("profiled %d points in %.1f s -> %s", len(rows), time.perf_counter() - t_all, out_path)
     return rows
@@ -212,15 +243,42 @@ def _task(cfg: DictConfig):
     if not out.is_absolute():
         out = Path(HydraConfig.get().runtime.output_dir) / out
     try:
+        check_top_level_keys(cfg, CONF_DIR, "profile.yaml")
         rows = profile(cfg, out)
     except SpecdepthError as e:
+        if _debug():
+            raise
         print(f"specdepth-profile: error: {e}", file=sys.stderr, flush=True)
+        _discard_run_dir(HydraConfig.get().runtime.output_dir)
         raise SystemExit(2) from None
     print(f"{len(rows)} points -> {out}", flush=True)
 
 
 def main():
-    _task()
+    """`specdepth-profile`: a bad key, value or file is one line on stderr (exit code 2) unless
+    HYDRA_FULL_ERROR=1 / SPECDEPTH_DEBUG=1 asks for the traceback."""
+    import os
+
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from .app import _input_error
+    debug, saved = _debug(), os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["_SPECDEPTH_FULL_ERROR"] = "1" if debug else ""   # the user's choice (_debug), kept
+    os.environ["HYDRA_FULL_ERROR"] = "1"   # Hydra re-raises; the errors are reported here
+    try:
+        _task()
+    except (HydraException, OmegaConfBaseException, SpecdepthError) as e:
+        if debug:
+            raise
+        print(f"specdepth-profile: error: {_input_error(e)}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    finally:
+        os.environ.pop("_SPECDEPTH_FULL_ERROR", None)
+        if saved is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = saved
 
 
 if __name__ == "__main__":
