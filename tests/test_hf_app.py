@@ -59,11 +59,21 @@ def test_dataset_workload_and_trace_replay(tiny_pair, tmp_path):
     assert len(gens) == 7 and gens[5]["prompt_ids"] == gens[0]["prompt_ids"] == [3, 10, 20]
     assert gens[1]["prompt_ids"] == [4, 11, 22, 5]
     assert s["requests"] == 7
-    # the recorded trace replays in the simulator
-    sim = compose(["acceptance=trace", f"acceptance.path={tmp_path / 'run' / 'acceptance_trace.jsonl'}",
-                       "workload.batch_size=4", "workload.output_len=16", "policy=fixed", "engine.progress=false",
-                       "resume=false"])
-    assert run(sim, tmp_path / "sim")["acceptance_rate"] is not None
+    # the recorded trace replays in the simulator: row i reads stream i (wrapping at its end), each step
+    # 3 drafts, of which the leading accepted run is accepted; what the verify looked at is consumed
+    trace = tmp_path / "run" / "acceptance_trace.jsonl"
+    streams = [r["accepted"] for r in map(json.loads, trace.read_text().splitlines()) if r["accepted"]]
+    gen, pos, accepted, drafted = [1] * 4, [0] * 4, 0, 0
+    while any(g < 16 for g in gen):
+        for i in (i for i in range(4) if gen[i] < 16):
+            st = streams[i % len(streams)]
+            a = next((j for j in range(3) if not st[(pos[i] + j) % len(st)]), 3)
+            accepted, drafted = accepted + a, drafted + 3
+            gen[i] += min(a + 1, 16 - gen[i])
+            pos[i] += min(3, a + 1)
+    sim = compose(["acceptance=trace", f"acceptance.path={trace}", "workload.batch_size=4", "workload.output_len=16",
+                   "policy=fixed", "policy.depth=3", "engine.progress=false", "resume=false"])
+    assert run(sim, tmp_path / "sim")["acceptance_rate"] == pytest.approx(accepted / drafted, rel=1e-12)
 
 
 def test_dataset_workload_formats(tmp_path):
