@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import difflib
 import errno
 import fcntl
 import functools
@@ -539,6 +540,20 @@ def main():
         raise SystemExit(1)
 
 
+def _unknown_key(e: BaseException) -> str | None:
+    """Hydra's "Could not override 'grid.batchs' ... Key 'batchs' is not in struct" as one line naming the key,
+    the nearest known one and the valid ones; None for any other error."""
+    c = e.__cause__
+    parent = getattr(c, "parent_node", None)
+    if not isinstance(c, OmegaConfBaseException) or "not in struct" not in str(c) or not hasattr(parent, "keys"):
+        return None
+    key, full = str(getattr(c, "key", "")), str(getattr(c, "full_key", "") or "")
+    valid = sorted(str(k) for k in parent.keys())
+    near = difflib.get_close_matches(key, valid, n=1)
+    return (f"{full or key}: unknown key" + (f" (did you mean {full.rsplit('.', 1)[0] + '.' if '.' in full else ''}"
+            f"{near[0]}?)" if near else "") + f"; valid keys: {', '.join(valid)}")
+
+
 def _full(e: BaseException) -> bool:
     """A write failed for want of space: a full disk, a quota, a file size limit."""
     return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -547,6 +562,9 @@ def _full(e: BaseException) -> bool:
 def _input_error(e: Exception) -> str:
     if isinstance(e, OverrideParseException):
         return f"cannot parse the override {e.override!r}: {checks.one_line(e)}"
+    unknown = _unknown_key(e)
+    if unknown is not None:
+        return unknown
     if _full(e):
         where = f" writing {e.filename}" if e.filename is not None else ""
         return (f"{e.strerror or type(e).__name__}{where}: free space (or raise the quota) and rerun the command; "

@@ -74,24 +74,26 @@ def check_group_keys(key: str, node, valid) -> None:
 
 
 @functools.lru_cache(maxsize=4)
-def top_level_keys(conf_dir: str) -> frozenset:
-    """The top-level keys a composed config may hold: config.yaml's own keys and groups, and every key an
-    experiment preset (`# @package _global_`) adds at the top level (its helpers: policies, cell, ...)."""
+def top_level_keys(conf_dir: str, name: str = "config.yaml") -> frozenset:
+    """The top-level keys a config composed from conf_dir/name may hold: its own keys and groups, and (for
+    config.yaml) every key an experiment preset (`# @package _global_`) adds at the top level (policies, cell, ...)."""
     conf = Path(conf_dir)
-    main = yaml.safe_load((conf / "config.yaml").read_text()) or {}
-    keys = {k for k in main if k != "defaults"} | {"experiment"}
+    main = yaml.safe_load((conf / name).read_text()) or {}
+    keys = {k for k in main if k != "defaults"} | {"hydra"}
     for d in main.get("defaults", []):
         if isinstance(d, dict):
             keys.update(str(k).split("@")[0].lstrip("/") for k in d)
-    for f in (conf / "experiment").glob("*.yaml"):
-        body = yaml.safe_load(f.read_text()) or {}
-        keys.update(str(k) for k in body if k != "defaults")
+    if name == "config.yaml":
+        keys.add("experiment")
+        for f in (conf / "experiment").glob("*.yaml"):
+            body = yaml.safe_load(f.read_text()) or {}
+            keys.update(str(k) for k in body if k != "defaults")
     return frozenset(keys)
 
 
-def check_top_level_keys(cfg, conf_dir: str) -> None:
+def check_top_level_keys(cfg, conf_dir: str, name: str = "config.yaml") -> None:
     """Refuse a top-level key no config file knows (`+sede=5`, a typo of `seed`), suggesting the nearest."""
-    known = top_level_keys(conf_dir)
+    known = top_level_keys(conf_dir, name)
     unknown = sorted(str(k) for k in cfg if str(k) not in known)
     if unknown:
         near = difflib.get_close_matches(unknown[0], sorted(known), n=1)
