@@ -147,6 +147,7 @@ class StaticRunner(Runner):
         self.shapes: list[dict] = []       # per captured shape: bucket, query, want, warm-up + capture seconds
         self.static_calls = self.eager_calls = 0
         self.capture_error = None
+        self._copied = None
 
     def fits(self, max_rows: int, max_len: int) -> bool:
         """Whether a later run of `max_rows` rows and `max_len` slots can reuse this runner (and its graphs)."""
@@ -205,6 +206,8 @@ class StaticRunner(Runner):
     def _stage(self, idx, tokens, lens, qlens, B: int, Q: int) -> None:
         """The host side of a forward: this step's inputs into the pinned staging buffers, then one copy each
         into the fixed device buffers (rows outside `idx` get a dummy query over the scratch slots)."""
+        if self._copied is not None:   # the last copies out of the pinned buffers are done before we overwrite them
+            self._copied.synchronize()
         hi, hl, hq = self.h_ids[:B, :Q], self.h_lens[:B], self.h_last[:B]
         hi.zero_()
         hl.fill_(self.scratch)
@@ -216,6 +219,9 @@ class StaticRunner(Runner):
         self.ids[:B, :Q].copy_(hi, non_blocking=True)
         self.lens[:B].copy_(hl, non_blocking=True)
         self.last[:B].copy_(hq, non_blocking=True)
+        if self.cuda:
+            self._copied = self._copied or self.torch.cuda.Event()
+            self._copied.record()
 
     def _body(self, B: int, Q: int, want: str):
         """The forward over bucket B and query length Q reading only the fixed buffers (capturable)."""
