@@ -141,3 +141,19 @@ def test_a_broken_plugin_is_one_line_on_the_command_line(tmp_path):
     assert "acceptance model ShortCommit: commit(drafted, accepted) raised TypeError" in p.stderr
     assert "Traceback" not in p.stderr + p.stdout and "unexpected error" not in p.stderr
     assert result_files(tmp_path) == []
+
+
+def test_the_commands_of_docs_plugins_run(tmp_path):
+    """docs/plugins.md's commands, as written, from the repository's root (small workload, another run dir)."""
+    import re
+    import shlex
+    text = (ROOT / "docs" / "plugins.md").read_text()
+    lines = [ln for b in re.findall(r"```bash\n(.*?)```", text, re.S) for ln in b.splitlines() if "specdepth" in ln]
+    assert len(lines) == 4
+    for i, line in enumerate(lines):
+        words = shlex.split(line)
+        assert words[0] == "PYTHONPATH=tests/plugins" and words[1] == "specdepth"
+        p = cli(*words[2:], "workload.batch_size=2", "workload.output_len=8", "engine.progress=false",
+                f"hydra.run.dir={tmp_path / str(i)}", cwd=ROOT, env_extra={"PYTHONPATH": str(HERE)})
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert (tmp_path / str(i) / "summary.json").is_file()
