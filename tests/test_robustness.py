@@ -1395,6 +1395,19 @@ def test_the_stored_table_renders_the_latest_draws_results_md():
     assert all(len(v) == len(history.POLICIES) for v in history.figures(rows).values())
 
 
+def test_every_draw_rendered_from_the_table_is_the_results_md_its_folder_held(capsys):
+    """The 41 per-seed folders (dev_seed*, heldout_seed*) and the latest results.md, as git holds them at 911d612,
+    the commit before draws.csv replaced them: `draws.py check` renders every draw from the table alone and finds
+    each byte-identical (skipped where the checkout lacks that history, e.g. a shallow clone)."""
+    import subprocess
+    import draws
+    if subprocess.run(["git", "cat-file", "-e", "911d612^{commit}"], cwd=ROOT, capture_output=True).returncode:
+        pytest.skip("this checkout has no commit 911d612")
+    draws.main(["check", "911d612"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 41 and all(line.endswith(": identical") for line in lines)
+
+
 def test_analyze_stalls_takes_the_prefills_inside_a_requests_decode_out_of_its_tpot(tmp_path, capsys):
     """analyze.py --stalls C: per policy, TPOT p50, the requests whose decode (after the first token) held a step
     that prefilled another prompt, and TPOT p50 with those prefill seconds taken out of each request's."""

@@ -149,3 +149,15 @@ def test_real_pareto_sweeps_live_in_one_table_that_renders_the_current_results_m
     assert "| idle | " + " | ".join(r["ratio"] for r in idle) + " |" in vs.goodput(rows, "e2e")
     with pytest.raises(SystemExit, match="no variant 'nope'"):
         vs.of_variant(rows, "nope")
+
+
+def test_every_real_pareto_sweep_rendered_from_the_table_is_the_results_md_its_folder_held(capsys):
+    """The 16 variant folders and the headline results.md, as git holds them at 911d612 (before variants.csv):
+    `variants.py check` renders each from the table alone and finds it byte-identical (skipped where the checkout
+    lacks that history)."""
+    import subprocess
+    if subprocess.run(["git", "cat-file", "-e", "911d612^{commit}"], cwd=ROOT, capture_output=True).returncode:
+        pytest.skip("this checkout has no commit 911d612")
+    load("real_pareto", "variants.py").main(["check", "911d612"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 17 and all(line.endswith(": identical") for line in lines)

@@ -5,6 +5,7 @@ analyze.py writes, so that any variant's results.md is rendered again from the t
     .venv/bin/python experiments/real_pareto/variants.py show idle [--table experiments/real_pareto/variants.csv]
     .venv/bin/python experiments/real_pareto/variants.py list
     .venv/bin/python experiments/real_pareto/variants.py goodput [--metric e2e]   # goodput / base, every variant
+    .venv/bin/python experiments/real_pareto/variants.py check 911d612   # each sweep against its results.md then
 
 Sections (column `section`) and the columns each fills (the others are empty); figures are kept as printed:
   runs            note (the sweep's folder), n (cells)
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import subprocess
 from pathlib import Path
 
 from specdepth.results import atomic_write
@@ -164,10 +166,24 @@ def goodput(rows: list[dict], metric: str) -> str:
     return "\n".join(out)
 
 
+def check(rows: list[dict], rev: str) -> list[str]:
+    """Per variant: its results.md rendered from the table against the one git holds at `rev` (the variant folders
+    before variants.csv; `default`: the results.md beside them): identical, DIFFERENT or absent."""
+    out = []
+    for v in dict.fromkeys(r["variant"] for r in rows):
+        path = "results.md" if v == "default" else f"{v}/results.md"
+        got = subprocess.run(["git", "show", f"{rev}:experiments/real_pareto/{path}"], cwd=HERE, capture_output=True,
+                             text=True)
+        verdict = "no results.md there" if got.returncode else (
+            "identical" if render(of_variant(rows, v)) == got.stdout else "DIFFERENT")
+        out.append(f"{v}: {verdict}")
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("show", "list", "goodput"))
-    ap.add_argument("variant", nargs="?")
+    ap.add_argument("what", choices=("show", "list", "goodput", "check"))
+    ap.add_argument("variant", nargs="?", help="show: the sweep's name; check: a git revision")
     ap.add_argument("--metric", choices=METRICS, default="e2e")
     ap.add_argument("--table", type=Path, default=TABLE)
     a = ap.parse_args(argv)
@@ -178,7 +194,13 @@ def main(argv=None):
     elif a.what == "goodput":
         print(goodput(rows, a.metric))
     elif a.variant is None:
-        raise SystemExit("variants.py show: which variant? e.g. variants.py show idle (variants.py list names them)")
+        raise SystemExit(f"variants.py {a.what}: which {'variant' if a.what == 'show' else 'revision'}? e.g. "
+                         "variants.py show idle (variants.py list names them), variants.py check 911d612")
+    elif a.what == "check":
+        lines = check(rows, a.variant)
+        print("\n".join(lines))
+        if any(not line.endswith(": identical") for line in lines):
+            raise SystemExit(f"variants.py check: not every sweep's results.md at {a.variant} is the table's")
     else:
         print(render(of_variant(rows, a.variant)), end="")
 

@@ -4,6 +4,7 @@ table alone, byte for byte.
 
     .venv/bin/python experiments/robustness/draws.py show 2067 [--table experiments/robustness/draws.csv]
     .venv/bin/python experiments/robustness/draws.py list
+    .venv/bin/python experiments/robustness/draws.py check 911d612   # each draw against its results.md at a commit
 
 Sections (column `section`) and the columns each fills (the others are empty):
   draw            role (held out / development), name (the label), note (the runs' folder), n (complete cells), of
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import subprocess
 from pathlib import Path
 
 from specdepth.results import atomic_write
@@ -148,10 +150,33 @@ def write(path: Path, draw: int, new: list[dict]) -> None:
     atomic_write(path, buf.getvalue())
 
 
+def stored(rev: str, draw: int, role: str) -> str | None:
+    """The results.md analyze.py wrote for a draw, as git holds it at `rev` (the per-seed folders before draws.csv,
+    or the latest draw's results.md beside it); None where that commit has none."""
+    folder = "heldout_seed" if role == "held out" else "dev_seed"
+    for path in (f"{folder}{draw}/results.md", "results.md"):
+        got = subprocess.run(["git", "show", f"{rev}:experiments/robustness/{path}"], cwd=HERE, capture_output=True,
+                             text=True)
+        if got.returncode == 0 and got.stdout.startswith(f"Draw: `outputs/robustness/seed{draw}`"):
+            return got.stdout
+    return None
+
+
+def check(rows: list[dict], rev: str) -> list[str]:
+    """Per draw: its results.md rendered from the table against the one at `rev`: identical, DIFFERENT or absent."""
+    out = []
+    for r in (r for r in rows if r["section"] == "draw"):
+        old = stored(rev, int(r["draw"]), r["role"])
+        verdict = "no results.md there" if old is None else (
+            "identical" if render(of_draw(rows, int(r["draw"]))) == old else "DIFFERENT")
+        out.append(f"{r['draw']}: {verdict}")
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("show", "list"))
-    ap.add_argument("draw", nargs="?", type=int)
+    ap.add_argument("what", choices=("show", "list", "check"))
+    ap.add_argument("draw", nargs="?", help="show: the draw's seed; check: a git revision")
     ap.add_argument("--table", type=Path, default=TABLE)
     a = ap.parse_args(argv)
     rows = read(a.table)
@@ -161,8 +186,19 @@ def main(argv=None):
                 print(f"{r['draw']}: {r['role']}, {r['name']}, {r['n']} of {r['of']} cells")
         return
     if a.draw is None:
-        raise SystemExit("draws.py show: which draw? e.g. draws.py show 2067")
-    print(render(of_draw(rows, a.draw)), end="")
+        raise SystemExit(f"draws.py {a.what}: which {'draw' if a.what == 'show' else 'revision'}? e.g. draws.py show 2067, "
+                         "draws.py check 911d612")
+    if a.what == "check":
+        lines = check(rows, a.draw)
+        print("\n".join(lines))
+        if any(not line.endswith(": identical") for line in lines):
+            raise SystemExit(f"draws.py check: not every draw's results.md at {a.draw} is the table's")
+        return
+    try:
+        draw = int(a.draw)
+    except ValueError:
+        raise SystemExit(f"draws.py show: {a.draw!r}: expected a draw's seed, e.g. 2067") from None
+    print(render(of_draw(rows, draw)), end="")
 
 
 if __name__ == "__main__":
