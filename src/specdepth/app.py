@@ -138,6 +138,7 @@ def build(cfg: DictConfig) -> dict:
     workload = make(cfg, "workload")
     policy = make(cfg, "policy")
     checks.check_policy(policy, engine_cfg)
+    checks.before_loading(cfg, _target_class(cfg, "backend"), policy, parallel, model)
     executor = make(cfg, "backend", cost=cost, acceptance_model=acceptance, model=model, seed=seed,
                     decode=cfg.get("decode"), engine=engine_cfg)
     parallel.check_backend(executor, cost)
@@ -151,6 +152,16 @@ def build(cfg: DictConfig) -> dict:
     return dict(seed=seed, engine=engine, model=model, hardware=hardware, cost=cost, acceptance=acceptance,
                 workload=workload, policy=policy, executor=executor, machine=machine, budget_source=budget_source,
                 warnings=notes, parallel=parallel, capacity=capacity, batch_limit=(limited_by, limit))
+
+
+def _target_class(cfg: DictConfig, key: str):
+    """The class config group `key` names in its _target_ (None when it names none or cannot be imported:
+    make() then reports it)."""
+    from hydra.utils import get_class
+    try:
+        return get_class(str(cfg[key]["_target_"]))
+    except Exception:
+        return None
 
 
 def _choice(group: str, default):

@@ -186,6 +186,56 @@ def checkpoint_kwargs(node: dict, preset: dict | None) -> dict:
     return out
 
 
+# ---- a backend that loads models: what it would refuse after loading, checked before ------------------------
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                    "spiece.model", "sentencepiece.bpe.model")
+
+
+def _local(path) -> bool:
+    """A model path the user meant as a local directory (not a hub id such as org/name)."""
+    return isinstance(path, str) and path.startswith(("/", "./", "../", "~")) or Path(str(path)).exists()
+
+
+def before_loading(cfg, backend_cls, policy, parallel, model) -> None:
+    """Checks a backend that loads models (a wall clock: backend=hf, 5-11 s to load) would make only after
+    loading, made first from its class and the config: local model directories that do not exist (each blamed
+    on its own key: model.tokenizer defaults to model.target), a tokenizer directory without tokenizer files,
+    an oracle policy on a lossless backend, tensor parallelism, and model.prompts' lines."""
+    from omegaconf import OmegaConf
+
+    from . import inputs
+    from .errors import BackendError
+
+    if backend_cls is None or getattr(backend_cls, "clock", "model") == "model":
+        return
+    name = getattr(backend_cls, "name", backend_cls.__name__)
+    own_tokenizer = model.tokenizer not in (None, model.target)
+    for key, path in (("target", model.target), ("draft", model.draft),
+                      ("tokenizer", model.tokenizer if own_tokenizer else None)):
+        if path and _local(path) and not Path(str(path)).expanduser().is_dir():
+            raise ConfigError(f"model.{key}: no such directory: {path} (a local checkpoint directory, or a hub id "
+                              f"such as org/name)")
+    tok = Path(str(model.tokenizer or model.target)).expanduser()
+    if getattr(model, "init", "pretrained") != "random" and _local(str(tok)) and tok.is_dir() and \
+            not any((tok / f).is_file() for f in _TOKENIZER_FILES):
+        key = "model.tokenizer" if own_tokenizer else "model.target"
+        raise ConfigError(f"{key}: {tok} has no tokenizer files ({', '.join(_TOKENIZER_FILES[:3])}, ...): set "
+                          f"model.tokenizer=<a directory or hub id holding the pair's tokenizer>")
+    node = cfg.get("backend")
+    lossless = (node.get("acceptance", "model") if node is not None else "model") != "simulated"
+    if lossless and (policy.requires_oracle or policy.requires_accept_prob or policy.requires_true_cost):
+        raise ConfigError(f"policy {type(policy).__name__} is an oracle: it needs what only a simulated run "
+                          f"knows (acceptance outcomes, their probabilities or the clock's true cost); backend "
+                          f"{name!r} cannot provide them: use backend=sim")
+    if parallel.tensor > 1:
+        raise BackendError(f"parallel.tensor={parallel.tensor}: backend {name!r} runs on the devices it finds; "
+                           "tensor parallelism is simulated only (backend=sim)")
+    prompts = OmegaConf.select(cfg, "model.prompts", default=None)
+    if prompts:
+        for where, rec in inputs.records(prompts, "model.prompts", inputs.PROMPT_KEYS, "prompts"):
+            inputs.prompt_record(where, rec)
+
+
 # ---- what the cost model describes -------------------------------------------------------------------
 def cost_label(cost, hardware) -> str:
     from .cost import ConstantCost, RooflineCost, TableCost

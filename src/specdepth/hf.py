@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from . import verify as V
+from .checks import one_line
 from .cost import CostModel, forward_flops
 from .errors import BackendError, ConfigError, as_bool, as_float, as_int
 from .executor import Executor, prefill_groups, prefill_price
@@ -79,7 +80,9 @@ class HFExecutor(Executor):
         if dev.startswith("cuda") and not torch.cuda.is_available():
             raise BackendError(f"model.device={model.device}: CUDA is not available on this machine")
         self.device = torch.device(dev)
-        self.tokenizer = self._load_tokenizer(model.tokenizer, "model.tokenizer")
+        # model.tokenizer defaults to model.target: a failure is then the target's
+        self.tokenizer = self._load_tokenizer(model.tokenizer, "model.tokenizer" if model.tokenizer != model.target
+                                              else "model.target (its tokenizer; or set model.tokenizer)")
         self.target_model = self._load(model.target, "model.target", attn_implementation, model.device_map)
         first = self.target_model.get_input_embeddings().weight.device
         if model.device_map is not None:
@@ -112,7 +115,7 @@ class HFExecutor(Executor):
             return AutoTokenizer.from_pretrained(str(path))
         except Exception as e:
             raise BackendError(f"{key}: cannot load a tokenizer from {path!r}: {type(e).__name__}: "
-                               f"{str(e).splitlines()[0] if str(e) else ''}") from None
+                               f"{one_line(e)}") from None
 
     def _load(self, path, key, attn, device_map):
         ident = (str(path), key, self.pair.init, str(self.dtype), attn, str(self.device), str(device_map),
@@ -130,7 +133,7 @@ class HFExecutor(Executor):
             m = AutoModelForCausalLM.from_pretrained(str(path), **kw)
         except Exception as e:
             raise BackendError(f"{key}: cannot load {path!r} with AutoModelForCausalLM: {type(e).__name__}: "
-                               f"{str(e).splitlines()[0] if str(e) else ''}") from None
+                               f"{one_line(e)}") from None
         if device_map is None:
             m = m.to(self.device)
         return m.eval()
