@@ -198,7 +198,8 @@ def where_rows(cells: dict, pol: str = "goodput") -> list[dict]:
             total.append((gs["idle_s"] + gs["draft_s"]) / tn - 1.0)
         if total:
             rowsout.append(variants.row(
-                "where", batch=b, steps=f"{statistics.fmean(nd):.1f}", draft_extra=f"{100 * statistics.fmean(draft):+.1f}",
+                "where", batch=b, steps=f"{statistics.fmean(nd):.1f}",
+                draft_extra=f"{100 * statistics.fmean(draft):+.1f}",
                 idle_extra=f"{100 * statistics.fmean(idle):+.1f}", outside=f"{100 * statistics.fmean(over):+.1f}",
                 total=f"{100 * statistics.fmean(total):+.1f}"))
     return rowsout

@@ -90,7 +90,8 @@ def _table(rows: list[dict], metric: str) -> list[str]:
         cs = ["-" if r["tok_s"] == "-" else f"{r['tok_s']} ({r['gap']}%)" for r in thr if r["policy"] == w["policy"]]
         out.append(f"| {w['policy']} | " + " | ".join(cs) + f" | {w['gap'] if w['gap'] == '-' else w['gap'] + '%'} |")
     out.append("| **baseline** (of the mean) | " + " | ".join(f"{r['tok_s']} ({r['policy']})" for r in base) + " | |")
-    out += ["", "tokens per step (mean emitted per sequence per verify):", "", head + " |", "|---|" + "---|" * len(batches)]
+    out += ["", "tokens per step (mean emitted per sequence per verify):", "", head + " |",
+            "|---|" + "---|" * len(batches)]
     tps = _pick(rows, "tps", metric)
     for p in dict.fromkeys(r["policy"] for r in tps):
         out.append(f"| {p} | " + " | ".join(r["tps"] for r in tps if r["policy"] == p) + " |")
@@ -99,8 +100,8 @@ def _table(rows: list[dict], metric: str) -> list[str]:
 
 def where_lines(rows: list[dict]) -> list[str]:
     """The `where` rows as results.md prints them."""
-    return WHERE_HEAD + [f"| {r['batch']} | {r['steps']} | {r['draft_extra']}% | {r['idle_extra']}% | {r['outside']}% | "
-                         f"{r['total']}% |" for r in rows]
+    return WHERE_HEAD + [f"| {r['batch']} | {r['steps']} | {r['draft_extra']}% | {r['idle_extra']}% | "
+                         f"{r['outside']}% | {r['total']}% |" for r in rows]
 
 
 def render(rows: list[dict]) -> str:
@@ -117,7 +118,8 @@ def render(rows: list[dict]) -> str:
                f"average, {n['hi']}% at most ({n['n']} pairs): differences below that are noise."]
     for metric in METRICS:
         goal = _goal12(rows, metric)
-        md += ["", _verdict(_pick(rows, "verdict", metric)[0]), ""] + (goal + [""] if goal else []) + _table(rows, metric)
+        md += ["", _verdict(_pick(rows, "verdict", metric)[0]), ""] + (goal + [""] if goal else [])
+        md += _table(rows, metric)
     where = _pick(rows, "where")
     if where:
         md += [""] + where_lines(where)
@@ -138,7 +140,8 @@ def read(path: Path = TABLE) -> list[dict]:
 def of_variant(rows: list[dict], variant: str) -> list[dict]:
     got = [r for r in rows if r["variant"] == variant]
     if not got:
-        raise SystemExit(f"variants.csv: no variant {variant!r}; it holds {', '.join(dict.fromkeys(r['variant'] for r in rows))}")
+        have = ", ".join(dict.fromkeys(r["variant"] for r in rows))
+        raise SystemExit(f"variants.csv: no variant {variant!r}; it holds {have}")
     return got
 
 

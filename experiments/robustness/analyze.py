@@ -18,7 +18,8 @@ goodput_true / goodput. Where the draw has `oracle_causal` runs (oracle_expected
 confidences of tokens not drafted yet), estimation splits further into information = oracle_causal /
 oracle_expected (what no causal policy can know) and estimation given it = goodput_true / oracle_causal.
 Writes results.md and figures to --out (default: the draw dir), the README's results section when --readme is
-given, and the draw's rows of the single table of every draw (draws.py) when --table is; results.md lists the runs whose summary.json records a RuntimeWarning, if any (app.runtime_warnings).
+given, and the draw's rows of the single table of every draw (draws.py) when --table is; results.md lists the
+runs whose summary.json records a RuntimeWarning, if any (app.runtime_warnings).
 `--show 74,127`: prints those cells' ratios for every policy (and TPOT on poisson cells), writes nothing.
 `--stalls 217`: a cell's TPOT p50 per policy with and without the prefills that stalled its requests' decode;
 `--stalls all`: over every poisson cell, each policy's TPOT p50 against the best of none / fixed 1-8, both ways.

@@ -186,8 +186,8 @@ def main(argv=None):
                 print(f"{r['draw']}: {r['role']}, {r['name']}, {r['n']} of {r['of']} cells")
         return
     if a.draw is None:
-        raise SystemExit(f"draws.py {a.what}: which {'draw' if a.what == 'show' else 'revision'}? e.g. draws.py show 2067, "
-                         "draws.py check 911d612")
+        what = "draw" if a.what == "show" else "revision"
+        raise SystemExit(f"draws.py {a.what}: which {what}? e.g. draws.py show 2067, draws.py check 911d612")
     if a.what == "check":
         lines = check(rows, a.draw)
         print("\n".join(lines))
