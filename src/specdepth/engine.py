@@ -145,6 +145,14 @@ class RunResult:
     wall_s: float = 0.0
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of the engine's array `a` for a policy hook: a policy that writes into what it is handed
+    (keep_drafting's confidence, observe's accepted) gets a ValueError, not a silently changed result."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
 def _overrides(policy: Policy, hook: str) -> bool:
     return getattr(type(policy), hook) is not getattr(Policy, hook)
 
@@ -411,13 +419,14 @@ class Engine:
             if p + 1 < kmax:
                 active &= s.depths > p + 1
                 if self._has_keep:
-                    active &= self._check_mask(self._hook("keep_drafting", self.view, p, s.confidences[:, p]), n)
+                    active &= self._check_mask(self._hook("keep_drafting", self.view, p, _read_only(s.confidences[:, p])),
+                                               n)
 
     def _verify(self, s: Step) -> None:
         s.row_accepted, s.verify_s, f = self.executor.verify(s.row_drafted)
         s.target_flops += f
         if self._has_obs:
-            self._hook("observe", self.view, s.row_accepted)
+            self._hook("observe", self.view, _read_only(s.row_accepted))
         self.clock.after_decode(s.draft_s, s.verify_s)
 
     def _commit(self, s: Step) -> None:
