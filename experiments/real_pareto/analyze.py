@@ -173,12 +173,13 @@ def table(cells: dict, metric: str) -> list[dict]:
     return out
 
 
-def where_rows(cells: dict, pol: str = "goodput") -> list[dict]:
-    """Where `pol`'s decode time goes against `none`'s, per batch, from the runs' steps.csv, in the same repetition
+def where_rows(cells: dict) -> list[dict]:
+    """Where goodput's decode time goes against `none`'s, per batch, from the runs' steps.csv, in the same repetition
     then averaged (each as a share of none's decode time): its drafting steps' time beyond what none takes to emit
     their tokens (none's decode seconds per emitted token x theirs), and the same for its idle steps (the policy's
     own Python, the machine's drift between the two runs, and steps run with fewer rows once drafts put some rows
-    ahead). The two add up to pol's decode time / none's - 1 (both emit the same tokens)."""
+    ahead). The two add up to goodput's decode time / none's - 1 (both emit the same tokens)."""
+    pol = "goodput"
     batches = sorted(b for b in cells if NONE in cells[b] and pol in cells[b])
     rowsout = []
     for b in batches:
