@@ -1,10 +1,12 @@
 """The policy protocol: what a depth policy sees each step and the hooks it implements.
 
-Subclass `Policy`, implement `plan`, optionally `keep_drafting` and `observe`, and point a config at it:
+Subclass `Policy`, implement `plan`, optionally `reset`, `keep_drafting` and `observe`, and point a config at
+it (`~policy.depth` drops the preset's key your constructor does not take):
 
-    specdepth policy._target_=mypkg.mypolicy.MyPolicy +policy.my_param=3
+    specdepth policy=none '~policy.depth' policy._target_=mypkg.mypolicy.MyPolicy +policy.my_param=3
 
-A policy should import only this module and numpy. Everything it needs arrives in the `StepView`.
+A policy imports only this module, `specdepth.errors`, numpy and, if it likes, the policy kit
+(`specdepth.policies.kit`). Everything it needs arrives in the `StepView`. docs/plugins.md is the protocol.
 """
 from __future__ import annotations
 
@@ -41,8 +43,8 @@ class StepView:
       drafted             int64   drafts proposed so far this step
       confidences         float64 [batch_size, max planned depth] the draft's probability of each token it
                                   proposed, NaN where nothing was drafted (None when no hook needs them)
-      oracle_accept       int64   only for policies with requires_oracle = True (simulator): how many
-                                  leading draft positions the target will accept this step
+    From plan on, only for policies with requires_oracle = True (simulator):
+      oracle_accept       int64   how many leading draft positions the target will accept this step
     In plan, only for policies with requires_accept_prob = True (simulator):
       accept_prob         float64 [batch_size, max_depth] the true acceptance probability of each of the
                                   step's next draft tokens (from the acceptance model; outcomes unknown)
@@ -68,8 +70,9 @@ class StepView:
     admission), token_budget (the shared compute budget in verify tokens per step),
     max_depth (engine cap), max_num_batched_tokens (hard cap on verify tokens), acceptance_prior
     (engine.acceptance_prior: the per-token acceptance rate to assume before any evidence; `acceptance`'s
-    prior, and where goodput, batch_scaled and confidence start: a warm start), cost (the cost model:
-    cost.verify_time(ctx, depths), cost.draft_time(ctx), cost.step_time(ctx, depths)), true_cost (only for
+    prior, and where goodput, batch_scaled and confidence start: a warm start), cost (the cost model: verify_time,
+    draft_time, step_time, verify_times, draft_times, target_forward, draft_forward, draft_positions; see
+    docs/plugins.md), true_cost (only for
     policies with requires_true_cost = True, simulator: the same methods, priced as the clock charges).
     Arrays are computed on access and cannot be written; no attribute can be set.
     """
@@ -207,7 +210,9 @@ def _plain(v):
 class Policy:
     """Base class of depth policies.
 
-    Hooks (called by the engine, in this order, every step):
+    Hooks (called by the engine: reset once before the run, then in this order every step with running
+    sequences; keep_drafting and observe only where a subclass overrides them):
+      reset()                         clear per-run state
       plan(view) -> depths            required: int array [batch_size], 0 <= depth <= view.max_depth, and
                                       batch_size + sum(depths) <= view.max_num_batched_tokens
       keep_drafting(view, position, confidence) -> mask
@@ -217,9 +222,9 @@ class Policy:
       observe(view, accepted)         accepted drafts per row after verification. Default: nothing.
     Set `requires_oracle = True` to receive `view.oracle_accept`, `requires_accept_prob = True` for
     `view.accept_prob` and `view.expected_accept_prob`, `requires_true_cost = True` for `view.true_cost` (each
-    simulator only). Set
-    `depth_param` (or override depth_bound) to have a configuration deeper than engine.max_depth refused
-    before the run.
+    simulator only). Set `depth_param` (or override depth_bound) to have a configuration deeper than
+    engine.max_depth refused before the run. A hook that raises, or an answer the engine cannot execute, fails
+    the run with a PolicyError naming the policy and the hook.
     Attributes whose names start with `_` are private state; the public ones form the label.
     """
 
