@@ -12,7 +12,8 @@ tokens_per_step, relative error = sim / real - 1; the time split (prefill, draft
 Also the real backend's own repeatability: |rep s / rep r - 1| for the same cell and any two repetitions (a
 noise floor: the simulator cannot predict a timing to better than the backend repeats it).
 Writes results.md, cells.csv and PNG figures into --out (default: this folder), and the results section of
---readme between `<!-- results:begin -->` and `<!-- results:end -->` when given.
+--readme between `<!-- results:begin -->` and `<!-- results:end -->` when given (the error table and the
+repeatability; the rest stays in results.md).
 """
 from __future__ import annotations
 
@@ -309,7 +310,9 @@ def write_csv(results: dict, out: Path):
                 w.writerow(r)
 
 
-def report(real_dir: Path, sim_dirs: list[Path], out: Path) -> str:
+def report(real_dir: Path, sim_dirs: list[Path], out: Path) -> tuple[str, str]:
+    """results.md, tables and figures into `out`; the text, and its headline (the error table and the real runs'
+    repeatability) for the README."""
     real = load(real_dir)
     results = {}
     for d in sim_dirs:
@@ -345,6 +348,7 @@ def report(real_dir: Path, sim_dirs: list[Path], out: Path) -> str:
     if rp:
         md += ["", f"Real backend repeatability (same cell, any two repetitions, {len(rp)} pairs): mean "
                f"|difference| {100 * statistics.fmean(rp):.1f}%, max {100 * max(rp):.1f}%."]
+    head = "\n".join(md) + "\n\nPer cell, the restated goal and the time split by phase: [results.md](results.md).\n"
     for label, rows in results.items():
         md += ["", goal_text(rows, label)]
     for label, rows in results.items():
@@ -353,7 +357,7 @@ def report(real_dir: Path, sim_dirs: list[Path], out: Path) -> str:
     md += ["", "Figures: " + ", ".join(f"[{f}]({f})" for f in figs)]
     text = "\n".join(md) + "\n"
     atomic_write(out / "results.md", text)
-    return text
+    return text, head
 
 
 def main(argv=None):
@@ -363,10 +367,10 @@ def main(argv=None):
     ap.add_argument("--out", default=str(HERE))
     ap.add_argument("--readme", default=None)
     a = ap.parse_args(argv)
-    text = report(Path(a.real), [Path(s) for s in a.sim], Path(a.out))
+    text, head = report(Path(a.real), [Path(s) for s in a.sim], Path(a.out))
     print(text)
     if a.readme:
-        replace_results(a.readme, text)
+        replace_results(a.readme, head)
 
 
 if __name__ == "__main__":

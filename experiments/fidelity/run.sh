@@ -70,7 +70,8 @@ if [ -n "$ALPHA" ]; then   # timing mode: tables and figures in their own folder
 elif [ -n "${OUT:-}" ]; then   # a trial: figures and tables elsewhere, READMEs untouched
   FA=(--out "$OUT/fidelity"); RA=(--out "$OUT/real_pareto")
 else
-  FA=(--readme experiments/fidelity/README.md); RA=(--readme experiments/real_pareto/README.md)
+  FA=(--readme experiments/fidelity/README.md)
+  RA=(--table experiments/real_pareto/variants.csv --variant default)
 fi
 $PY experiments/fidelity/analyze.py "outputs/multirun/$NAME" "outputs/multirun/${NAME}_sim_table" \
   "outputs/multirun/${NAME}_sim_overhead" "${FA[@]}"

@@ -12,8 +12,9 @@ Metrics per run:
   e2e       summary.json throughput_tok_s: output tokens / wall time of the whole run, prefill and the
             draining tail included (prefill is the same for every policy, so it dilutes differences).
   tpot      summary.json tpot_p50_s.
-Writes figures (PNG) and results.md next to this script, and the results section of README.md between
-its `<!-- results:begin -->` and `<!-- results:end -->` markers.
+Writes figures (PNG) and results.md next to this script, and the headline (the goal checks and the decode table of
+every policy) into the results section of README.md between its `<!-- results:begin -->` and `<!-- results:end -->`
+markers.
 """
 from __future__ import annotations
 
@@ -248,6 +249,12 @@ def replicate_table(dirs: list[Path], metric: str = "decode") -> str:
     return "\n".join(lines)
 
 
+def headline(parts: list[str]) -> str:
+    """The README's results section: the goal checks and the decode table of every policy; the rest is results.md's."""
+    end = parts.index("### Every policy over all cells (end-to-end throughput)")
+    return "\n".join(parts[:end]) + "\nThe end-to-end table, every cell and the seed replicates: [results.md](results.md).\n"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sweep_dir", nargs="?", default=str(ROOT / "outputs" / "multirun" / "pareto"))
@@ -284,7 +291,7 @@ def main(argv=None):
                         replicate_table(dirs, "e2e"), ""]
     text = "\n".join(parts) + "\n"
     atomic_write(out / "results.md", text)
-    replace_results(a.readme, text)
+    replace_results(a.readme, headline(parts))
     print(verdict(dec, "decode"))
     print(verdict(e2e, "e2e"))
     print(f"wrote {out / 'results.md'} and {len(pngs)} figures")
