@@ -367,7 +367,13 @@ class TableCost(CostModel):
                 if missing:
                     raise ConfigError(f"cost.path: {p} lacks columns {missing} (a specdepth-profile CSV has "
                                       f"{list(self.COLUMNS)})")
+                seen: dict = {}
                 for lineno, r in enumerate(reader, 2):
+                    if None in r or None in r.values():   # more or fewer cells than the header names
+                        n = sum(v is not None for k, v in r.items() if k is not None) + len(r.get(None) or [])
+                        raise ConfigError(f"{p}:{lineno}: {n} cells, the header has {len(reader.fieldnames)} (the "
+                                          f"file is cut off or was edited by hand): profile again with "
+                                          f"specdepth-profile")
                     which = r["model"]
                     if which not in rows:
                         raise ConfigError(f"{p}:{lineno}: model must be target, draft or draft_next, got "
@@ -377,8 +383,13 @@ class TableCost(CostModel):
                         sec = float(r["seconds"])
                     except (TypeError, ValueError) as e:
                         raise ConfigError(f"{p}:{lineno}: {e}") from None
-                    if min(key[:2]) < 1 or key[2] < 0 or not sec > 0:
-                        raise ConfigError(f"{p}:{lineno}: batch and query must be >= 1, context >= 0, seconds > 0")
+                    if min(key[:2]) < 1 or key[2] < 0 or not 0 < sec < float("inf"):
+                        raise ConfigError(f"{p}:{lineno}: batch and query must be >= 1, context >= 0, seconds > 0 "
+                                          f"and finite")
+                    if (which, key) in seen:
+                        raise ConfigError(f"{p}:{lineno}: {which} batch={key[0]} query={key[1]} context={key[2]} "
+                                          f"is also on line {seen[which, key]}: one time per point")
+                    seen[which, key] = lineno
                     rows[which][key] = sec
                     if r.get("arch"):
                         meta["arch"].setdefault(which, r["arch"])

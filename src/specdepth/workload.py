@@ -157,6 +157,9 @@ class Dataset(Workload):
         if not texts:
             raise ConfigError(f"workload.path: {self.path} (split {self.split!r}) holds no rows")
         for i, t in enumerate(texts):
+            if t is None:
+                raise ConfigError(f"workload.text_field: row {i} of {self.path} has no {self.text_field!r}; every "
+                                  f"row needs the prompt text there")
             if not isinstance(t, str):
                 raise ConfigError(f"workload.text_field: row {i} of {self.path} has a non-text "
                                   f"{self.text_field!r} ({type(t).__name__})")
@@ -177,6 +180,8 @@ class Dataset(Workload):
         p = Path(self.path)
         try:
             if p.is_file():
+                if p.stat().st_size < 4096 and not p.read_bytes().strip():   # nothing but blanks
+                    raise ConfigError(f"workload.path: {p} is empty (no rows)")
                 builder = _DATA_BUILDERS.get(p.suffix.lower())
                 if builder is None:
                     raise ConfigError(f"workload.path: {p}: unknown file type {p.suffix!r}; "
