@@ -1,6 +1,7 @@
 # Two commands do all setup on a fresh machine:
 #   make run    create .venv, install, run the main job (embedded default study, seconds)
 #   make test   create .venv, install, run the test suite
+#   make test-min   the hf tests again on the oldest transformers pyproject allows (CI runs both)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -9,8 +10,12 @@ BIN := $(VENV)/bin
 CONSTRAINTS ?= constraints.txt
 PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 PYTEST_ARGS ?=
+# test-min: a venv that sees .venv's packages (its torch, this checkout) and holds of its own only the minimum
+# transformers of src/specdepth/versions.py and what that release needs (.ci/min_env.sh)
+MIN_VENV ?= $(VENV)/min
+HF_TESTS ?= tests/test_hf_*.py tests/test_tiny_pair.py tests/test_versions.py
 
-.PHONY: run test test-fast setup clean bench
+.PHONY: run test test-fast test-min setup clean bench
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -27,6 +32,13 @@ test: setup
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+$(MIN_VENV)/.installed: $(VENV)/.installed src/specdepth/versions.py .ci/min_env.sh
+	.ci/min_env.sh $(VENV) $(MIN_VENV) $$($(BIN)/python -m specdepth.versions --min transformers)
+	touch $@
+
+test-min: $(MIN_VENV)/.installed
+	$(MIN_VENV)/bin/python -m pytest -q $(HF_TESTS) $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python experiments/perf/sim_throughput.py

@@ -17,19 +17,22 @@ finite values and their outputs are ignored.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import time
 
 import numpy as np
 
 from .errors import BackendError
+from .versions import require_hf
 
 
+@functools.cache
 def _torch():
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - depends on the install
-        raise BackendError("backend=hf needs torch and transformers: pip install 'specdepth[hf]'") from None
+    """torch, once torch and transformers are installed and not older than specdepth.versions.MINIMUM (else a
+    one-line BackendError)."""
+    require_hf()
+    import torch
     return torch
 
 

@@ -34,6 +34,7 @@ from .app import CONF_DIR, _debug, _discard_run_dir, make_model
 from .checks import check_top_level_keys
 from .errors import ConfigError, SpecdepthError, as_int
 from .results import atomic_write
+from .versions import require_hf
 
 log = logging.getLogger("specdepth.profile")
 # `arch` (ModelArch.signature of the row's model) lets cost=table refuse a profile made for another model;
@@ -214,6 +215,7 @@ def write_profile(rows, out_path) -> None:
 
 
 def profile(cfg: DictConfig, out_path: str | Path) -> list[tuple]:
+    require_hf("specdepth-profile")
     import torch
     pair = make_model(cfg)
     grid = cfg.get("grid") or {}
