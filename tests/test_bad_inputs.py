@@ -54,8 +54,18 @@ def _files(d: Path) -> dict:
         "csv_arch.csv": ("model,batch,query,context,seconds,device,dtype,name,arch\n"
                          "target,1,1,0,0.1,cpu,float32,other,L2-H64-A4-KV2-I128-V64-D16-float32\n"),
         "yaml_bad.yaml": "a: [1, 2\n",
+        "csv_no_draft.csv": "model,batch,query,context,seconds\ntarget,1,1,0,0.1\ntarget,2,1,0,0.2\n",
+        "csv_draft_short.csv": ("model,batch,query,context,seconds\ntarget,1,1,0,0.1\ntarget,2,1,0,0.2\n"
+                                "draft,1,1,0,0.01\n"),
+        "csv_inf.csv": "model,batch,query,context,seconds\ntarget,1,1,0,inf\ndraft,1,1,0,0.01\n",
+        "csv_twice.csv": "model,batch,query,context,seconds\ntarget,1,1,0,0.1\ntarget,1,1,0,0.3\ndraft,1,1,0,0.01\n",
+        "csv_cut.csv": "model,batch,query,context,seconds\ntarget,1,1,0,0.1\ndraft,1,1,0\n",
+        "ds_empty.jsonl": "\n",
+        "ds_no_text.jsonl": '{"text": "hello there"}\n{"txt": "general kenobi"}\n',
     }
     out = {k: d / k for k in text}
+    out["no_tokenizer"] = d / "no_tokenizer"   # a checkpoint directory without tokenizer files
+    out["no_tokenizer"].mkdir(exist_ok=True)
     for k, v in text.items():
         out[k].write_text(v)
     for name, body in (("wl_latin1.jsonl", '{"prompt_len": 8, "output_len": 4}\n# caf\xe9\n'),
@@ -129,25 +139,25 @@ ROWS = [
     ("4", "policy=goodput policy.estimator=vibes", "policy.estimator"),
     ("4", "policy=goodput policy.ranking=alphabetical", "policy.ranking"),
     ("4", "policy=goodput policy.drain=sometimes", "policy.drain must be true or false"),
-    ("4", "policy=goodput policy.drain_value=tokens", "policy.drain_value must be one of"),
+    ("4", "policy=goodput +policy.drain_value=time", "policy.drain_value: unknown key"),
     ("4", "policy=goodput policy.probe=-0.5", "policy.probe must be >= 0"),
-    ("4", "policy=goodput policy.calibration_prior=0", "policy.calibration_prior"),
-    ("4", "policy=goodput policy.calibration_prior_at=half", "policy.calibration_prior_at"),
-    ("4", "policy=goodput policy.row_calibration=-3", "policy.row_calibration must be >= 0"),
+    ("4", "policy=goodput policy.estimate.calibration_prior=0", "policy.estimate.calibration_prior"),
+    ("4", "policy=goodput +policy.estimate.prior=1", "policy.estimate.prior: unknown key"),
+    ("4", "policy=goodput policy.estimate.row_calibration=-3", "policy.estimate.row_calibration must be >= 0"),
     ("4", "policy=goodput policy.idle_replan=-1", "policy.idle_replan must be >= 0"),
     ("4", "policy=confidence policy.idle_replan=2.5", "policy.idle_replan"),
     ("4", "policy=goodput policy.policy_time=sometimes", "policy.policy_time must be true or false"),
     ("4", "policy=batch_scaled policy.policy_time=2", "policy.policy_time must be true or false"),
     ("4", "policy=goodput policy.catch_up=sometimes", "policy.catch_up must be true or false"),
-    ("4", "policy=goodput policy.sticky_pad=often", "policy.sticky_pad must be true or false"),
-    ("4", "policy=goodput policy.cautious_pad=often", "policy.cautious_pad must be true or false"),
-    ("4", "policy=goodput policy.drain_tail=sometimes", "policy.drain_tail"),
-    ("4", "policy=goodput policy.stream_value=slots", "policy.stream_value"),
-    ("4", "policy=goodput policy.position_paired=often", "policy.position_paired must be true or false"),
-    ("4", "policy=goodput policy.tie_tolerance=0.8", "policy.tie_tolerance must be <= 0.5"),
-    ("4", "policy=goodput policy.pad_context=often", "policy.pad_context must be true or false"),
-    ("4", "policy=goodput policy.draft_clip=0.5", "policy.draft_clip must be 0 (off) or >= 1"),
-    ("4", "policy=goodput policy.draft_clip=-1", "policy.draft_clip must be >= 0"),
+    ("4", "policy=goodput policy.calibration.draft_fixed=often", "policy.calibration.draft_fixed must be true or false"),
+    ("4", "policy=goodput policy.calibration.memory=0", "policy.calibration.memory must be >= 1"),
+    ("4", "policy=goodput policy.draining.tail=sometimes", "policy.draining.tail"),
+    ("4", "policy=goodput policy.draining.after=-1", "policy.draining.after must be >= 0"),
+    ("4", "policy=goodput policy.estimate=often", "policy.estimate must be a mapping"),
+    ("4", "policy=goodput policy.estimate.tie_tolerance=0.8", "policy.estimate.tie_tolerance must be <= 0.5"),
+    ("4", "policy=goodput policy.estimate.position_prior=0", "policy.estimate.position_prior must be > 0"),
+    ("4", "policy=goodput policy.calibration.draft_clip=0.5", "policy.calibration.draft_clip must be 0 (off) or >= 1"),
+    ("4", "policy=goodput policy.calibration.draft_clip=-1", "policy.calibration.draft_clip must be >= 0"),
     ("4", "policy=confidence policy.extend=-1", "policy.extend"),
     ("4", "policy=confidence policy.catch_up=2", "policy.catch_up must be true or false"),
     ("4", "policy=oracle_expected policy.catch_up=maybe", "policy.catch_up must be true or false"),
@@ -225,6 +235,35 @@ ROWS = [
     ("hydra", "policy.depth=[1,", "policy.depth"),
     ("hydra", "cost=table", "cost.path"),
     ("hydra", "workload=file", "workload.path"),
+]
+
+# Round three of hardening: what still ran silently, failed with a traceback or said too little
+ROWS += [
+    ("4", "+sede=5", "sede: unknown top-level key (did you mean seed?)"),
+    ("4", "+experimnt=main", "experimnt: unknown top-level key (did you mean experiment?)"),
+    ("4", "engine.max_dept=3", "engine.max_dept: unknown key (did you mean engine.max_depth?)"),
+    ("4", "seed=abc", "seed must be an integer, got 'abc'"),
+    ("3", "model=tiny_pair " + TABLE % "csv_no_draft.csv", "csv_no_draft.csv has no draft rows"),
+    ("3", TABLE % "csv_draft_short.csv", "csv_draft_short.csv: the draft rows stop at batch 1"),
+    ("3", TABLE % "csv_inf.csv", "csv_inf.csv:2: batch and query must be >= 1, context >= 0, seconds > 0 and finite"),
+    ("3", TABLE % "csv_twice.csv", "csv_twice.csv:3: target batch=1 query=1 context=0 is also on line 2"),
+    ("3", TABLE % "csv_cut.csv", "csv_cut.csv:3: 4 cells, the header has 5"),
+    ("3", "backend.clock_profile={csv_cut.csv}", "csv_cut.csv:3: 4 cells"),
+    ("3", "workload=dataset workload.path={ds_empty.jsonl}", "ds_empty.jsonl is empty"),
+    ("3", "workload=dataset workload.path={ds_no_text.jsonl}", "row 1 of"),
+    ("5", POL % "RaisesIn" + " +policy.exit=0", "policy RaisesIn: plan() raised SystemExit(0)"),
+    ("5", POL % "RaisesIn" + " +policy.hook=observe +policy.exit=3", "policy RaisesIn: observe() raised SystemExit(3)"),
+    ("5", POL % "WritesInto" + " +policy.hook=observe", "policy WritesInto: observe() raised ValueError: assignment "
+     "destination is read-only"),
+    ("5", POL % "WritesInto" + " +policy.hook=keep_drafting", "policy WritesInto: keep_drafting() raised ValueError"),
+    # backend=hf: refused before any model loads (checks.before_loading)
+    ("hf", "backend=hf model.device=cpu model.target=/nonexistent/ckpt", "model.target: no such directory"),
+    ("hf", "backend=hf model.device=cpu model.draft=/nonexistent/draft", "model.draft: no such directory"),
+    ("hf", "backend=hf model.device=cpu model.tokenizer=/nonexistent/tok", "model.tokenizer: no such directory"),
+    ("hf", "backend=hf model.device=cpu model.target={no_tokenizer}", "has no tokenizer files"),
+    ("hf", "backend=hf model.device=cpu policy=oracle", "backend 'hf' cannot provide them"),
+    ("hf", "backend=hf model.device=cpu parallel.tensor=2", "tensor parallelism is simulated only"),
+    ("hf", "backend=hf model.device=cpu model.prompts={pr_typo.jsonl}", "pr_typo.jsonl:1: unknown key 'txt'"),
 ]
 
 
@@ -414,3 +453,213 @@ def test_summary_of_a_refusal_is_not_json(tmp_path):
     code, out = _main(["policy=fixed", "engine.max_depth=2", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert code == 2
     assert not list(tmp_path.rglob("*.json")), json.dumps([str(p) for p in tmp_path.rglob("*")])
+
+
+# ---- round three: what ran is said, failures are recorded, nothing flakes -----------------------------------
+def _summary_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_a_memory_limited_batch_names_memory(tmp_path):
+    """A 100k-token prompt at batch 8: memory holds 3 sequences at once. The printed line, the warning and
+    summary.json say so, and name memory even where engine.max_num_batched_tokens is also below the batch."""
+    base = ["workload.prompt_len=100000", "workload.batch_size=8", "workload.output_len=4", "engine.progress=false"]
+    for extra in ([], ["engine.max_num_batched_tokens=4"]):
+        run_dir = tmp_path / f"run{len(extra)}"
+        code, out = _main([*base, *extra, f"hydra.run.dir={run_dir}"], tmp_path)
+        assert code == 0, out[-3000:]
+        s = _summary_of(run_dir)
+        assert s["batch_limited_by"] == "memory" and s["batch_limit"] == s["max_running"] == 3, s
+        assert "batch 8 (at most 3 at once: memory)" in out
+        assert any("KV cache memory" in w for w in s["warnings"])
+        assert not any("max_num_batched_tokens" in w for w in s["warnings"]), s["warnings"]
+
+
+def test_summary_says_what_ran(tmp_path):
+    """The TP degree, the clock profile (and its device as the hardware), the acceptance model and its
+    parameters, and what capped the batch are in summary.json, not only in config.yaml."""
+    def one(name, *args):
+        code, out = _main(["engine.progress=false", "workload.output_len=8", *args,
+                           f"hydra.run.dir={tmp_path / name}"], tmp_path)
+        assert code == 0, out[-3000:]
+        return _summary_of(tmp_path / name), out
+
+    s, out = one("tp4", "model=llama3_70b", "parallel.tensor=4", "parallel.draft_tensor=2", "acceptance=iid",
+                 "acceptance.alpha=0.7", "engine.max_batch_size=4")
+    assert (s["tensor_parallel"], s["draft_tensor_parallel"]) == (4, 2)
+    assert s["acceptance_model"] == "IID" and s["acceptance_params"] == {"alpha": 0.7}
+    assert (s["batch_limited_by"], s["batch_limit"]) == ("engine.max_batch_size", 4)
+    assert s["clock_profile"] is None and s["clock_model"] == s["cost_model"]
+    assert f"results: {tmp_path / 'tp4'}" in out   # a single run says where its results went
+    s, _ = one("clock", "model=tiny_pair", f"backend.clock_profile={FID / 'clock_profile.csv'}")
+    assert s["clock_profile"] == str(FID / "clock_profile.csv") and s["clock_model"].startswith("table(")
+    assert s["hardware"] == "cpu" and s["cost_model"] == "roofline(h100_sxm)"
+    assert any("every time of this run comes from" in w for w in s["warnings"])
+    assert s["batch_limited_by"] is None and s["batch_limit"] is None
+
+
+def test_a_warning_is_printed_once_per_sweep(tmp_path):
+    args = ["--multirun", "workload.prompt_len=100000", "workload.batch_size=8", "workload.output_len=4",
+            "seed=0,1", "engine.progress=false", f"hydra.sweep.dir={tmp_path / 'sw'}"]
+    code, out = _main(args, tmp_path)
+    assert code == 0, out[-3000:]
+    assert out.count("at most 3 sequences run at once") == 1, out[-3000:]
+    assert all("KV cache memory" in _summary_of(p.parent)["warnings"][0] for p in (tmp_path / "sw").rglob("summary.json"))
+
+
+def test_sys_exit_in_a_policy_is_a_failed_job_and_the_sweep_goes_on(tmp_path):
+    sweep = tmp_path / "sw"
+    code, out = _main(["--multirun", "policy=none", "~policy.depth", "policy._target_=custom_policies.RaisesIn",
+                       "+policy.exit=0,null", "+policy.hook=plan,reset_never", "workload.output_len=4",
+                       "engine.progress=false", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert code == 1 and "Traceback" not in out, out[-3000:]
+    fails = [json.loads(x) for x in (sweep / "failures.jsonl").read_text().splitlines()]
+    assert len(fails) == 2, fails   # plan with exit=0 and plan with a RuntimeError; the other two finished
+    assert any("plan() raised SystemExit(0)" in f["error"] for f in fails)
+    assert len(list(sweep.rglob("summary.json"))) == 2
+
+
+def _sweep_with_a_write_that_fails(tmp_path, preexec, env_extra=None):
+    """A sweep of a small run and a large one (steps.csv of ~1.5 MB) whose results cannot be written."""
+    import subprocess
+
+    from sdtest import CLI
+    sweep = tmp_path / "sw"
+    p = subprocess.run([CLI, "--multirun", "policy=none", "workload.batch_size=1", "workload.output_len=16,10000",
+                        "engine.progress=false", f"hydra.sweep.dir={sweep}"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300, preexec_fn=preexec,
+                       env=dict(os.environ, HYDRA_FULL_ERROR="0", **(env_extra or {})))
+    return p, sweep
+
+
+def _check_write_failure(p, sweep, why):
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert "Traceback" not in p.stdout + p.stderr and "Logging error" not in p.stderr, p.stderr[-3000:]
+    fails = [json.loads(x) for x in (sweep / "failures.jsonl").read_text().splitlines()]
+    assert len(fails) == 1 and why in fails[0]["error"] and "steps.csv" in fails[0]["error"], fails
+    failed = Path(fails[0]["run_dir"])
+    assert not [f for f in failed.iterdir() if f.suffix in (".csv", ".json", ".jsonl") or f.name == "config.yaml"]
+    assert len(list(sweep.rglob("summary.json"))) == 1   # the small run finished
+
+
+def test_a_write_that_fails_mid_sweep_is_recorded_and_the_sweep_goes_on(tmp_path):
+    """A file size limit (RLIMIT_FSIZE: the write fails with EFBIG, as a full disk fails with ENOSPC) on the
+    large run's steps.csv: that job fails with one line naming the file, its partial result files are removed,
+    failures.jsonl records it and the sweep goes on."""
+    import resource
+    import signal
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    p, sweep = _sweep_with_a_write_that_fails(tmp_path, limit)
+    _check_write_failure(p, sweep, "File too large")
+
+
+def test_a_disk_that_fills_during_a_sweep(tmp_path):
+    """A real full disk: the sweep dir on a 1 MiB tmpfs (in a user namespace; skipped where one cannot be made)."""
+    import shutil
+    import subprocess
+
+    from sdtest import CLI
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no user namespace to mount a small tmpfs in")
+    (tmp_path / "disk").mkdir()
+    script = (f"mount -t tmpfs -o size=1m tmpfs {tmp_path / 'disk'} && cd {tmp_path / 'disk'} && exec {CLI} "
+              f"--multirun policy=none workload.batch_size=1 workload.output_len=16,10000 engine.progress=false "
+              f"hydra.sweep.dir=sw; echo rc=$? >&2")
+    p = subprocess.run([unshare, "-rm", "sh", "-c", script + f"; cp -r sw {tmp_path}/sw"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, HYDRA_FULL_ERROR="0"))
+    p.returncode = 1 if "rc=1" in p.stderr or p.returncode == 1 else p.returncode
+    _check_write_failure(p, tmp_path / "sw", "No space left on device")
+
+
+def test_ctrl_c_during_numba_compilation_is_one_line(tmp_path):
+    """An empty NUMBA_CACHE_DIR forces every kernel to compile (seconds); SIGINT is sent while they do, at three
+    points (after the 1st, 4th and 8th kernel is cached). Each time: exactly the interrupt's line on stderr, exit
+    130, nothing left (llvmlite once printed an AttributeError from a __del__ under the line: CI flaked)."""
+    import signal
+    import subprocess
+    import time
+
+    from sdtest import CLI
+    from specdepth.app import _INTERRUPTED
+    for k in (1, 4, 8):
+        cache, work = tmp_path / f"numba{k}", tmp_path / f"w{k}"
+        cache.mkdir()
+        work.mkdir()
+        proc = subprocess.Popen([CLI, "workload.output_len=16", "engine.progress=false", "hydra.run.dir=run"],
+                                cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, HYDRA_FULL_ERROR="0", NUMBA_CACHE_DIR=str(cache)),
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        deadline = time.time() + 120
+        while proc.poll() is None and time.time() < deadline and len(list(cache.rglob("*.nbi"))) < k:
+            time.sleep(0.005)
+        assert proc.poll() is None, "the run ended before its kernels compiled"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, f"k={k} stderr: {err[-2000:]}"
+        assert err.strip() == _INTERRUPTED and "Traceback" not in out, f"k={k} stderr: {err[-2000:]}"
+        assert result_files(work) == [] and not (work / "run").exists()
+
+
+# ---- specdepth-report, specdepth-profile and the Optuna sweeper -------------------------------------------------
+def test_report_names_an_unusable_summary_and_an_unwritable_out(tmp_path, capsys):
+    from specdepth.report import main as report_main
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "summary.json").write_text('{"policy": "fixed(4)", "throughput_tok_s": 1.0}')
+    assert report_main([str(tmp_path), "--no-plots"]) == 1   # no batch_size: reported, no KeyError
+    out = capsys.readouterr()
+    assert "a/summary.json: lacks 'batch_size'" in out.out and "Traceback" not in out.err
+    (tmp_path / "a" / "summary.json").write_text('{"policy": "fixed(4)", "throu')
+    assert report_main([str(tmp_path), "--no-plots"]) == 1
+    out = capsys.readouterr()
+    assert "a/summary.json: JSONDecodeError" in out.out and "summary.json cannot be read" in out.out
+    done = tmp_path / "b"
+    code, log = _main(["workload.output_len=4", "engine.progress=false", f"hydra.run.dir={done}"], tmp_path)
+    assert code == 0, log[-2000:]
+    assert report_main([str(tmp_path), "--no-plots", "--out", "/proc/no/such/dir"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specdepth-report: error: cannot write /proc/no") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("args,culprit", [
+    (["grid.batchs=[1]"], "grid.batchs: unknown key (did you mean grid.batch?); valid keys: batch, context, query"),
+    (["+repeat=3"], "repeat: unknown top-level key (did you mean repeats?)"),
+    (["grid.batch=abc"], "grid.batch must be a list of integers"),
+    (["repeats=0"], "repeats must be >= 1"),
+])
+def test_profile_bad_input_is_one_line(args, culprit, tmp_path):
+    from specdepth import profile
+    out = io.StringIO()
+    old = sys.argv
+    sys.argv = ["specdepth-profile", *args, f"hydra.run.dir={tmp_path / 'run'}"]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), pytest.raises(SystemExit) as e:
+            profile.main()
+    finally:
+        sys.argv = old
+    text = out.getvalue()
+    assert e.value.code == 2 and culprit in text and "Traceback" not in text, text
+    assert [ln for ln in text.splitlines() if ln.strip()] == [ln for ln in text.splitlines() if
+                                                              ln.startswith("specdepth-profile: error:")], text
+    assert not (tmp_path / "run").exists()
+
+
+def test_optuna_n_trials_zero_names_the_key(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="hydra-optuna-sweeper not installed")
+    code, out = _main(["--multirun", "experiment=tune_confidence", "hydra.sweeper.n_trials=0",
+                       f"hydra.sweep.dir={tmp_path / 'sw'}"], tmp_path)
+    assert code == 2 and "specdepth: error: hydra.sweeper.n_trials must be >= 1, got 0" in out, out[-2000:]
+    assert "Traceback" not in out and not (tmp_path / "sw").exists()
+
+
+def test_an_optuna_study_whose_every_trial_fails_is_one_line(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="hydra-optuna-sweeper not installed")
+    code, out = _main(["--multirun", "experiment=tune_confidence", "hydra.sweeper.n_trials=1", "engine.max_depth=2",
+                       "workload.output_len=4", "engine.progress=false", f"hydra.sweep.dir={tmp_path / 'sw'}"],
+                      tmp_path)
+    assert code == 1 and "no trial of the Optuna study finished" in out and "Traceback" not in out, out[-2000:]
+    assert (tmp_path / "sw" / "failures.jsonl").is_file()

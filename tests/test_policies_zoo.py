@@ -3,6 +3,7 @@ short end-to-end run of every config in conf/policy/ on the simulator."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from specdepth.executor import Executor
 from specdepth.policies import (EMA, Bandit, BatchScaled, BatchTable, ConfidenceThreshold, DisableByBatch,
                                 FixedDepth, Goodput, Heuristic, Oracle)
 from specdepth.policies.kit import IdleReplan, StepCost, keep_by_margin
-from specdepth.policies.goodput import _Pool
+from specdepth.policies.goodput_evidence import Evidence as _Pool
 from specdepth.policy import StepView
 from specdepth.workload import Request
 
@@ -197,7 +198,7 @@ def _leviathan_best(alpha, cost, K=16):
 @pytest.mark.parametrize("alpha, d0", [(0.9, 0.5e-3), (0.7, 0.5e-3), (0.7, 2e-3), (0.5, 2.5e-3), (0.5, 0.3e-3), (0.3, 4e-3)])
 def test_goodput_batch_one_matches_brute_force(alpha, d0):
     cost = LinearCost(v0=10e-3, d0=d0)
-    p = Goodput(use_confidence=False, prior_strength=1e6)   # prior dominates: the estimate is the pool
+    p = Goodput(use_confidence=False, estimate={"prior_strength": 1e6})   # prior dominates: the estimate is the pool
     p._pool = _pool(alpha)
     v = make_view(1, cost=cost)
     assert p.plan(v).tolist() == [_leviathan_best(alpha, cost)]
@@ -305,7 +306,7 @@ def test_policies_skip_replanning_while_no_draft_pays(policy):
     for most, plans in ((8, 6), (0, 30)):
         p = policy(idle_replan=most, probe=0) if policy is Goodput else policy(idle_replan=most, level={"probe": 0})
         inner = p if policy is Goodput else p._depth
-        name = "_plan" if policy is Goodput else "_best_depth"
+        name = "_estimate" if policy is Goodput else "_best_depth"
         calls = []
         real = getattr(inner, name)
         setattr(inner, name, lambda *a, _r=real: calls.append(1) or _r(*a))
@@ -315,12 +316,10 @@ def test_policies_skip_replanning_while_no_draft_pays(policy):
         assert len(calls) == plans, (policy.__name__, most)
 
 
-@pytest.mark.parametrize("calibrate_idle", [True, False])
-def test_goodput_calibrate_idle_decides_whether_kept_idle_steps_feed_the_cost_calibration(calibrate_idle,
-                                                                                         monkeypatch):
-    """goodput's cost calibration sees every verified step with calibrate_idle=true; with false (the default) it
-    skips the steps whose idle plan `idle_replan` kept, and only those. Here (acceptance 0.05: no draft ever pays)
-    both run the same steps and draft nothing."""
+def test_goodput_cost_calibration_skips_the_steps_of_a_kept_idle_plan(monkeypatch):
+    """goodput's cost calibration skips the steps whose idle plan `idle_replan` kept, and only those (they repeat
+    the depth-0 shapes of the planned steps it does see). Here (acceptance 0.05: no draft ever pays) nothing is
+    drafted."""
     from specdepth.policies import kit
     fed, kept = [], []
     real_observe, real_skip = kit.CostCalibration.observe, kit.IdleReplan.skip
@@ -328,13 +327,13 @@ def test_goodput_calibrate_idle_decides_whether_kept_idle_steps_feed_the_cost_ca
                         lambda self, *a, **k: fed.append(1) or real_observe(self, *a, **k))
     monkeypatch.setattr(kit.IdleReplan, "skip", lambda self, view: kept.append(bool(real_skip(self, view)))
                         or kept[-1])
-    eng = build(compose("policy=goodput", f"policy.calibrate_idle={str(calibrate_idle).lower()}", "policy.probe=0",
+    eng = build(compose("policy=goodput", "policy.probe=0",
                         "acceptance=iid", "acceptance.alpha=0.05", "workload=closed", "workload.batch_size=4",
                         "workload.output_len=120", "engine.progress=false"))["engine"]
     res = eng.run()
     steps = len(res.steps)
     assert steps == 119 and sum(kept) > steps // 2   # the plan kept on most steps (windows of 1, 2, 4, ..., 64)
-    assert len(fed) == (steps if calibrate_idle else steps - sum(kept))
+    assert len(fed) == steps - sum(kept)
 
 
 @pytest.mark.parametrize("requests_left", [0, 5])
@@ -382,7 +381,7 @@ def test_goodput_probes_the_rows_that_joined_after_its_rounds(fresh, probed):
         p = Goodput()
         p._pool = _Pool(accepted=0.4, rejected=0.6, conf_sum=0.4, drafted=1.0, cal_accepted=cal_accepted,
                         cal_conf=cal_accepted * 3.2)
-        p._probes = PROBE_ROUNDS
+        p._pool.probes = PROBE_ROUNDS
         ids = np.array(list(range(14 - fresh)) + list(range(100, 100 + fresh)))
         p._seq.align(ids).verified[:14 - fresh] = 3.0   # the older rows' verified drafts
         return p.plan(make_view(14, ids=ids, cost=LinearCost(v0=10e-3, v1=2e-4, d0=1e-3), requests_left=5)).tolist()
@@ -393,28 +392,28 @@ def test_goodput_probes_the_rows_that_joined_after_its_rounds(fresh, probed):
 
 def test_goodput_slot_time_values_a_sure_rows_tokens_by_the_slot_time_they_free():
     """While requests wait to join (a stream), a row whose drafts are all accepted, beside one accepted 3 times in
-    10: plain goodput (stream_value=tokens) drafts the sure row 16 deep, as the step's tokens per second says (c140
-    of robustness draw 2048: 0.944 of fixed depth 4). slot_time prices its tokens by the slot time they free (1 /
-    its expected tokens per step): it drafts shallower, and the slow row no less. Once no request is left to join
-    the drain decides, alike for both."""
-    def plan(value, requests_left):
-        p = Goodput(use_confidence=False, stream_value=value, probe=0)
-        v = make_view(2, requests_left=requests_left, cost=LinearCost(v0=10e-3, v1=2e-4, d0=1e-3))
+    10: valued per step alike (no weights), the sure row drafts 16 deep, as the step's tokens per second says.
+    goodput prices its tokens by the slot time they free (1 / its expected tokens per step): it drafts shallower,
+    and the slow row no less."""
+    def plan(plain):
+        p = Goodput(use_confidence=False, probe=0)
+        if plain:
+            p._weigh = lambda view, r: SimpleNamespace(w=None, drained=False, p_min=0.0, fixed=1.0)
+        v = make_view(2, requests_left=5, cost=LinearCost(v0=10e-3, v1=2e-4, d0=1e-3))
         st = p._seq.align(v.request_ids)
         st.conf_sum, st.drafted = [990.0, 300.0], 1000.0   # confidence sums over 1,000 drafts each: a = 0.99, 0.3
         return p.plan(v).tolist()
 
-    tokens, slots = plan("tokens", 5), plan("slot_time", 5)
+    tokens, slots = plan(True), plan(False)
     assert tokens[0] == 16 and slots[0] < 8, (tokens, slots)
     assert slots[1] >= tokens[1] >= 1
-    assert plan("tokens", 0) == plan("slot_time", 0)
 
 
 def test_goodput_catch_up_horizon_is_the_runs_end_only_when_draining(monkeypatch):
     """The catch-up's payback horizon is the longest row's remaining steps only where the drain's weights price the
     plan (the run ends with that row); a stream's slot_time weights are not a drain (a first version passed
     `weights is not None` and gave streams the drain's horizon)."""
-    import specdepth.policies.goodput as gp
+    import specdepth.policies.goodput_gates as gp
     seen = []
     monkeypatch.setattr(gp, "plan_pays_catch_up", lambda *a, **k: seen.append(a[7]) or False)   # (then: no catch-up)
     for requests_left in (5, 0):
@@ -436,7 +435,7 @@ def test_goodput_row_calibration_prices_a_confident_wrong_row_by_its_own_outcome
     batch-wide calibration stays near 1 on 4 tokens, 1.2 where the pseudo-tokens at confidence 0.1 said 2.3, and
     2 of 2 accepted at confidence 0.1 are then unlikely for one row, p = 0.014.)"""
     def run(outcomes, z, steps=20):
-        p = Goodput(row_calibration=z)
+        p = Goodput(estimate={"row_calibration": z})
         for _ in range(steps):
             v = make_view(2, requests_left=5)
             p.plan(v)
@@ -444,12 +443,12 @@ def test_goodput_row_calibration_prices_a_confident_wrong_row_by_its_own_outcome
         p.plan(make_view(2, requests_left=5))
         return p
 
-    split = run([0, 1], 5.0)
-    assert split._cal[0] < 0.5 * split._pool.calibration < split._cal[1]
-    assert split._a[0] < 0.5 * split._a[1]
+    split = run([0, 1], 5.0)._step.est
+    assert split.cal[0] < 0.5 * run([0, 1], 5.0)._pool.calibration < split.cal[1]
+    assert split.a[0] < 0.5 * split.a[1]
     for p in (run([0, 1], 0.0), run([1, 1], 5.0), run([0, 1], 5.0, steps=1)):   # off; alike; too few tokens
-        assert p._cal.tolist() == [p._pool.calibration] * 2
-        assert p._a[0] == p._a[1]
+        assert p._step.est.cal.tolist() == [p._pool.calibration] * 2
+        assert p._step.est.a[0] == p._step.est.a[1]
 
 
 def test_goodput_compute_bound_verify_makes_it_shallower():
@@ -471,10 +470,11 @@ def test_goodput_position_grouping_beats_global_ranking_at_large_batch():
     est = np.clip(rng.normal(0.88, 0.04, n), 0.5, 0.99)
     ev = {}
     for ranking in ("position", "global"):
-        # each step's own tokens per second, which this test scores (slot_time values a sure row's tokens less)
-        p = Goodput(use_confidence=False, ranking=ranking, stream_value="tokens")
+        # each step's own tokens per second, which this test scores (slot weights value a sure row's tokens less)
+        p = Goodput(use_confidence=False, ranking=ranking)
+        p._weigh = lambda view, r: SimpleNamespace(w=None, drained=False, p_min=0.0, fixed=1.0)
         v = make_view(n, cost=cost, requests_left=1000)   # steady state: requests keep joining, no drain
-        p._alpha = lambda view, e=est: e
+        p._alpha = lambda rows, cal, e=est: e
         d = p.plan(v)
         tokens = n + sum((est ** (j + 1) * (d > j)).sum() for j in range(int(d.max(initial=0))))
         ev[ranking] = tokens / cost.step_time(np.full(n, 500), d)
@@ -590,35 +590,30 @@ def test_goodput_keep_drafting_stops_low_confidence_rows_and_ignores_idle_rows()
     assert keep.dtype == bool and keep.tolist() == [True, False, False]
 
 
-def test_goodput_extension_with_the_ratio_bar_stops_where_the_steps_goodput_peaks():
-    """`extend_bar`: at a run's first step goodput plans with the prior level (0.7) but then sees confidences of
-    0.94 (c74 of robustness draw 2057: a = 0.94). With the plan's goodput as the bar (`plan`) a position past the
-    plan need only beat that low G; with `ratio` the bar is the step's goodput with the positions added so far,
-    so the extension stops where the step's expected tokens / seconds peak (brute force over the stopping depth,
-    from the same values), shallower than `plan`'s (verify 10 ms, a draft forward 2 ms: 10 drafts against 13)."""
+def test_goodput_extension_stops_where_the_steps_goodput_peaks():
+    """At a run's first step goodput plans with the prior level (0.7) but then sees confidences of 0.94. A position
+    past the plan must raise the step's goodput with the positions added so far, so the extension stops where the
+    step's expected tokens / seconds peak (brute force over the stopping depth, from the same values), not where a
+    position merely beats the plan's own low G (verify 10 ms, a draft forward 2 ms)."""
     cost = LinearCost(v0=10e-3, d0=2e-3)
     conf = 0.94
-    reach, peak = {}, None
-    for bar in ("plan", "ratio"):
-        p = Goodput(extend_bar=bar)
-        v = make_view(1, cost=cost, requests_left=5)
-        d = p.plan(v)
-        if bar == "ratio":
-            planned = int(p._planned[0])
-            E, T = p._ratio
-            a, cal, f = float(p._a[0]), float(p._cal[0]), p._pool.positions.factor(16)
-            vals = [min(conf * cal, 1.0) ** q * min(a * float(f[q]), 0.999) for q in range(16)]
-            best = [(E + sum(vals[planned:D])) / (T + (D - planned) * 2e-3) for D in range(planned, 17)]
-            peak = planned + int(np.argmax(best))
-            assert 0 < planned < peak < 16
-        drafting(v, d, conf=conf)
-        pos = 0
-        while pos + 1 < int(d[0]) and p.keep_drafting(v, pos, np.array([conf]))[0]:
-            pos += 1
-        reach[bar] = pos + 1
-    assert reach["ratio"] == peak < reach["plan"]
-    with pytest.raises(ConfigError, match="policy.extend_bar"):
-        Goodput(extend_bar="max")
+    p = Goodput()
+    v = make_view(1, cost=cost, requests_left=5)
+    d = p.plan(v)
+    r = p._step
+    planned = int(r.drafting.planned[0])
+    E, T = r.drafting.ratio
+    a, cal, f = float(r.est.a[0]), float(r.est.cal[0]), p._pool.positions.factor(16)
+    vals = [min(conf * cal, 1.0) ** q * min(a * float(f[q]), 0.999) for q in range(16)]
+    best = [(E + sum(vals[planned:D])) / (T + (D - planned) * 2e-3) for D in range(planned, 17)]
+    peak = planned + int(np.argmax(best))
+    assert 0 < planned < peak < 16
+    plan_bar = planned + sum(1 for q in range(planned, 16) if vals[q] > r.G * 2e-3)   # where a G bar would stop
+    drafting(v, d, conf=conf)
+    pos = 0
+    while pos + 1 < int(d[0]) and p.keep_drafting(v, pos, np.array([conf]))[0]:
+        pos += 1
+    assert pos + 1 == peak < plan_bar
 
 
 def test_keep_by_margin_with_a_ratio_keeps_the_rows_that_maximise_the_steps_goodput():
@@ -650,14 +645,14 @@ def test_keep_by_margin_with_a_ratio_keeps_the_rows_that_maximise_the_steps_good
 
 def test_goodput_estimators_follow_observations():
     for est in ("counts", "confidence"):
-        p = Goodput(estimator=est, prior_strength=1.0)
+        p = Goodput(estimator=est, estimate={"prior_strength": 1.0})
         v = make_view(2, ids=[5, 6])
         p.plan(v)
         for _ in range(30):
             drafting(v, [4, 4], conf=0.9)
             v._s.confidences[1] = 0.3                     # row 1: a draft unsure of itself ...
             p.observe(v, np.array([4, 0]))        # ... and rightly so: row 0 always accepted, row 1 never
-        a = p._alpha(v)
+        a = p._estimate(v, 4).a
         assert a[0] > 0.8 and a[1] < a[0]
     with pytest.raises(ConfigError, match="policy.estimator"):
         Goodput(estimator="magic")
@@ -800,7 +795,7 @@ def test_goodput_global_ranking_drains_like_the_position_ranking():
     for ranking in ("position", "global"):
         for drain in (True, False):
             p = Goodput(use_confidence=False, ranking=ranking, drain=drain)
-            p._alpha = lambda view: np.full(view.batch_size, 0.8)
+            p._alpha = lambda rows, cal: np.full(len(rows), 0.8)
             view = make_view(2, remaining=np.array([200, 30]), cost=cost)
             p._seq.align(view.request_ids).drafted = 500   # drafted tokens seen: the estimates are firm
             depths[ranking, drain] = p.plan(view)

@@ -65,9 +65,7 @@ def test_goodput_spreads_a_streams_drafts_over_rows_it_cannot_tell_apart():
     so the same rows drafted every step (half the first 202 drafted nothing), the admissions staggered, and the
     stream ended on a tail of ~50 rows: 0.95 of fixed depth 1. With estimates within `tie_tolerance` tied
     (broken toward the rows with more tokens left) every row drafts about alike and the run ends no later
-    than fixed depth 1's. (The median row's starving shows with the calibration of the time,
-    `calibration_prior_at=confidence`; with `mixture`, the default since 2026-12-03, the rows' estimates differ
-    otherwise and the run without bands still ends after fixed depth 1's.)"""
+    than fixed depth 1's; without the bands the run ends after fixed depth 1's."""
     cell = ["hardware=h100_sxm", "model=llama3_8b", "acceptance=decay", "acceptance.first=0.775",
             "acceptance.decay=0.772", "workload=poisson", "workload.rate=1e9", "workload.num_requests=542",
             "workload.prompt_len=90", "workload.output_len=90", "engine.max_batch_size=202", "seed=3"]
@@ -79,26 +77,19 @@ def test_goodput_spreads_a_streams_drafts_over_rows_it_cannot_tell_apart():
 
     end1, _ = run("policy=fixed", "policy.depth=1")
     end, drafted = run("policy=goodput")
-    end0, _ = run("policy=goodput", "policy.tie_tolerance=0")
+    end0, _ = run("policy=goodput", "policy.estimate.tie_tolerance=0")
     assert end <= end1 < end0
     assert drafted[0] >= 0.5 * drafted[2]   # every row drafts about alike
-    then = ("policy=goodput", "policy.calibration_prior_at=confidence")
-    _, drafted_then = run(*then)
-    _, drafted0_then = run(*then, "policy.tie_tolerance=0")
-    assert drafted0_then[1] < 0.2 * drafted_then[1]   # without the bands: the median row drafted (almost) nothing
 
 
 def test_goodput_learns_an_engine_that_pads_a_ragged_batchs_contexts():
     """c178 of robustness draw 2054, shortened: a queue at batch 194 with prompts of 170-511 tokens on an engine
     that pads a ragged batch (backend.pad_ragged: every row's query to the deepest row's and its KV to the longest
     row's) and charges overheads the policy's cost model does not know. The padded verify is memory-bound where
-    view.cost at the rows' own contexts says it is near the ridge, so one draft per row is nearly free there. With
-    `pad_context` the calibration's padded verify is that engine's, and goodput ends within 1 % of goodput with the
-    clock's true cost; without it (the rule before), the fit prices a draft per row near the break-even, goodput
-    stops drafting, and ends at least 3 % later, having drafted a small fraction of the tokens. The cell's engine is
-    draw 2054's, which prefilled admitted prompts in one padded forward (backend.group_prefill=false): grouping
-    shortens all three runs (6.88 s instead of 8.60 s with the clock) and leaves the gap without pad_context at
-    2.7 % instead of 4.9 %, the drafting alike."""
+    view.cost at the rows' own contexts says it is near the ridge, so one draft per row is nearly free there. The
+    calibration's padded verify is that engine's (every row's query and KV padded, `kit.pad_extra` with the view),
+    and goodput ends within 1 % of goodput with the clock's true cost. The cell's engine prefills admitted prompts
+    in one padded forward (backend.group_prefill=false)."""
     cell = ["hardware=h100_sxm", "model=llama3_8b", "acceptance=iid", "acceptance.alpha=0.37", "workload=poisson",
             "workload.rate=1e9", "workload.num_requests=400", "workload.output_len=100",
             "workload.prompt_len={dist: uniform, low: 170, high: 511}", "engine.max_batch_size=194",
@@ -109,9 +100,8 @@ def test_goodput_learns_an_engine_that_pads_a_ragged_batchs_contexts():
         res, _ = _run(*cell, "policy=goodput", *pol)
         return max(r[5] for r in res.requests), sum(s[4] for s in res.steps)   # (end, drafted)
 
-    (end_true, _), (end, drafted), (end0, drafted0) = run("policy.cost=clock"), run(), run("policy.pad_context=false")
-    assert end <= 1.01 * end_true
-    assert end0 >= 1.03 * end_true and drafted0 < 0.2 * drafted
+    (end_true, drafted_true), (end, drafted) = run("policy.cost=clock"), run()
+    assert end <= 1.01 * end_true and drafted >= 0.5 * drafted_true
 
 
 def test_view_requests_left_counts_the_requests_not_admitted_yet():
@@ -163,18 +153,15 @@ def test_goodput_drain_below_the_ridge_values_the_rows_that_may_end_the_run():
     """Held-out cell c189 of seed 2033, shortened: a closed batch below the ridge (h200, batch 64) whose rows'
     acceptance differs widely (beta, concentration 2.3). The slowest row accepts almost nothing and sets the
     end; a smaller batch is hardly cheaper, so the fast rows' drafts shorten nothing (`none` finishes first).
-    Valuing tokens by the seconds they save (drain_value=time, the default) drafts for the rows that may end
-    the run (2.5 % after `none` over four seeds); the steps weights credited the fast rows and finished 4.0 % after it
-    (4.7 % when this test was written, 4.1 % before goodput's `pad_context`; the bound between them is 3 %)."""
+    Valuing tokens by the seconds they save drafts for the rows that may end the run: within 3 % of `none` over
+    four seeds (weights by the rows' remaining steps, which credit the fast rows, finished 4-5 % after it)."""
     cell = ["hardware=h200", "model=llama3_8b", "acceptance=beta", "acceptance.mean=0.68",
             "acceptance.concentration=2.3", "workload=closed", "workload.batch_size=64", "workload.prompt_len=64",
             "workload.output_len=160"]
     finish = {}
-    for name, pol in (("none", ["policy=none"]), ("time", ["policy=goodput"]),
-                      ("steps", ["policy=goodput", "policy.drain_value=steps"])):
+    for name, pol in (("none", ["policy=none"]), ("time", ["policy=goodput"])):
         finish[name] = sum(max(r[5] for r in _run(*cell, *pol, f"seed={seed}")[0].requests) for seed in range(4))
-    assert finish["time"] < finish["steps"]
-    assert finish["time"] <= 1.03 * finish["none"] < finish["steps"]
+    assert finish["time"] <= 1.03 * finish["none"]
 
 
 _C163 = ("+cell={hardware: 'h100_sxm', model: 'llama3_70b', tp: 4, batch: 14, seed: 239798712, acceptance: "
@@ -194,18 +181,15 @@ def test_goodput_drains_a_latency_bound_streams_tail_only_halfway():
     after its last admission (`drain_tail=always`, the rule before), the last requests drafted for the slowest
     one and waited: TPOT p50 1.128 x the best fixed depth's. Balanced (the default), their tokens are valued at
     the mean of the drain's weight and 1: the TPOT p50 falls, the run ends no more than 1 % later. c198 of the
-    same draw, a queue that kept the batch full until its last admission (throughput-bound), drains as before.
-    With `stream_value=tokens`, the rule these cells were found under (with slot_time, the default since, c163's
-    TPOT p50 falls 3.9 % instead of 8.6 %, from a lower start: 6.90 ms drained against 7.31, 6.63 balanced against
-    6.68; the weights before the tail already value the slow rows' tokens)."""
+    same draw, a queue that kept the batch full until its last admission (throughput-bound), drains as before."""
     runs = {}
     for name, cell in (("c163", _C163), ("c198", _C198)):
         for tail in ("always", "balanced"):
-            res, _ = _run("experiment=robustness", "pol=goodput", "~cell", cell, f"policies.goodput.drain_tail={tail}",
-                          "policies.goodput.stream_value=tokens")
+            res, _ = _run("experiment=robustness", "pol=goodput", "~cell", cell,
+                          f"policies.goodput.draining.tail={tail}")
             tpot = np.median([r[8] for r in res.requests])
             runs[name, tail] = (tpot, max(r[5] for r in res.requests), [s[4] for s in res.steps])
-    assert runs["c163", "balanced"][0] < 0.95 * runs["c163", "always"][0]
+    assert runs["c163", "balanced"][0] < 0.97 * runs["c163", "always"][0]
     assert runs["c163", "balanced"][1] <= 1.01 * runs["c163", "always"][1]
     assert runs["c198", "balanced"] == runs["c198", "always"]
 
@@ -443,22 +427,18 @@ def test_paired_position_factor_is_free_of_the_winners_curse():
 def test_goodput_drafts_the_second_position_where_it_pays_at_a_low_flat_acceptance():
     """experiments/pareto's h100_sxm, iid a = 0.5, batch 4 (fixed depth 2 beats 1): the factor of the second
     position used to settle low on early tokens, and goodput drafted almost only depth 1 for the rest of the run
-    (0.978 of fixed 2 then). Each correction alone beats the plain ratio: the optimistic factor (raised where it
-    rests on few tokens) and the paired one (measured against the first position on the same row-steps, free of
-    the estimate's winner's curse); goodput, with both, keeps within 1 % of fixed 2."""
+    (0.978 of fixed 2 then). With the optimistic factor (raised where it rests on few tokens) and the paired one
+    (measured against the first position on the same row-steps, free of the estimate's winner's curse) goodput
+    keeps within 1 % of fixed 2."""
     cell = ["hardware=h100_sxm", "model=llama3_8b", "acceptance=iid", "acceptance.alpha=0.5",
             "workload=poisson", "workload.rate=1e9", "workload.num_requests=96", "workload.max_concurrency=4",
             "engine.max_batch_size=4", "workload.prompt_len={dist:uniform,low:256,high:768}",
             "workload.output_len={dist:uniform,low:64,high:192}"]
     rate = {}
-    plain = ["policy=goodput", "policy.position_optimism=0", "policy.position_paired=false"]
-    for name, pol in (("fixed2", ["policy=fixed", "policy.depth=2"]), ("plain", plain),
-                      ("optimistic", ["policy=goodput", "policy.position_paired=false"]),
-                      ("paired", ["policy=goodput", "policy.position_optimism=0"]), ("goodput", ["policy=goodput"])):
+    for name, pol in (("fixed2", ["policy=fixed", "policy.depth=2"]), ("goodput", ["policy=goodput"])):
         res, _ = _run(*cell, *pol)
         rate[name] = sum(r[2] for r in res.requests) / max(r[5] for r in res.requests)
     assert rate["goodput"] >= 0.99 * rate["fixed2"]
-    assert rate["optimistic"] > rate["plain"] and rate["paired"] > rate["plain"]
 
 
 # ---- the calibration helper ---------------------------------------------------------------------------
@@ -1474,17 +1454,17 @@ def test_goodput_drain_makespan_stops_drafting_where_the_slowest_row_makes_draft
     """8 requests x 16 tokens at a = 0.3 on b200 / llama3_8b with 1 ms a step and 0.5 ms a draft position the cost
     model misses: goodput told the true level and cost drafts one token a row every step, for 2 % more tokens a
     second, but the run ends with its slowest row, later than without drafts (experiments/robustness/warm_start.py).
-    With drain_makespan it stops once a batch of drafts is verified, and loses less to none."""
+    Its makespan gate stops drafting once a batch of drafts is verified (at most half a draft a row a step), and
+    it keeps within 4 % of none (3.3 % below it on seed 4 when this test was written)."""
     from sdtest import run_sim
     over = ("engine.progress=false", "hardware=b200", "model=llama3_8b", "acceptance=iid", "acceptance.alpha=0.3",
             "workload=closed", "workload.batch_size=8", "workload.output_len=16", "workload.prompt_len=512",
             "backend.step_overhead_s=0.001", "backend.position_overhead_s=0.0005", "engine.acceptance_prior=0.3",
             f"seed={seed}")
     none = run_sim(tmp_path / "none", *over, "policy=fixed", "policy.depth=0")["throughput_tok_s"]
-    off, on = (run_sim(tmp_path / str(m), *over, "policy=goodput", "policy.cost=clock", f"policy.drain_makespan={m}")
-               for m in (False, True))
-    assert off["draft_tokens"] >= 8 * 8 and on["draft_tokens"] <= off["draft_tokens"] / 2
-    assert on["throughput_tok_s"] >= off["throughput_tok_s"] + 0.01 * none
+    on = run_sim(tmp_path / "goodput", *over, "policy=goodput", "policy.cost=clock")
+    assert on["draft_tokens"] <= 8 * 8 / 2
+    assert on["throughput_tok_s"] >= 0.96 * none
 
 
 def test_warm_start_variant_runs_beside_a_full_runs_table(tmp_path, capsys):

@@ -4,7 +4,7 @@ prompts and 128-token outputs), every variant once per repetition and batch size
 of the machine hits them all. Run it pinned on a quiet machine:
 
     OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python experiments/real_pareto/interleaved.py --batch 2,4 --reps 2 \
-        none goodput goodput:policies.goodput.row_calibration=0
+        none goodput goodput:policies.goodput.estimate.row_calibration=0
     ... --gc-freeze none goodput confidence      # gc.collect(); gc.freeze() before each run
 
 A variant is `pol[:override[:override...]]` (overrides of the real_pareto config). Prints, per batch and

@@ -166,7 +166,7 @@ def main(argv=None):
     ap.add_argument("--replicate", type=int, default=0,
                     help="R > 0: every cell with a seed derived from its own and R (replicates.py)")
     ap.add_argument("--max-tokens", type=int, default=None, help="only cells with at most this many output tokens")
-    ap.add_argument("overrides", nargs="*", help="config overrides for every run (e.g. policy.cost_memory=100)")
+    ap.add_argument("overrides", nargs="*", help="config overrides for every run (e.g. policy.calibration.memory=100)")
     a = ap.parse_args(argv)
     only = {k: set(v.split(",")) for k, v in (o.split("=", 1) for o in a.only)}
     t0 = time.perf_counter()

@@ -207,7 +207,7 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
     sum, and the draft runs (and a padded verify opens) as many positions as the deepest row gets.
     `spread` (with `remaining`): the batch ends with the last of its rows, not the slowest row's mean: row i's steps
     are about normal, mean r_i / e_i(k) and variance r_i v_i(k) / e_i(k)^3 (v: the variance of its tokens a step,
-    from the survivals), and the run takes their expected maximum (`expected_max`), as goodput's `drain_makespan`.
+    from the survivals), and the run takes their expected maximum (`expected_max`), as goodput's makespan gate.
     Returns (k, predicted goodput)."""
     ks = np.arange(kmax + 1)
     e = expected_tokens(acceptance, ks, factors, trials)   # [k, row] expected tokens per step

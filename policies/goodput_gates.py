@@ -1,0 +1,149 @@
+"""goodput's search and the gates on its plan: catch-up, the drain's makespan, the probe; and the extension while
+drafting."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .kit import (best_prefix, catch_up_rows, expected_max, keep_by_margin, may_probe, plan_by_position,
+                  plan_pays_catch_up, thin_evidence)
+
+MAY_END = 0.1   # the makespan gate judges a batch only where every row's chance to end the run is this or more
+
+
+def plan_positions(S, costs, G0, remaining, w):
+    """`kit.plan_by_position` on slot survivals S, weighted by `w` where given; ties toward the rows with more
+    tokens left, so no row falls behind the batch. Returns (depths, goodput)."""
+    if w is None:
+        return plan_by_position(S, costs, G0, tie=remaining)
+    return plan_by_position(S * w[:, None], costs, G0, tie=remaining, nested=True, base=float(w.sum()))
+
+
+def plan_global(S, costs, w):
+    """ranking=global (vLLM DSpark / SmartSpec as described): every slot ranked by survival, the best prefix by
+    goodput."""
+    base = float(S.shape[0]) if w is None else float(w.sum())
+    S = S if w is None else S * w[:, None]
+    n = S.shape[0]
+    rows, cols = np.nonzero(S > 0)
+    surv = S[rows, cols]
+    order = np.lexsort((cols, -surv))
+    m, g = best_prefix(n, rows[order], cols[order], surv[order], costs, base)
+    return np.bincount(rows[order[:m]], minlength=n).astype(np.int64), g
+
+
+def plan_value(S, depths, w) -> float:
+    """The plan's expected tokens as its goodput G counts them: one a row (`w`'s where given) plus the planned
+    slots' survivals, weighted alike; E / G is the plan's predicted seconds."""
+    Sw = S if w is None else S * w[:, None]
+    return (float(S.shape[0]) if w is None else float(w.sum())) + float(
+        (Sw * (np.arange(S.shape[1])[None, :] < depths[:, None])).sum())
+
+
+def catch_up(view, depths, S, costs, G, weights, evidence, calibration_prior, args):
+    """Rows whose draft lags (view.draft_lag > 2) resume only where the plan's gain over the steps it is expected
+    to go on pays for their catch-up (`kit.plan_pays_catch_up`; draining, till the run ends); else no lagging row
+    drafts and the others are planned again without them. On thin evidence only the rows whose catch-up costs at
+    most one idle step resume (`kit.catch_up_rows`). `args`: (cost, padded) to price it. Returns (depths, G)."""
+    lag = view.draft_lag
+    late = (depths > 0) & (lag > 2)
+    if not late.any():
+        return depths, G
+    w = weights.w
+    base = float(view.batch_size) if w is None else float(w.sum())
+    if not plan_pays_catch_up(view, depths, late, S, G, base, costs, weights.drained, *args):
+        drop = lag > 2   # every lagging row, not only the plan's: the replan would pick others
+    elif thin_evidence(evidence.verified, calibration_prior, view.batch_size):
+        drop = (lag > 2) & ~catch_up_rows(view, late, float(costs.verify[0]), *args)
+    else:
+        return depths, G
+    S = S.copy()
+    S[drop] = 0.0
+    return plan_positions(S, costs, G, view.remaining, w)
+
+
+def ends_later(depths, S, costs, G, weights, remaining, closed, judged) -> bool:
+    """The makespan gate: in a closed batch's drain, a plan that drafts every row, kept to the run's end, is
+    expected to end the run later than no drafts. Judged only once `judged` (as many drafts as rows verified) and
+    where every row may end the run (`weights.p_min` >= MAY_END). Row i's steps are about normal, mean r_i / e_i
+    and variance r_i v_i / e_i^3 (e_i, v_i: its tokens a step's mean and variance), and the run ends at their
+    expected maximum (`kit.expected_max`); a step's fixed share f of its time follows the run's end, the rest the
+    rows' mean steps, for the plan (its predicted seconds: its value / G) and for no drafts alike."""
+    n = depths.size
+    if not (closed and weights.drained and n > 1 and depths.all() and weights.p_min >= MAY_END and judged):
+        return False
+    K = S.shape[1]
+    j = np.arange(K)
+    Sd = np.where(j[None, :] < depths[:, None], S, 0.0)
+    L = Sd.sum(axis=1)                                   # accepted drafts a step: P(L > j) = S[:, j]
+    e = 1.0 + L
+    v = np.maximum((Sd * (2.0 * j + 1.0)[None, :]).sum(axis=1) - L * L, 0.0)
+    r = remaining.astype(np.float64)
+    mu = r / e
+    f = weights.fixed
+    steps = f * expected_max(mu, np.sqrt(r * v / e ** 3)) + (1.0 - f) * float(mu.mean())
+    t_plan = plan_value(S, depths, weights.w) / G if G > 0 else math.inf
+    return steps * t_plan > (f * float(r.max()) + (1.0 - f) * float(r.mean())) * float(costs.verify[0])
+
+
+def probe_rows(view, rows, evidence, calibration_prior):
+    """Which rows a probe may draft, or None: every row while the run has probed fewer than PROBE_ROUNDS steps
+    (`kit.may_probe`); past that, on thin evidence, the rows no draft of which was verified yet, once they are at
+    least a quarter of the batch (and two rows, unless the batch is one): a stream's later requests."""
+    n = view.batch_size
+    if may_probe(evidence.probes, evidence.verified, calibration_prior, n):
+        return np.ones(n, bool)
+    if not thin_evidence(evidence.verified, calibration_prior, n):
+        return None
+    fresh = rows.verified == 0
+    k = int(fresh.sum())
+    return fresh if k and k >= max(min(2, n), n / 4) else None
+
+
+def probe(view, S, costs, G, w, rowcap, rows, evidence, z, catch_up_args):
+    """No row drafts on thin evidence: would a draft pay at a calibration `z` standard errors higher (binomial
+    relative error sqrt((1 - A / V) / A), A of V verified drafts accepted, the prior's included)? Then every row of
+    `rows` the optimistic plan (weighted by `w`) drafts gets one token (lagging rows: one idle step's worth; `catch_up_args` None:
+    no catch-up)."""
+    A, V = evidence.evidence()
+    up = 1.0 + z * math.sqrt(max(1.0 - A / V, 0.0) / max(A, 1e-9))
+    hi = np.minimum(S * up ** np.arange(1, S.shape[1] + 1), 0.999)   # slot j: j draft tokens' survival
+    hi[np.arange(S.shape[1])[None, :] >= rowcap[:, None]] = 0.0
+    depths, _ = plan_positions(hi, costs, G, view.remaining, w)
+    depths[~rows] = 0   # whether it pays is the batch's question; the rows to learn from, `rows`
+    late = (depths > 0) & (view.draft_lag > 2)
+    if catch_up_args is not None and late.any():
+        ok = catch_up_rows(view, late, float(costs.verify[0]), *catch_up_args)
+        depths[late & ~ok] = 0
+    return np.minimum(depths, 1)
+
+
+class Drafting:
+    """While drafting (`keep_drafting`): each row's survival so far (its calibrated confidences' product, `s`); a
+    row drafts its next planned position while that token, worth s x a x the position's factor (x its weight), beats
+    G times its marginal time (`kit.keep_by_margin`). Past the plan (`extend`), each position must raise the step's
+    goodput with the positions added so far (`ratio`: [E, T], the plan's value and seconds, grown in place)."""
+
+    def __init__(self, n, a, cal, w, costs, G, planned=None, ratio=None):
+        self.s = np.ones(n)
+        self.a, self.cal, self.w, self.costs, self.G = a, cal, w, costs, G
+        self.planned, self.ratio = planned, ratio
+
+    def keep(self, view, position, drafting, confidence, positions) -> np.ndarray:
+        self.s = self.s * np.minimum(np.where(drafting, confidence, 0.0) * self.cal, 1.0)
+        idx = np.flatnonzero(drafting & (view.depths > position + 1))
+        if idx.size == 0:
+            return np.zeros(view.batch_size, bool)
+        f = float(positions.factor(position + 2)[-1])
+        if idx.size == 1:   # one row left to decide (batch 1, a drained tail): the same arithmetic, in floats
+            i = int(idx[0])
+            v = float(self.s[i]) * min(float(self.a[i]) * f, 0.999)
+            if self.w is not None:
+                v = v * float(self.w[i])
+        else:
+            v = self.s[idx] * np.minimum(self.a[idx] * f, 0.999)
+            if self.w is not None:
+                v = v * self.w[idx]
+        past = self.ratio is not None and bool((self.planned[idx] <= position + 1).all())
+        return keep_by_margin(view, position, idx, v, self.costs, self.G, self.ratio if past else None)
