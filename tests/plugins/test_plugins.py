@@ -157,3 +157,14 @@ def test_the_commands_of_docs_plugins_run(tmp_path):
                 f"hydra.run.dir={tmp_path / str(i)}", cwd=ROOT, env_extra={"PYTHONPATH": str(HERE)})
         assert p.returncode == 0, p.stderr[-2000:]
         assert (tmp_path / str(i) / "summary.json").is_file()
+
+
+def test_builtin_plugins_are_called_directly():
+    """specdepth's own executor and acceptance model run unwrapped (their hot paths pay no checks); a foreign
+    one runs through its checked adapter."""
+    from specdepth.acceptance import IID
+    from specdepth.sim import SimExecutor
+    engine = build(cfg("policy=fixed", "acceptance=iid", *SMALL))["engine"]
+    assert type(engine.executor) is SimExecutor and type(engine.executor.outcomes.model) is IID
+    engine = build(cfg("policy=fixed", *acceptance("Positional"), *backend("ToyExecutor"), *SMALL))["engine"]
+    assert type(engine.executor).__name__ == "_Executor" and engine.executor.name == "toy"
