@@ -106,6 +106,26 @@ class RaisesIn(Policy):
         self._maybe("observe")
 
 
+class WritesInto(Policy):
+    """Writes into the array a hook is handed (`hook`: keep_drafting's confidence or observe's accepted), as a
+    policy that uses its argument as scratch space would."""
+
+    def __init__(self, hook: str = "observe"):
+        self.hook = hook
+
+    def plan(self, view):
+        return np.full(view.batch_size, 2, dtype=np.int64)
+
+    def keep_drafting(self, view, position, confidence):
+        if self.hook == "keep_drafting":
+            confidence[:] = 1.0
+        return ~np.isnan(confidence)
+
+    def observe(self, view, accepted):
+        if self.hook == "observe":
+            accepted[:] = 0
+
+
 class InterruptedInCallback(Policy):
     """Ctrl-C as it lands while numba compiles a kernel: inside a ctypes callback, where Python cannot raise it
     (it prints "Exception ignored ..." and goes on), then the compiled code fails on what the callback left

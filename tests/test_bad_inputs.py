@@ -537,7 +537,7 @@ def _check_write_failure(p, sweep, why):
     assert "Traceback" not in p.stdout + p.stderr and "Logging error" not in p.stderr, p.stderr[-3000:]
     fails = [json.loads(x) for x in (sweep / "failures.jsonl").read_text().splitlines()]
     assert len(fails) == 1 and why in fails[0]["error"] and "steps.csv" in fails[0]["error"], fails
-    failed = Path(fails[0]["run_dir"])
+    failed = sweep / Path(fails[0]["run_dir"]).name
     assert not [f for f in failed.iterdir() if f.suffix in (".csv", ".json", ".jsonl") or f.name == "config.yaml"]
     assert len(list(sweep.rglob("summary.json"))) == 1   # the small run finished
 
@@ -567,12 +567,11 @@ def test_a_disk_that_fills_during_a_sweep(tmp_path):
     if unshare is None or subprocess.run([unshare, "-rm", "true"], capture_output=True).returncode != 0:
         pytest.skip("no user namespace to mount a small tmpfs in")
     (tmp_path / "disk").mkdir()
-    script = (f"mount -t tmpfs -o size=1m tmpfs {tmp_path / 'disk'} && cd {tmp_path / 'disk'} && exec {CLI} "
+    script = (f"mount -t tmpfs -o size=1m tmpfs {tmp_path / 'disk'} && cd {tmp_path / 'disk'} && {CLI} "
               f"--multirun policy=none workload.batch_size=1 workload.output_len=16,10000 engine.progress=false "
-              f"hydra.sweep.dir=sw; echo rc=$? >&2")
-    p = subprocess.run([unshare, "-rm", "sh", "-c", script + f"; cp -r sw {tmp_path}/sw"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=300, env=dict(os.environ, HYDRA_FULL_ERROR="0"))
-    p.returncode = 1 if "rc=1" in p.stderr or p.returncode == 1 else p.returncode
+              f"hydra.sweep.dir=sw; rc=$?; cp -r sw {tmp_path}/sw; exit $rc")
+    p = subprocess.run([unshare, "-rm", "sh", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, HYDRA_FULL_ERROR="0"))
     _check_write_failure(p, tmp_path / "sw", "No space left on device")
 
 
