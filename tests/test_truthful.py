@@ -169,7 +169,8 @@ def test_every_result_file_of_a_table_run_reads_back_as_numbers(tmp_path):
     s = json.loads((d / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
     for k, v in s.items():
         assert not isinstance(v, str) or k in {"policy", "backend", "model", "hardware", "cost", "acceptance",
-                                               "workload", "cost_model", "token_budget_source"}, (k, v)
+                                               "workload", "cost_model", "token_budget_source", "clock_profile",
+                                               "clock_model", "acceptance_model", "batch_limited_by"}, (k, v)
     tr = pd.read_json(d / "acceptance_trace.jsonl", lines=True)
     assert pd.api.types.is_integer_dtype(tr["request_id"])
     assert all(isinstance(x, float) for row in tr["confidence"] for x in row)
