@@ -40,20 +40,16 @@ class Goodput(Policy):
     """Goodput maximiser: per step, the (sequence, position) draft slots that maximise expected emitted tokens /
     predicted step time; while drafting, a row goes on only while its next token is worth its marginal time.
 
-    Phases (`plan`): estimate (each row's acceptance a_i from its drafts' calibrated confidences, `estimator=
-    confidence`, or its counts, shrunk toward the batch's; slot j survives with a_i^j x the position's factor) ->
-    price (the cost model's step-time tables, calibrated online from the measured step costs: `cost`) -> weigh (what
-    a row's token is worth: draining, the seconds it saves as the run ends with its last row; while requests may
-    join, the slot time it frees) -> plan (position by position, the best-ranked rows whose value beats G x the
-    draft forward and verify growth, G by Dinkelbach iteration; `ranking=global`: one ranking of all slots) ->
-    gate (lagging rows resume only where the gain pays for the draft's catch-up; a closed batch's drain drops a
-    plan expected to end the run later than no drafts; on thin evidence, a probe of one token per row) -> extend
-    (rows may draft up to `extend` positions past the plan while each raises the step's goodput).
-    Budget: the calibrated cost model (verify padding, fixed costs, the policy's own time) prices every slot.
-    Parameters: `max_depth`, `estimator`, `ranking`, `cost` (calibrated / model / clock: the simulator's true
-    cost), `drain`, `use_confidence`, `extend`, `probe` (standard errors; 0 = off), `idle_replan`, `policy_time`,
-    `catch_up`; nodes `estimate` (ESTIMATE), `calibration` (CALIBRATION: the cost fit's memory, draft_clip,
-    draft_fixed) and `draining` (DRAINING: a stream's `tail` always / balanced / never, `after` quiet steps)."""
+    `plan`'s phases: estimate (each row's acceptance from its drafts' calibrated confidences or its counts, shrunk
+    toward the batch's; slot j survives with a^j x the position's factor) -> price (step-time tables from the cost
+    model, calibrated online: `cost`) -> weigh (a row's token is worth the seconds it saves while draining, the slot
+    time it frees while requests may join) -> search (position by position, the rows whose value beats G x the
+    draft forward and verify growth, G by Dinkelbach; `ranking=global`: one ranking of all slots) -> gate (catch-up,
+    a closed batch's makespan, a probe on thin evidence) -> extend (up to `extend` positions past the plan while
+    each raises the step's goodput). Budget: the calibrated cost model prices every slot.
+    Parameters: `max_depth`, `estimator`, `ranking`, `cost` (calibrated / model / clock: the simulator's true cost),
+    `drain`, `use_confidence`, `extend`, `probe`, `idle_replan`, `policy_time`, `catch_up`; nodes `estimate`,
+    `calibration` and `draining` (ESTIMATE, CALIBRATION, DRAINING; conf/policy/goodput.yaml says each key)."""
 
     name = "goodput"
     depth_param = "max_depth"
@@ -62,18 +58,7 @@ class Goodput(Policy):
                  cost: str = "calibrated", drain: bool = True, use_confidence: bool = True, extend: int = 16,
                  probe: float = 2.0, idle_replan: int = 64, policy_time: bool = True, catch_up: bool = True,
                  estimate=None, calibration=None, draining=None):
-        self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
-        self.estimator = as_choice(estimator, "policy.estimator", {"counts", "confidence"})
-        self.ranking = as_choice(ranking, "policy.ranking", {"position", "global"})
-        self.cost = as_choice(cost, "policy.cost", {"model", "calibrated", "clock"})
-        self.drain = as_bool(drain, "policy.drain")
-        self.use_confidence = bool(use_confidence)
-        self.extend = as_int(extend, "policy.extend", min=0)
-        self.probe = as_float(probe, "policy.probe", min=0)
-        self.idle_replan = as_int(idle_replan, "policy.idle_replan", min=0)
-        self.policy_time = as_bool(policy_time, "policy.policy_time")
-        self.catch_up = as_bool(catch_up, "policy.catch_up")
-        self.est, self.cal, self.draining = _nodes(estimate, calibration, draining)
+        vars(self).update(_options(**{k: v for k, v in locals().items() if k != "self"}))
         self.reset()
 
     @property
@@ -83,16 +68,14 @@ class Goodput(Policy):
     def reset(self):
         e, c = self.est, self.cal
         self._seq = PerRequest(accepted=0.0, rejected=0.0, conf_sum=0.0, drafted=0.0, verified_conf=0.0, verified=0.0)
-        self._pool = Evidence(e.position_prior, e.position_optimism, True, accepted=None, rejected=None,
-                              conf_sum=None, cal_accepted=0.0, cal_conf=0.0, cal_tokens=e.calibration_prior,
-                              mixture=True)
+        self._pool = Evidence(e.position_prior, e.position_optimism, True, None, None, None, 10.0, 0.0, 0.0,
+                              e.calibration_prior, mixture=True)   # the rate from view.acceptance_prior (`start`)
         self._costs = StepCost(pad_context=True)
         self._calib = CostCalibration(memory=c.memory, draft_clip=c.draft_clip, draft_fixed=c.draft_fixed)
         self._stream, self._row_cost = Stream(), RowCost()
         self._idle, self._ptime, self._pad = IdleReplan(self.idle_replan), PolicyTime(), CatchUpPadding()
         self._step = Step(G0=0.0)
 
-    # ---- hooks ------------------------------------------------------------------------------------
     def plan(self, view):
         self._pool.start(view.acceptance_prior)
         n = view.batch_size
@@ -133,7 +116,6 @@ class Goodput(Policy):
             rows = self._seq.align(view.request_ids)
             self._pool.observe(view, accepted, rows, self._step.est.a, self.est.pool_memory)
 
-    # ---- phases -----------------------------------------------------------------------------------
     def _estimate(self, view, K) -> SimpleNamespace:
         """Each row's calibration and acceptance estimate, and its slots' survivals (S0; S: 0 past its end)."""
         rows = self._seq.align(view.request_ids)
@@ -157,16 +139,17 @@ class Goodput(Policy):
 
     def _weigh(self, view, r) -> SimpleNamespace:
         """What each row's token is worth this step (`goodput_weights.drain_weights`)."""
-        def time_args():
-            cost = view.true_cost if self.cost == "clock" else view.cost
-            c1 = self._row_cost(cost, view.context_lens)
-            c1 *= self._calib.verify_scale() if self.cost == "calibrated" else 1.0
-            drafted = self._seq.align(view.request_ids).drafted
-            return (r.est.a, self._pool.dbar, drafted, self.est.prior_strength, view.remaining, c1,
-                    float(r.costs.verify[0]))
         d = self.draining
         return drain_weights(view, self._stream, d.tail, d.after, self.drain, r.est.S, r.est.S0, self._pool.dbar,
-                             time_args)
+                             lambda: self._time_args(view, r))
+
+    def _time_args(self, view, r) -> tuple:
+        """`goodput_weights.time_weights`' arguments past S: c1, one more row's verify seconds, calibrated."""
+        cost = view.true_cost if self.cost == "clock" else view.cost
+        c1 = self._row_cost(cost, view.context_lens)
+        c1 *= self._calib.verify_scale() if self.cost == "calibrated" else 1.0
+        return (r.est.a, self._pool.dbar, self._seq.align(view.request_ids).drafted, self.est.prior_strength,
+                view.remaining, c1, float(r.costs.verify[0]))
 
     def _search(self, view, r):
         """The plan and its goodput, from the last plan's (Dinkelbach)."""
@@ -180,16 +163,16 @@ class Goodput(Policy):
         depths, G = r.planned, r.G_plan
         if self.catch_up and depths.any():
             depths, G = gates.catch_up(view, depths, S, costs, G, r.weights, self._pool, self.est.calibration_prior,
-                                       self._catch_up_args(view))
+                                       gates.catch_up_pricing(view, self.cost, self._pad, self._calib))
         judged = self._pool.verified >= self.est.calibration_prior + n
         if gates.ends_later(depths, S, costs, G, r.weights, view.remaining, self._stream.closed, judged):
             return np.zeros(n, np.int64), float(n if w is None else w.sum()) / float(costs.verify[0]), False
         if not depths.any() and self.probe:
             rows = gates.probe_rows(view, self._seq.align(view.request_ids), self._pool, self.est.calibration_prior)
             if rows is not None:
-                depths = gates.probe(view, S, costs, G, w, r.est.rowcap, rows, self._pool, self.probe,
-                                     self._catch_up_args(view) if self.catch_up else None)
-                self._pool.probes += int(depths.any())
+                pricing = gates.catch_up_pricing(view, self.cost, self._pad, self._calib) if self.catch_up else None
+                depths = gates.probe(view, S, costs, G, w, r.est.rowcap, rows, self._pool, self.probe, pricing)
+                self._pool.probed(bool(depths.any()))
                 return depths, G, True
         return depths, G, False
 
@@ -198,22 +181,26 @@ class Goodput(Policy):
         if not self.use_confidence:
             return None, r.depths
         w, depths, G = r.weights.w, r.depths, r.G
-        if r.probed or not self.extend or G <= 0:
-            ratio = None
-        else:
-            E = gates.plan_value(r.est.S, depths, w)
-            ratio = [E, E / G]
+        ratio = None if r.probed or not self.extend or G <= 0 else gates.ratio(r.est.S, depths, w, G)
         drafting = gates.Drafting(view.batch_size, r.est.a, r.est.cal, w, r.costs, G, depths, ratio)
         if r.probed:
             return drafting, depths
         return drafting, np.where(depths > 0, np.minimum(depths + self.extend, r.est.rowcap), 0)
 
-    def _catch_up_args(self, view):
-        """(cost, padded) that a catch-up is priced with: the clock's true cost (cost=clock), else view.cost, padded
-        as an earlier catch-up showed (`CatchUpPadding`), else where the calibration found a padded verify."""
-        if self.cost == "clock":
-            return view.true_cost, False
-        return view.cost, self._pad.verdict(self.cost == "calibrated" and bool(self._calib.pad))
+
+def _options(max_depth, estimator, ranking, cost, drain, use_confidence, extend, probe, idle_replan, policy_time,
+             catch_up, estimate, calibration, draining) -> dict:
+    """Goodput's parameters, validated: the top-level ones and the `estimate`, `calibration`, `draining` nodes."""
+    top = dict(max_depth=as_int(max_depth, "policy.max_depth", min=0),
+               estimator=as_choice(estimator, "policy.estimator", {"counts", "confidence"}),
+               ranking=as_choice(ranking, "policy.ranking", {"position", "global"}),
+               cost=as_choice(cost, "policy.cost", {"model", "calibrated", "clock"}),
+               drain=as_bool(drain, "policy.drain"), use_confidence=bool(use_confidence),
+               extend=as_int(extend, "policy.extend", min=0), probe=as_float(probe, "policy.probe", min=0),
+               idle_replan=as_int(idle_replan, "policy.idle_replan", min=0),
+               policy_time=as_bool(policy_time, "policy.policy_time"), catch_up=as_bool(catch_up, "policy.catch_up"))
+    top["est"], top["cal"], top["draining"] = _nodes(estimate, calibration, draining)
+    return top
 
 
 def _nodes(estimate, calibration, draining):

@@ -35,6 +35,10 @@ class Evidence:
         self.probes = 0
         self.dbar = None
 
+    def probed(self, drafted: bool) -> None:
+        """Count a probe step (one that drafted)."""
+        self.probes += int(drafted)
+
     def start(self, rate: float) -> None:
         """The rate's prior, where the sums start from it: `rate` worth `drafted` tokens."""
         if self.accepted is None:

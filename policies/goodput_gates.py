@@ -41,6 +41,20 @@ def plan_value(S, depths, w) -> float:
         (Sw * (np.arange(S.shape[1])[None, :] < depths[:, None])).sum())
 
 
+def ratio(S, depths, w, G) -> list:
+    """[E, T]: the plan's value (`plan_value`) and predicted seconds (E / G), for the extension's bar."""
+    E = plan_value(S, depths, w)
+    return [E, E / G]
+
+
+def catch_up_pricing(view, cost: str, pad, calib):
+    """(cost, padded) that a catch-up is priced with: the clock's true cost (cost=clock), else view.cost, padded as
+    an earlier catch-up showed (`kit.CatchUpPadding`), else where the calibration found a padded verify."""
+    if cost == "clock":
+        return view.true_cost, False
+    return view.cost, pad.verdict(cost == "calibrated" and bool(calib.pad))
+
+
 def catch_up(view, depths, S, costs, G, weights, evidence, calibration_prior, args):
     """Rows whose draft lags (view.draft_lag > 2) resume only where the plan's gain over the steps it is expected
     to go on pays for their catch-up (`kit.plan_pays_catch_up`; draining, till the run ends); else no lagging row
@@ -104,8 +118,8 @@ def probe_rows(view, rows, evidence, calibration_prior):
 def probe(view, S, costs, G, w, rowcap, rows, evidence, z, catch_up_args):
     """No row drafts on thin evidence: would a draft pay at a calibration `z` standard errors higher (binomial
     relative error sqrt((1 - A / V) / A), A of V verified drafts accepted, the prior's included)? Then every row of
-    `rows` the optimistic plan (weighted by `w`) drafts gets one token (lagging rows: one idle step's worth; `catch_up_args` None:
-    no catch-up)."""
+    `rows` the optimistic plan (weighted by `w`) drafts gets one token (lagging rows: one idle step's worth;
+    `catch_up_args` None: no catch-up)."""
     A, V = evidence.evidence()
     up = 1.0 + z * math.sqrt(max(1.0 - A / V, 0.0) / max(A, 1e-9))
     hi = np.minimum(S * up ** np.arange(1, S.shape[1] + 1), 0.999)   # slot j: j draft tokens' survival
