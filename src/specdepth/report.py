@@ -84,7 +84,7 @@ def _read_summary(path: Path) -> tuple[dict | None, str | None]:
         return None, f"{type(e).__name__}: {e}"
     if not isinstance(row, dict):
         return None, "not a JSON object"
-    lacks = [k for k in NEEDED if k not in row]
+    lacks = [k for k in NEEDED if k not in row or (row[k] is None and k != "throughput_tok_s")]
     if lacks:
         return None, f"lacks {', '.join(map(repr, lacks))} (not a specdepth summary.json)"
     return row, None
