@@ -243,6 +243,10 @@ ROWS += [
     ("4", "+experimnt=main", "experimnt: unknown top-level key (did you mean experiment?)"),
     ("4", "engine.max_dept=3", "engine.max_dept: unknown key (did you mean engine.max_depth?)"),
     ("4", "seed=abc", "seed must be an integer, got 'abc'"),
+    ("4", "resume=maybe", "resume must be true or false"),
+    ("4", "engine.record_trace=maybe", "engine.record_trace must be true or false"),
+    ("4", "engine.charge_policy_time=2", "engine.charge_policy_time must be true or false"),
+    ("4", "acceptance=decay +acceptance.start=2", "acceptance.start: unknown key"),
     ("3", "model=tiny_pair " + TABLE % "csv_no_draft.csv", "csv_no_draft.csv has no draft rows"),
     ("3", TABLE % "csv_draft_short.csv", "csv_draft_short.csv: the draft rows stop at batch 1"),
     ("3", TABLE % "csv_inf.csv", "csv_inf.csv:2: batch and query must be >= 1, context >= 0, seconds > 0 and finite"),
@@ -496,6 +500,15 @@ def test_summary_says_what_ran(tmp_path):
     assert s["hardware"] == "cpu" and s["cost_model"] == "roofline(h100_sxm)"
     assert any("every time of this run comes from" in w for w in s["warnings"])
     assert s["batch_limited_by"] is None and s["batch_limit"] is None
+
+
+def test_sampling_asked_of_the_simulator_is_a_warning(tmp_path):
+    """decode.* changes nothing on the simulator (it decodes nothing): the run says so instead of looking sampled."""
+    code, out = _main(["decode.temperature=0.7", "workload.output_len=4", "engine.progress=false",
+                       f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert code == 0, out[-2000:]
+    assert any("decode.temperature=0.7: backend=sim decodes nothing" in w
+               for w in _summary_of(tmp_path / "run")["warnings"])
 
 
 def test_a_warning_is_printed_once_per_sweep(tmp_path):

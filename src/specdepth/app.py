@@ -39,7 +39,7 @@ from .results import timing_mode
 from ._resolvers import run_identity
 from .capacity import Capacity, Parallel
 from .engine import REQUEST_COLUMNS, STEP_COLUMNS, Engine
-from .errors import ConfigError, PolicyError, SpecdepthError, as_int
+from .errors import ConfigError, PolicyError, SpecdepthError, as_bool, as_int
 from .metrics import summarize
 
 log = logging.getLogger("specdepth")
@@ -148,7 +148,7 @@ def build(cfg: DictConfig) -> dict:
     requests = workload.requests(np.random.default_rng(np.random.SeedSequence([seed, 0x3A7])))
     engine = Engine(policy, executor, cost, engine_cfg, requests, capacity=capacity)
     limited_by, limit, note = checks.batch_limits(workload, engine_cfg, capacity, len(requests))
-    notes = [note] if note else []
+    notes = ([note] if note else []) + checks.unused_decode(cfg.get("decode"), executor)
     return dict(seed=seed, engine=engine, model=model, hardware=hardware, cost=cost, acceptance=acceptance,
                 workload=workload, policy=policy, executor=executor, machine=machine, budget_source=budget_source,
                 warnings=notes, parallel=parallel, capacity=capacity, batch_limit=(limited_by, limit))
@@ -214,8 +214,9 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict:
     resume=true (the default): a run dir that already holds summary.json for the same config is not run
     again; its summary is returned."""
     text = config_yaml(cfg)
+    resume = as_bool(cfg.get("resume", True), "resume")
     with _claim(run_dir):
-        if cfg.get("resume", True):
+        if resume:
             done = finished(run_dir, text)
             if done is not None:
                 log.info("skipping %s: finished earlier with the same config (resume=true)", run_dir)
@@ -560,7 +561,7 @@ def _unknown_key(e: BaseException) -> str | None:
         return None
     key, full = str(getattr(c, "key", "")), str(getattr(c, "full_key", "") or "")
     valid = sorted(str(k) for k in parent.keys())
-    near = difflib.get_close_matches(key, valid, n=1)
+    near = difflib.get_close_matches(key, [k for k in valid if not k.startswith("_")], n=1)
     return (f"{full or key}: unknown key" + (f" (did you mean {full.rsplit('.', 1)[0] + '.' if '.' in full else ''}"
             f"{near[0]}?)" if near else "") + f"; valid keys: {', '.join(valid)}")
 

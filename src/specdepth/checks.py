@@ -275,6 +275,21 @@ def machine_and_budget(executor, cost, hardware, engine_cfg) -> tuple[str | None
     return machine, source
 
 
+def unused_decode(decode, executor) -> list[str]:
+    """A warning when decode.* asks for sampling on the simulator, which decodes nothing (its accept/reject
+    comes from the acceptance model): the run is the same as with greedy decoding."""
+    if decode is None or getattr(executor, "clock", "wall") != "model":
+        return []
+    asked = [f"decode.{k}={decode.get(k)}" for k, plain in (("temperature", 0.0), ("top_p", 1.0))
+             if decode.get(k) is not None and decode.get(k) != plain]
+    if not asked:
+        return []
+    msg = (f"{', '.join(asked)}: backend={executor.name} decodes nothing (accept/reject come from the acceptance "
+           f"model), so decode.* changes nothing here; it applies to backend=hf")
+    log_once(msg)
+    return [msg]
+
+
 # ---- what ran, for summary.json ---------------------------------------------------------------------------
 def what_ran(cfg, parts: dict) -> tuple[dict, list[str]]:
     """(summary.json fields that say what ran without config.yaml, warnings): the tensor-parallel degrees, the

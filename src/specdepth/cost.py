@@ -369,7 +369,8 @@ class TableCost(CostModel):
                                       f"{list(self.COLUMNS)})")
                 seen: dict = {}
                 for lineno, r in enumerate(reader, 2):
-                    if None in r or None in r.values():   # more or fewer cells than the header names
+                    # cells past the header, or a row that stops before its seconds (a file cut off)
+                    if None in r or any(r[c] is None for c in self.COLUMNS):
                         n = sum(v is not None for k, v in r.items() if k is not None) + len(r.get(None) or [])
                         raise ConfigError(f"{p}:{lineno}: {n} cells, the header has {len(reader.fieldnames)} (the "
                                           f"file is cut off or was edited by hand): profile again with "

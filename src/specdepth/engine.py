@@ -56,10 +56,10 @@ class EngineConfig:
         self.acceptance_decay = as_float(acceptance_decay, "engine.acceptance_decay", min=0, max=1)
         self.history = as_int(history, "engine.history", min=1)
         self.budget_tolerance = as_float(budget_tolerance, "engine.budget_tolerance", min=0)
-        self.record_trace = bool(record_trace)
+        self.record_trace = as_bool(record_trace, "engine.record_trace")
         # model clock only: add the policy's own measured time (plan, keep_drafting, observe) to each step,
         # as a real engine pays it; makes simulated times depend on this CPU (off: deterministic)
-        self.charge_policy_time = bool(charge_policy_time)
+        self.charge_policy_time = as_bool(charge_policy_time, "engine.charge_policy_time")
         self.gc_freeze = as_bool(gc_freeze, "engine.gc_freeze")
         if progress not in ("auto", True, False):
             raise ConfigError(f"engine.progress must be auto, true or false, got {progress!r}")
