@@ -364,6 +364,20 @@ def test_bad_input_hf(cls, overrides, culprit, files, tiny_pair, big_vocab_draft
     _assert_refused(code, out, culprit, tmp_path)
 
 
+def test_hf_refusals_come_before_any_model_loads(files, tiny_pair, big_vocab_draft, tmp_path):
+    """What backend=hf refuses from its config (checks.before_loading) is refused before a model loads (once it
+    took the 5-11 s of loading a real pair first): nothing reached the model cache."""
+    pytest.importorskip("transformers")
+    from conftest import hf_overrides
+    from specdepth.hf_runner import MODELS
+    for extra in (["policy=oracle"], [f"model.draft={big_vocab_draft}"], ["parallel.tensor=2"],
+                  [f"model.prompts={files['pr_typo.jsonl']}"], [f"model.tokenizer={files['no_tokenizer']}"]):
+        with MODELS.keep() as cache:
+            code, out = _main(hf_overrides(tiny_pair, *extra, f"hydra.run.dir={tmp_path / 'run'}"), tmp_path)
+            assert code == 2 and "specdepth: error:" in out, out[-2000:]
+            assert not cache._store, f"{extra}: a model loaded before the refusal"
+
+
 def test_table_counts_by_class():
     """The table covers every config group, input file, build-time policy hook and backend (>= 80 rows)."""
     counts = Counter(c for c, _, _ in ROWS + HF_ROWS)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import json
 import logging
 from pathlib import Path
 
@@ -200,7 +201,8 @@ def before_loading(cfg, backend_cls, policy, parallel, model) -> None:
     """Checks a backend that loads models (a wall clock: backend=hf, 5-11 s to load) would make only after
     loading, made first from its class and the config: local model directories that do not exist (each blamed
     on its own key: model.tokenizer defaults to model.target), a tokenizer directory without tokenizer files,
-    an oracle policy on a lossless backend, tensor parallelism, and model.prompts' lines."""
+    a draft vocabulary larger than the target's (their config.json), an oracle policy on a lossless backend,
+    tensor parallelism, and model.prompts' lines."""
     from omegaconf import OmegaConf
 
     from . import inputs
@@ -221,6 +223,17 @@ def before_loading(cfg, backend_cls, policy, parallel, model) -> None:
         key = "model.tokenizer" if own_tokenizer else "model.target"
         raise ConfigError(f"{key}: {tok} has no tokenizer files ({', '.join(_TOKENIZER_FILES[:3])}, ...): set "
                           f"model.tokenizer=<a directory or hub id holding the pair's tokenizer>")
+    vocab = {}
+    for role in ("target", "draft"):
+        f = Path(str(getattr(model, role) or "")).expanduser() / "config.json"
+        try:
+            vocab[role] = int(json.loads(f.read_text())["vocab_size"]) if f.is_file() else None
+        except (ValueError, KeyError, TypeError, OSError):
+            vocab[role] = None
+    if None not in vocab.values() and vocab["draft"] > vocab["target"]:
+        raise BackendError(f"model.draft: its vocabulary has {vocab['draft']} rows, more than model.target's "
+                           f"{vocab['target']} ({model.draft} vs {model.target}); the draft could propose tokens "
+                           f"the target cannot score: use a draft with the target's vocabulary")
     node = cfg.get("backend")
     lossless = (node.get("acceptance", "model") if node is not None else "model") != "simulated"
     if lossless and (policy.requires_oracle or policy.requires_accept_prob or policy.requires_true_cost):
