@@ -479,8 +479,9 @@ def _on_sigint(signum, frame):
 def _exit_interrupted():
     """The interrupt's one line, then exit code 130. After a real Ctrl-C the process ends at once (os._exit,
     after flushing): interrupted in numba's compilation, llvmlite objects left half-built print AttributeErrors
-    from their __del__ when the interpreter tears down (the CI flake of issue 46); no result file is open then,
-    the run dir is already cleaned up (_task) and the log handlers flush every record."""
+    from their __del__ when the interpreter tears down ("'PassBuilder' object has no attribute
+    '_as_parameter_'"); no result file is open then, the run dir is already cleaned up (_task) and the log
+    handlers flush every record."""
     print(_INTERRUPTED, file=sys.stderr, flush=True)
     if _SIGINT[0]:
         for stream in (sys.stdout, sys.stderr):
