@@ -237,7 +237,7 @@ ROWS = [
     ("hydra", "workload=file", "workload.path"),
 ]
 
-# Round three of hardening: what still ran silently, failed with a traceback or said too little
+# silent results, tracebacks and vague errors of the features added since the table above
 ROWS += [
     ("4", "+sede=5", "sede: unknown top-level key (did you mean seed?)"),
     ("4", "+experimnt=main", "experimnt: unknown top-level key (did you mean experiment?)"),
@@ -365,8 +365,8 @@ def test_bad_input_hf(cls, overrides, culprit, files, tiny_pair, big_vocab_draft
 
 
 def test_hf_refusals_come_before_any_model_loads(files, tiny_pair, big_vocab_draft, tmp_path):
-    """What backend=hf refuses from its config (checks.before_loading) is refused before a model loads (once it
-    took the 5-11 s of loading a real pair first): nothing reached the model cache."""
+    """What backend=hf refuses from its config (checks.before_loading) is refused before a model loads (loading a
+    real pair takes seconds): nothing reached the model cache."""
     pytest.importorskip("transformers")
     from conftest import hf_overrides
     from specdepth.hf_runner import MODELS
@@ -473,7 +473,7 @@ def test_summary_of_a_refusal_is_not_json(tmp_path):
     assert not list(tmp_path.rglob("*.json")), json.dumps([str(p) for p in tmp_path.rglob("*")])
 
 
-# ---- round three: what ran is said, failures are recorded, nothing flakes -----------------------------------
+# ---- what ran is said, failures are recorded, an interrupt is one line wherever it lands ---------------------
 def _summary_of(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -604,8 +604,8 @@ def test_a_disk_that_fills_during_a_sweep(tmp_path):
 
 def test_ctrl_c_during_numba_compilation_is_one_line(tmp_path):
     """An empty NUMBA_CACHE_DIR forces every kernel to compile (seconds); SIGINT is sent while they do, at three
-    points (after the 1st, 4th and 8th kernel is cached). Each time: exactly the interrupt's line on stderr, exit
-    130, nothing left (llvmlite once printed an AttributeError from a __del__ under the line: CI flaked)."""
+    points (after the 1st, 4th and 8th kernel is cached). Each time: exactly the interrupt's line on stderr (no
+    AttributeError from a half-built llvmlite object's __del__ under it), exit 130, nothing left."""
     import signal
     import subprocess
     import time
