@@ -531,6 +531,7 @@ def test_a_warning_is_printed_once_per_sweep(tmp_path):
     code, out = _main(args, tmp_path)
     assert code == 0, out[-3000:]
     assert out.count("at most 3 sequences run at once") == 1, out[-3000:]
+    assert f"results: {tmp_path / 'sw'}" in out   # where the sweep's results went
     assert all("KV cache memory" in _summary_of(p.parent)["warnings"][0] for p in (tmp_path / "sw").rglob("summary.json"))
 
 

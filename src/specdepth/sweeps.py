@@ -89,7 +89,7 @@ def check_sweeper(node) -> None:
 
 class FailureCallback(Callback):
     """Registered in conf/config.yaml (hydra.callbacks.failures): empties the failures file when a sweep
-    starts and reports its failures when the sweep ends."""
+    starts; when it ends, prints where its results went and reports its failures."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
         try:
@@ -108,6 +108,7 @@ class FailureCallback(Callback):
         sweep_dir, running[0] = str(config.hydra.sweep.dir), None
         failed = read_failures(sweep_dir) + unwritten
         last_failures[:] = failed
+        print(f"results: {sweep_dir}", flush=True)
         if failed:
             print(f"specdepth: {len(failed)} run(s) of the sweep failed (errors in {Path(sweep_dir) / FAILURES}):",
                   file=sys.stderr, flush=True)
