@@ -603,7 +603,7 @@ def test_cost_calibration_learns_padding_where_the_cost_model_overstates_the_fix
         pad = pred * float(rng.integers(0, 2))   # a padded step costs twice the ragged one, or no padding
         cal.observe(_verify_step(pred, (pred - 2e-3 + 0.9 * pad) * (1 + rng.normal(0, 0.01))), pad)
     assert cal.pad == pytest.approx(0.9, rel=0.15)
-    assert cal._pad_fit[1] == 0.0 and cal.verify_scale() == pytest.approx(0.9, rel=0.1)
+    assert cal._padding.fit[1] == 0.0 and cal.verify_scale() == pytest.approx(0.9, rel=0.1)
 
 
 def test_cost_calibration_leaves_out_a_draft_that_resumes_after_idle_steps():

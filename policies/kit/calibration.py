@@ -25,9 +25,9 @@ class CostCalibration:
         cal = CostCalibration(); cal.observe(view)   # in observe()
         tables = cal.correct(costs)                   # corrected StepCost tables (.verify, .draft)
 
-    `sticky` (default on): a padding term found earlier is kept while the recent steps cannot tell (`_keep_pad`).
+    `sticky` (default on): a padding term found earlier is kept while the recent steps cannot tell (`PaddingFit`).
     `cautious` (default on): where no term was found and the steps cannot rule one out, the padding is assumed
-    (`_doubt`).
+    (`PaddingFit`).
     `draft_clip` (> 0; default 0, off): a step's measured draft seconds enter the draft fit at most draft_clip x the
     fit's price for the step (scale x predicted + fixed x forwards), so one outlier (a draft that also caught up
     skipped tokens) moves the fit at most that factor, and a cost the model misses is learnt at most that factor a
@@ -48,8 +48,8 @@ class CostCalibration:
         self.memory, self.prior = float(memory), float(prior)
         self.draft_fixed = bool(draft_fixed)
         self.draft_clip = float(draft_clip)   # > 0: a step's measured draft counts at most this x the fit's price
-        self.sticky = bool(sticky)   # keep a padding term the recent steps cannot tell about (`_keep_pad`)
-        self.cautious = bool(cautious)   # assume padding the steps cannot rule out (`_doubt`)
+        self.sticky = bool(sticky)   # keep a padding term the recent steps cannot tell about (PaddingFit)
+        self.cautious = bool(cautious)   # assume padding the steps cannot rule out (PaddingFit)
         self.reset()
 
     def reset(self):
@@ -57,11 +57,7 @@ class CostCalibration:
         # (every step, six numbers: numpy's per-call cost was most of it; the same arithmetic, the same bits)
         self._sums = {ph: [0.0] * 6 for ph in self.PHASES}
         self._fit = {ph: (1.0, 0.0) for ph in self.PHASES}
-        # verify with the padding feature (observe's `pad`): decayed X'X (its upper triangle, row by row), X'y,
-        # y'y and weight for x = (predicted, 1, pad); plain floats: the fit runs every step, on 3 features
-        self._pad_xx, self._pad_xy, self._pad_yy, self._pad_w = [0.0] * 6, [0.0] * 3, 0.0, 0.0
-        self.pad = 0.0   # seconds per second of padded verify growth (0: the engine packs ragged forwards)
-        self._pad_fit = None   # (scale, fixed) of the verify fit with the padding term, where it is taken
+        self._padding = PaddingFit(self.memory, self.sticky, self.cautious)   # the verify with observe's `pad`
         self._drafted_last = True   # whether the last step observed drafted (a run's first draft resumes nothing)
 
     def update(self, phase: str, predicted: float, count: float, measured: float) -> None:
@@ -117,7 +113,7 @@ class CostCalibration:
             return
         self.update("verify", view.predicted_verify_s, 1.0, mv)
         if pad is not None:
-            self._update_pad(view.predicted_verify_s, pad, mv)
+            self._padding.update(view.predicted_verify_s, pad, mv)
         forwards = view.draft_forwards
         if forwards and self._drafted_last and not caught_up:
             md = view.measured_draft_s
@@ -127,7 +123,54 @@ class CostCalibration:
             self.update("draft", view.predicted_draft_s, float(forwards), md)
         self._drafted_last = bool(forwards)
 
-    def _update_pad(self, predicted: float, pad: float, measured: float) -> None:
+    @property
+    def pad(self) -> float:
+        """Seconds per second of padded verify growth the engine pays (0: it packs ragged forwards; PaddingFit)."""
+        return self._padding.pad
+
+    def verify_scale(self) -> float:
+        """The verify's scale: how many seconds one predicted second of verify really costs (the padded fit's
+        where it is taken)."""
+        return self._padding.fit[0] if self.pad else self._fit["verify"][0]
+
+    def params(self, phase: str) -> tuple[float, float]:
+        """(scale, fixed seconds per step or per draft position) of a phase."""
+        return self._fit[phase]
+
+    def correct(self, costs) -> "Tables":
+        """Corrected StepCost tables: verify[x] (x drafts, one forward) and draft[m] (one forward of m rows)."""
+        sv, cv = self._fit["verify"]
+        sd, cd = self._fit["draft"]
+        d = sd * costs.draft + cd
+        d[0] = 0.0
+        if not self.pad:
+            return Tables(sv * costs.verify + cv, d)
+        sv, cv = self._padding.fit
+        # padded: a plan with x drafts over P positions pays verify'[x] + pad[0] + ... + pad[P-1]
+        v, n = costs.verify, costs.draft.size - 1
+        pv = self.pad
+        vp = getattr(costs, "vpad", None)
+        if vp is None:   # the padded verify at the batch's mean context (without StepCost.pad_context)
+            vp = every_row_deep(v, n)
+        return Tables((sv - pv) * v + cv + pv * vp[0], d, pv * np.diff(vp))
+
+
+class PaddingFit:
+    """Whether the engine pads the verify to the deepest row: the verify's measured seconds fitted on (predicted,
+    1, pad), the padding feature being what a padded verify would cost more than the ragged prediction. `pad` is
+    the coefficient where the data identify it (0: the engine packs ragged forwards), `fit` the (scale, fixed) of
+    the verify fit with it (None where not taken). `sticky`: a term found earlier is kept while the recent steps
+    cannot tell; `cautious`: where none was found and the steps cannot rule one out, it is assumed."""
+
+    def __init__(self, memory: float, sticky: bool = True, cautious: bool = True):
+        self.memory, self.sticky, self.cautious = memory, sticky, cautious
+        # decayed X'X (its upper triangle, row by row), X'y, y'y and weight for x = (predicted, 1, pad); plain floats:
+        # the fit runs every step, on 3 features
+        self.xx, self.xy, self.yy, self.w = [0.0] * 6, [0.0] * 3, 0.0, 0.0
+        self.pad = 0.0
+        self.fit = None
+
+    def update(self, predicted: float, pad: float, measured: float) -> None:
         """measured = scale x predicted + fixed + pad x (padded - predicted), least squares with the same
         forgetting. The padding term is taken (`self.pad`, with its own scale and fixed part) only where the
         data identify it: its coefficient at least three standard errors above 0 and 2 % of the scale, and the
@@ -139,32 +182,36 @@ class CostCalibration:
         free."""
         keep = math.exp(-1.0 / self.memory)
         x = (predicted, 1.0, pad)
-        self._pad_xx = [v * keep + x[a] * x[b] for v, (a, b) in zip(self._pad_xx, _UPPER3)]
-        self._pad_xy = [v * keep + x[a] * measured for a, v in enumerate(self._pad_xy)]
-        self._pad_yy = self._pad_yy * keep + measured * measured
-        self._pad_w = self._pad_w * keep + 1.0
-        prev, self.pad, self._pad_fit = self.pad, 0.0, None
-        xx = self._pad_xx
-        if self._pad_w < 4.0 or xx[5] <= 0.0:
+        self.xx = [v * keep + x[a] * x[b] for v, (a, b) in zip(self.xx, _UPPER3)]
+        self.xy = [v * keep + x[a] * measured for a, v in enumerate(self.xy)]
+        self.yy = self.yy * keep + measured * measured
+        self.w = self.w * keep + 1.0
+        self._refit()
+
+    def _refit(self) -> None:
+        """The padding term from the sums (see `update`), or held (`_hold`) where the data do not identify it."""
+        prev, self.pad, self.fit = self.pad, 0.0, None
+        xx = self.xx
+        if self.w < 4.0 or xx[5] <= 0.0:
             return
         A = list(xx)
         for d in (0, 3, 5):   # a hair of ridge on the diagonal
             A[d] = A[d] + A[d] * 1e-9
-        fit = self._pad_solve(A, (0, 1, 2))
+        fit = self._solve(A, (0, 1, 2))
         if fit is not None and fit[0][1] < 0.0:   # keep the physical sign: refit with no fixed part
-            fit = self._pad_solve(A, (0, 2))
+            fit = self._solve(A, (0, 2))
         if fit is None:
             self._hold(A, prev, None)
             return
         coef, se = fit
-        plain = self._pad_solve(A, (0, 1))   # without the padding term: what it must improve on, by at least
+        plain = self._solve(A, (0, 1))   # without the padding term: what it must improve on, by at least
         if plain is None:                    # 1 % of a step's cost (RMS)
             self._hold(A, prev, None)
             return
-        gain = (self._rss(plain[0]) - self._rss(coef)) / self._pad_w >= (0.01 * self._pad_xy[1] / self._pad_w) ** 2
+        gain = (self._rss(plain[0]) - self._rss(coef)) / self.w >= (0.01 * self.xy[1] / self.w) ** 2
         if gain and coef[0] > 0.0 and coef[2] > 3.0 * se and coef[2] > 0.02 * coef[0]:
             self.pad = float(min(coef[2], coef[0]))
-            self._pad_fit = (float(coef[0]), float(coef[1]))
+            self.fit = (float(coef[0]), float(coef[1]))
         elif not coef[2] + 3.0 * se < prev:   # the data do not say the padding went away
             self._hold(A, prev, coef[2] + 3.0 * se)
         else:
@@ -181,7 +228,8 @@ class CostCalibration:
         above the fit; None where the fit is singular). Only steps that drafted rows unevenly show padding at
         all; where the plan drafts the same rows alike every step the padding feature is constant and so is
         confounded with a fixed cost per step. Taking the ragged reading there is a trap: it prices the uneven
-        plan as cheap, the plan stays uneven, and the data never tell. Assumed, padding makes the plan even, which varies the feature and settles the question."""
+        plan as cheap, the plan stays uneven, and the data never tell. Assumed, padding makes the plan even,
+        which varies the feature and settles the question."""
         if not self.cautious or (upper is not None and upper < 0.5):
             return 0.0
         return 1.0 if upper is None else min(upper, 1.0)
@@ -191,11 +239,12 @@ class CostCalibration:
         `cautious`), the scale and fixed part refitted. Why `sticky`: where the recent steps cannot tell whether the
         engine pads, a plan that drafts every row alike pads nothing, so the padding feature stops varying and,
         with forgetting, its coefficient's error grows until the test above fails. Dropping it then priced
-        partial drafting as cheap on a padded engine, where every row pays the padded position. The scale and fixed part are refitted with the padding held at prev; the term goes only where
-        the data put it more than three standard errors below prev (above), or the refit has no positive scale."""
+        partial drafting as cheap on a padded engine, where every row pays the padded position. The scale and
+        fixed part are refitted with the padding held at prev; the term goes only where the data put it more than
+        three standard errors below prev (above), or the refit has no positive scale."""
         if prev <= 0.0:
             return
-        y0, y1 = self._pad_xy[0] - prev * A[2], self._pad_xy[1] - prev * A[4]
+        y0, y1 = self.xy[0] - prev * A[2], self.xy[1] - prev * A[4]
         det = A[0] * A[3] - A[1] * A[1]
         if det <= 0.0:
             return
@@ -203,13 +252,13 @@ class CostCalibration:
         if fixed < 0.0:
             scale, fixed = y0 / A[0], 0.0
         if scale > 0.0:
-            self.pad, self._pad_fit = float(min(prev, scale)), (float(scale), float(fixed))
+            self.pad, self.fit = float(min(prev, scale)), (float(scale), float(fixed))
 
-    def _pad_solve(self, A: list, idx: tuple) -> tuple[list, float] | None:
+    def _solve(self, A: list, idx: tuple) -> tuple[list, float] | None:
         """Least squares of the padding fit on the features idx (the others at 0), A the (ridged) upper triangle
         of X'X: the three coefficients and the last feature's standard error; None where singular."""
         coef = [0.0, 0.0, 0.0]
-        y = self._pad_xy
+        y = self.xy
         if len(idx) == 3:
             a00, a01, a02, a11, a12, a22 = A
             m00, m01, m02 = a11 * a22 - a12 * a12, a02 * a12 - a01 * a22, a01 * a12 - a02 * a11
@@ -228,37 +277,11 @@ class CostCalibration:
                 return None
             coef[i], coef[j] = (ajj * y[i] - aij * y[j]) / det, (aii * y[j] - aij * y[i]) / det
             last = aii / det
-        dof = self._pad_w - len(idx)
+        dof = self.w - len(idx)
         return coef, math.sqrt(self._rss(coef) / dof * max(last, 0.0))
 
     def _rss(self, coef: list) -> float:
         """Residual sum of squares of the padding fit at coefficients coef (a feature left out has 0)."""
-        xx, xy = self._pad_xx, self._pad_xy
+        xx, xy = self.xx, self.xy
         quad = sum(coef[a] * coef[b] * xx[k] * (1.0 if a == b else 2.0) for k, (a, b) in enumerate(_UPPER3))
-        return max(self._pad_yy - 2.0 * (coef[0] * xy[0] + coef[1] * xy[1] + coef[2] * xy[2]) + quad, 0.0)
-
-    def verify_scale(self) -> float:
-        """The verify's scale: how many seconds one predicted second of verify really costs (the padded fit's
-        where it is taken)."""
-        return self._pad_fit[0] if self.pad else self._fit["verify"][0]
-
-    def params(self, phase: str) -> tuple[float, float]:
-        """(scale, fixed seconds per step or per draft position) of a phase."""
-        return self._fit[phase]
-
-    def correct(self, costs) -> "Tables":
-        """Corrected StepCost tables: verify[x] (x drafts, one forward) and draft[m] (one forward of m rows)."""
-        sv, cv = self._fit["verify"]
-        sd, cd = self._fit["draft"]
-        d = sd * costs.draft + cd
-        d[0] = 0.0
-        if not self.pad:
-            return Tables(sv * costs.verify + cv, d)
-        sv, cv = self._pad_fit
-        # padded: a plan with x drafts over P positions pays verify'[x] + pad[0] + ... + pad[P-1]
-        v, n = costs.verify, costs.draft.size - 1
-        pv = self.pad
-        vp = getattr(costs, "vpad", None)
-        if vp is None:   # the padded verify at the batch's mean context (without StepCost.pad_context)
-            vp = every_row_deep(v, n)
-        return Tables((sv - pv) * v + cv + pv * vp[0], d, pv * np.diff(vp))
+        return max(self.yy - 2.0 * (coef[0] * xy[0] + coef[1] * xy[1] + coef[2] * xy[2]) + quad, 0.0)

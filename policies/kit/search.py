@@ -24,14 +24,7 @@ def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | No
     n, K = S.shape
     key = np.zeros(n) if tie is None else -np.asarray(tie, float)
     order = np.lexsort((np.broadcast_to(key[:, None], S.shape), -S), axis=0)   # rows ranked per position
-    if n <= _SMALL:
-        column = _SmallColumns(S, order, nested)
-    elif nested:
-        column = _NestedColumns(S, order)
-    else:
-        C = np.zeros((n + 1, K))
-        np.cumsum(np.take_along_axis(S, order, 0), axis=0, out=C[1:])
-        column = lambda p, prev: C[:prev + 1, p]   # noqa: E731
+    column = _columns(S, order, nested)
     base = float(n) if base is None else base
     g_none = base / costs.verify[0]
     G = max(g_none, G0)
@@ -50,12 +43,32 @@ def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | No
         if abs(g - G) <= 1e-3 * G:
             break
         G = g
+    return _depths(ms, column, order, nested or n <= _SMALL), best_g
+
+
+def _depths(ms: list, column, order: np.ndarray, by_column: bool) -> np.ndarray:
+    """The depths of a plan that drafts the best m_p rows at each position p (`ms`), ranked by `order` (or by
+    the nested columns' own choice, `by_column`)."""
+    n = order.shape[0]
     depths = np.zeros(n, np.int64)
     rows = np.arange(n)
     for p, m in enumerate(ms):
-        rows = column.rows(p, len(rows), m) if nested or n <= _SMALL else order[:m, p]
+        rows = column.rows(p, len(rows), m) if by_column else order[:m, p]
         depths[rows] += 1
-    return depths, best_g
+    return depths
+
+
+def _columns(S: np.ndarray, order: np.ndarray, nested: bool):
+    """The search's column p (cumulative values of the best rows at position p): Python floats for small batches
+    (`_SmallColumns`), nested row sets (`_NestedColumns`), or one cumulative table."""
+    n, K = S.shape
+    if n <= _SMALL:
+        return _SmallColumns(S, order, nested)
+    if nested:
+        return _NestedColumns(S, order)
+    C = np.zeros((n + 1, K))
+    np.cumsum(np.take_along_axis(S, order, 0), axis=0, out=C[1:])
+    return lambda p, prev: C[:prev + 1, p]
 
 
 _SMALL = 16   # batches up to this many rows search in plain floats (_SmallColumns)
@@ -192,23 +205,16 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
                   spread: bool = False) -> tuple[int, float]:
     """The one depth k in 0..kmax for every row that maximises expected emitted tokens / step time:
     E_k = sum_i (1 - a_i^(k+1)) / (1 - a_i) (Leviathan et al.), T_k = verify[n k] + k x draft[n] (StepCost-like
-    tables). Adding position k is worth it exactly when its expected tokens beat the goodput times its cost,
-    so no position is drafted whose expected gain at the acceptance estimate is below its cost.
-    `remaining` (tokens each row has left; given when no request will join the batch again): the run ends
-    with its slowest row, so k minimises the predicted time to finish them all, max_i remaining_i / e_i(k)
-    steps of T_k each, instead. e_i(k) is the batch's mean expected tokens per step times row i's share at
-    the per-row `rates` (rows that really differ, e.g. `shrunk_rates`; default `acceptance`): with rows alike
-    that is the plain k, whatever the remaining lengths. `factors` (per draft position, e.g.
-    `PositionFactors.factor`): position p's draft is accepted with probability a_i x f_p, not a_i. `trials`
-    (the evidence an estimate a rests on, in drafted tokens): price the draft by the estimate's posterior
-    predictive (`expected_tokens`) instead of the estimate alone. `ends` (per row, e.g. `draft_caps`: its
-    remaining tokens - 1): a row drafts at most that deep whatever k (a draft past a request's last token is never
-    emitted), so depth k gives row i min(k, ends_i) drafts, and the step pays for those: its verify carries their
-    sum, and the draft runs (and a padded verify opens) as many positions as the deepest row gets.
-    `spread` (with `remaining`): the batch ends with the last of its rows, not the slowest row's mean: row i's steps
-    are about normal, mean r_i / e_i(k) and variance r_i v_i(k) / e_i(k)^3 (v: the variance of its tokens a step,
-    from the survivals), and the run takes their expected maximum (`expected_max`), as goodput's makespan gate.
-    Returns (k, predicted goodput)."""
+    tables): no position is drafted whose expected gain at the acceptance estimate is below its cost.
+    `remaining` (each row's tokens left; given when no request will join again): the run ends with its slowest
+    row, so k minimises the time to finish them all, max_i remaining_i / e_i(k) steps of T_k, e_i(k) the batch's
+    mean tokens a step times row i's share at the per-row `rates` (e.g. `shrunk_rates`; default `acceptance`).
+    `spread` (with `remaining`): the run takes the expected maximum of the rows' about normal finishing steps
+    (`expected_max`; variance r_i v_i(k) / e_i(k)^3), not the slowest row's mean.
+    `factors` (per draft position, `PositionFactors.factor`): position p is accepted with a_i x f_p. `trials` (the
+    drafted tokens an estimate rests on): price by its posterior predictive (`expected_tokens`). `ends` (per row,
+    e.g. `draft_caps`): row i drafts min(k, ends_i), and the step pays for those drafts and for as many draft
+    forwards (and padded positions) as the deepest row gets. Returns (k, predicted goodput)."""
     ks = np.arange(kmax + 1)
     e = expected_tokens(acceptance, ks, factors, trials)   # [k, row] expected tokens per step
     n = e.shape[1]
@@ -218,11 +224,7 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
     else:   # drafts row i gets at depth k
         e = np.take_along_axis(e, got, axis=0)
         x, deep = got.sum(axis=1), got.max(axis=1, initial=0)
-    T = costs.verify[np.minimum(x, costs.verify.size - 1)] + deep * costs.draft[n]
-    pad = costs.pad
-    if pad is not None and len(pad):   # what opening positions 0..k-1 adds (PolicyTime, a padded verify)
-        opened = np.concatenate([[0.0], np.cumsum(pad)])
-        T = T + opened[np.minimum(deep, opened.size - 1)]
+    T = _step_seconds(costs, x, deep, n)
     if remaining is None:
         g = e.sum(axis=1) / T
     else:
@@ -231,17 +233,32 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
             f = f if got is None else np.take_along_axis(f, got, axis=0)
             e = e.mean(axis=1, keepdims=True) * f / f.mean(axis=1, keepdims=True)
         rem = np.asarray(remaining, float)
-        if spread and got is None and rem.size > 1:   # (one row: its mean, exactly)
-            surv = np.diff(e, axis=0)   # [p, row]: P(drafts 0..p survive)
-            L2 = np.concatenate([np.zeros((1, e.shape[1])),
-                                 np.cumsum((2.0 * np.arange(kmax) + 1.0)[:, None] * surv, axis=0)])
-            sd = np.sqrt(rem[None, :] * np.maximum(L2 - (e - 1.0) ** 2, 0.0) / e ** 3)
-            steps = np.array([expected_max(rem / e[k], sd[k], grouped=True) for k in ks])
-        else:
-            steps = (rem[None, :] / e).max(axis=1)
-        g = float(rem.sum()) / (steps * T)
+        g = float(rem.sum()) / (_steps_to_finish(e, rem, spread and got is None) * T)
     k = int(np.argmax(g))
     return k, float(g[k])
+
+
+def _step_seconds(costs, x: np.ndarray, deep: np.ndarray, n: int) -> np.ndarray:
+    """Per depth, a step's seconds: the verify of x drafts, `deep` draft forwards of n rows, and what opening
+    positions 0..deep-1 adds where the tables have `pad` (PolicyTime, a padded verify)."""
+    T = costs.verify[np.minimum(x, costs.verify.size - 1)] + deep * costs.draft[n]
+    pad = costs.pad
+    if pad is not None and len(pad):
+        opened = np.concatenate([[0.0], np.cumsum(pad)])
+        T = T + opened[np.minimum(deep, opened.size - 1)]
+    return T
+
+
+def _steps_to_finish(e: np.ndarray, rem: np.ndarray, spread: bool) -> np.ndarray:
+    """Per depth k, the steps until the last row finishes: the slowest row's mean, max_i rem_i / e[k, i], or
+    (`spread`, more than one row) the expected maximum of the rows' about normal finishing steps."""
+    if not spread or rem.size == 1:   # (one row: its mean, exactly)
+        return (rem[None, :] / e).max(axis=1)
+    surv = np.diff(e, axis=0)   # [p, row]: P(drafts 0..p survive)
+    L2 = np.concatenate([np.zeros((1, e.shape[1])),
+                         np.cumsum((2.0 * np.arange(e.shape[0] - 1) + 1.0)[:, None] * surv, axis=0)])
+    sd = np.sqrt(rem[None, :] * np.maximum(L2 - (e - 1.0) ** 2, 0.0) / e ** 3)
+    return np.array([expected_max(rem / e[k], sd[k], grouped=True) for k in range(e.shape[0])])
 
 
 def best_prefix(n_rows: int, rows: np.ndarray, pos: np.ndarray, value: np.ndarray, costs: StepCost,
@@ -286,13 +303,7 @@ def keep_by_margin(view, position: int, idx: np.ndarray, v, costs, G: float, rat
         dt = float(costs.draft[1]) + float(costs.verify[min(x + 1, last)]) - float(costs.verify[min(x, last)])
         if pad is not None and pad.size:
             dt = dt + float(pad[min(position + 1, pad.size - 1)])
-        if ratio is not None:
-            G = ratio[0] / ratio[1]
-        keep[int(idx[0])] = ok = v - G * dt > 0
-        if ok and ratio is not None:
-            ratio[0] += v
-            ratio[1] += dt
-        return keep
+        return _keep_one(keep, int(idx[0]), v, dt, G, ratio)
     order = np.lexsort((-view.remaining[idx], -np.round(v, 6)))   # ties: more tokens left first
     gain_v = np.cumsum(v[order])
     mm = np.arange(1, idx.size + 1)
@@ -311,6 +322,17 @@ def keep_by_margin(view, position: int, idx: np.ndarray, v, costs, G: float, rat
         if ratio is not None:
             ratio[0] += float(gain_v[best])
             ratio[1] += float(dt[best])
+    return keep
+
+
+def _keep_one(keep: np.ndarray, i: int, v: float, dt: float, G: float, ratio) -> np.ndarray:
+    """keep_by_margin for one row i (floats): whether its value v beats G x dt, or raises E / T where `ratio`."""
+    if ratio is not None:
+        G = ratio[0] / ratio[1]
+    keep[i] = ok = v - G * dt > 0
+    if ok and ratio is not None:
+        ratio[0] += v
+        ratio[1] += dt
     return keep
 
 
