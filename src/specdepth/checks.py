@@ -89,6 +89,10 @@ def top_level_keys(conf_dir: str, name: str = "config.yaml") -> frozenset:
         for f in (conf / "experiment").glob("*.yaml"):
             body = yaml.safe_load(f.read_text()) or {}
             keys.update(str(k) for k in body if k != "defaults")
+            for d in body.get("defaults") or []:   # presets placed at a package: /hardware@hws.h200
+                for k in (d if isinstance(d, dict) else {}):
+                    if "@" in str(k):
+                        keys.add(str(k).split("@", 1)[1].split(".")[0])
     return frozenset(keys)
 
 
