@@ -501,6 +501,7 @@ def main():
     os.environ["_SPECDEPTH_FULL_ERROR"] = "1" if debug else ""
     os.environ["HYDRA_FULL_ERROR"] = "1"   # Hydra re-raises; the errors are reported here
     sweeps.last_failures.clear()
+    sweeps.running[0] = None
     checks.clear_logged()
     _SWALLOWED[0], _REDELIVERY[0] = False, None
     # a log line that cannot be written (a full disk) is dropped, not printed as a traceback; the write that
