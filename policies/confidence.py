@@ -2,7 +2,7 @@ import numpy as np
 
 from specdepth.errors import as_bool, as_float, as_int
 
-from .kit import ConfidenceCalibration, CostAwarePolicy, as_padded, keep_by_margin
+from .kit import ConfidenceCalibration, CostAwarePolicy, as_padded, best_survivors, first_drafts, keep_by_margin
 
 
 class ConfidenceThreshold(CostAwarePolicy):
@@ -48,11 +48,7 @@ class ConfidenceThreshold(CostAwarePolicy):
         if self.cost_aware:
             depths = self._depth.hold(depths)   # rows held back from a catch-up (`catch_up`)
         if self.use_budget:
-            free = view.verify_tokens_free
-            if free < n:  # not everyone gets a draft: the likeliest to be accepted do
-                depths[:] = 0
-                if free > 0 and k > 0:
-                    depths[np.argsort(-view.acceptance, kind="stable")[:free]] = 1
+            depths = first_drafts(depths, view, k)
         self._cum = np.ones(n)
         return self.finish(depths, view)
 
@@ -74,13 +70,7 @@ class ConfidenceThreshold(CostAwarePolicy):
             costs, G, rate = self._margin
             v = self._cum[idx] * float(rate[min(position + 1, rate.size - 1)])
             return keep_by_margin(view, position, idx, float(v[0]) if idx.size == 1 else v, costs, G)
-        if self.use_budget:
-            room = view.verify_tokens_free - int(view.drafted.sum())
-            if keep.sum() > room:  # the next position would overflow the budget: best survivors only
-                order = np.argsort(-np.where(keep, self._cum, -1.0), kind="stable")
-                keep = np.zeros_like(keep)
-                keep[order[:max(room, 0)]] = True
-        return keep
+        return best_survivors(keep, self._cum, view) if self.use_budget else keep
 
     def observe(self, view, accepted):
         super().observe(view, accepted)

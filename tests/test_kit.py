@@ -252,3 +252,20 @@ def test_the_docs_example_policy_composes_the_kit_and_runs(tmp_path, monkeypatch
                   "acceptance=iid", "acceptance.alpha=0.8", "workload=closed", "workload.batch_size=8",
                   "workload.output_len=64", "engine.progress=false")
     assert out["draft_tokens"] > 0 and out["throughput_tok_s"] > 0
+
+
+# ---- budget ----------------------------------------------------------------------------------------
+
+def test_budget_gives_first_drafts_to_the_likeliest_rows_and_keeps_the_best_survivors():
+    view = SimpleNamespace(verify_tokens_free=2, batch_size=4, acceptance=np.array([0.2, 0.9, 0.5, 0.9]),
+                           drafted=np.array([1, 1, 0, 0]))
+    depths = np.full(4, 3)
+    assert kit.first_drafts(depths, view, 3).tolist() == [0, 1, 0, 1]
+    assert kit.first_drafts(depths, view, 0).tolist() == [0, 0, 0, 0]
+    view.verify_tokens_free = 4
+    assert kit.first_drafts(depths, view, 3) is depths   # room for every row
+    keep = np.array([True, True, True, False])
+    view.verify_tokens_free = 4   # 2 drafted already: room for 2 more
+    assert kit.best_survivors(keep, np.array([0.3, 0.8, 0.5, 0.9]), view).tolist() == [False, True, True, False]
+    view.verify_tokens_free = 9
+    assert kit.best_survivors(keep, np.zeros(4), view) is keep

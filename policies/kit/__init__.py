@@ -8,9 +8,12 @@
   drain        expected_max, normal_cdf: when the last row of a draining batch is expected to finish
   idle         IdleReplan, may_probe / thin_evidence, catch_up_s / catch_up_pays / catch_up_rows, CatchUpPadding
   depth        CostAwareDepth (one calibrated depth for the batch) and CostAwarePolicy, its Policy base
+  budget       first_drafts, best_survivors: the shared token budget as a hard limit on drafts
+  options      node: a nested config node with its keys checked
 """
 from .acceptance import ConfidenceCalibration, PositionFactors, expected_tokens, shrunk_rates, tie_bands
-from .calibration import CostCalibration
+from .budget import best_survivors, first_drafts
+from .calibration import CostCalibration, PaddingFit
 from .cost import PolicyTime, StepCost, Tables, as_padded, every_row_deep, pad_extra, row_cost
 from .depth import CostAwareDepth, CostAwarePolicy
 from .drain import expected_max, normal_cdf
@@ -20,10 +23,10 @@ from .search import best_prefix, draft_caps, fit_token_cap, keep_by_margin, plan
 from .state import PerRequest, Rows
 
 __all__ = [
-    "PROBE_ROUNDS", "PROBE_TOKENS", "CatchUpPadding", "ConfidenceCalibration", "CostAwareDepth", "CostAwarePolicy",
-    "CostCalibration", "IdleReplan", "PerRequest", "PolicyTime", "PositionFactors", "Rows", "StepCost", "Tables",
-    "as_padded", "best_prefix", "catch_up_pays", "catch_up_rows", "catch_up_s", "draft_caps", "every_row_deep",
-    "expected_max", "expected_tokens", "fit_token_cap", "keep_by_margin", "may_probe", "normal_cdf", "pad_extra",
-    "plan_by_position", "plan_pays_catch_up", "row_cost", "shrunk_rates", "thin_evidence", "tie_bands",
-    "uniform_depth",
+    "CatchUpPadding", "ConfidenceCalibration", "CostAwareDepth", "CostAwarePolicy", "CostCalibration", "IdleReplan",
+    "PROBE_ROUNDS", "PROBE_TOKENS", "PaddingFit", "PerRequest", "PolicyTime", "PositionFactors", "Rows", "StepCost",
+    "Tables", "as_padded", "best_prefix", "best_survivors", "catch_up_pays", "catch_up_rows", "catch_up_s",
+    "draft_caps", "every_row_deep", "expected_max", "expected_tokens", "first_drafts", "fit_token_cap",
+    "keep_by_margin", "may_probe", "normal_cdf", "pad_extra", "plan_by_position", "plan_pays_catch_up", "row_cost",
+    "shrunk_rates", "thin_evidence", "tie_bands", "uniform_depth"
 ]
