@@ -269,3 +269,16 @@ def test_budget_gives_first_drafts_to_the_likeliest_rows_and_keeps_the_best_surv
     assert kit.best_survivors(keep, np.array([0.3, 0.8, 0.5, 0.9]), view).tolist() == [False, True, True, False]
     view.verify_tokens_free = 9
     assert kit.best_survivors(keep, np.zeros(4), view) is keep
+
+
+# ---- options ---------------------------------------------------------------------------------------
+
+def test_options_node_fills_defaults_and_names_an_unknown_key():
+    from specdepth.errors import ConfigError
+    from specdepth.policies.kit.options import node
+    got = node({"b": 5}, "policy.level", {"a": 1, "b": 2})
+    assert (got.a, got.b) == (1, 5) and node(None, "policy.level", {"a": 1}).a == 1
+    with pytest.raises(ConfigError, match=r"policy.level.c: unknown key; valid keys: a, b"):
+        node({"c": 1}, "policy.level", {"a": 1, "b": 2})
+    with pytest.raises(ConfigError, match="policy.level must be a mapping"):
+        node(3, "policy.level", {"a": 1})
