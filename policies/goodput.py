@@ -85,7 +85,7 @@ class Goodput(Policy):
             return np.zeros(n, np.int64)
         self._stream.update(view)
         if self._idle.skip(view):
-            self._step = Step(G0=self._step.G0, kept=True)
+            self._step = Step(G0=self._step.G, kept=True, G=self._step.G)   # the last plan's G carries over
             return np.zeros(n, np.int64)
         r = self._step = Step(G0=self._step.G)
         r.est = self._estimate(view, K)
