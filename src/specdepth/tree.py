@@ -1,0 +1,256 @@
+"""Draft trees: the shape of a step's speculation per row, and the verifier's attention over it.
+
+A tree hangs below the root, the row's last known token (depth 0). Its nodes are draft tokens, numbered
+0..N-1 in an order where a parent comes before its children; node i's parent is parent[i] (-1: a child of
+the root). A node's rank is its position among its parent's children in node order: rank r is the draft's
+rank-r candidate after the parent's path (0 its top token). Three equivalent spellings:
+
+* the parent array, as above (any tree);
+* choices: each node as the tuple of ranks on its path from the root (the format of Medusa's and EAGLE's
+  tree choices): (0,) is the root's top candidate, (0, 1) that node's second candidate. A set of choices
+  must be prefix-closed and rank-contiguous (rank r implies its siblings 0..r-1);
+* widths per level: widths[d] = the candidates every node at depth d keeps as children (depth 0: the
+  root), the full product tree Medusa builds from per-head top-k; [3, 2, 1] has 3 + 6 + 6 nodes. A zero
+  width ends the tree; only zeros may follow it.
+
+A plain depth k is the chain widths [1] * k. Trees compare equal when they have the same choices, whatever
+their node order; `from_choices` and `from_widths` number nodes by depth, then by rank path.
+
+The verifier runs the root and the nodes in one forward: query 0 is the root, query 1 + i is node i
+(a row's verify tokens are 1 + N, the chain's k + 1). Query j of a row sits at position context + depth
+(context: the tokens cached before the root, so the root at `context`) and is stored at slot context + j;
+it attends to the row's prefix slots (< context) and to the slots of its ancestors and itself. Rows pad
+to a common query count (a node bucket); a padding query sits at the root's position and attends to the
+prefix and itself only, and no real query attends to it.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+
+# EAGLE's default static tree (`mc_sim_7b_63` in eagle/model/choices.py of SafeAILab/EAGLE): 25 nodes,
+# depth 5, at most 4 candidates at the root.
+EAGLE_CHOICES = ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0),
+                 (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 2, 1), (1, 0, 0),
+                 (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1))
+
+
+def _cap(n: int, max_nodes: int | None) -> None:
+    if max_nodes is not None and n > max_nodes:
+        raise ValueError(f"tree has {n} nodes, more than the cap of {max_nodes}")
+
+
+class Tree:
+    """A draft tree by its parent array (see the module docstring); immutable once built."""
+
+    __slots__ = ("parent", "depth", "rank")
+
+    def __init__(self, parent: np.ndarray, depth: np.ndarray, rank: np.ndarray):
+        self.parent, self.depth, self.rank = parent, depth, rank
+        for a in (parent, depth, rank):
+            a.flags.writeable = False
+
+    @property
+    def nodes(self) -> int:
+        return int(self.parent.size)
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max(initial=0))
+
+    @property
+    def is_chain(self) -> bool:
+        return bool(np.array_equal(self.parent, np.arange(self.nodes) - 1))
+
+    def choices(self) -> tuple[tuple[int, ...], ...]:
+        """Each node's rank path from the root, in node order."""
+        out: list[tuple[int, ...]] = []
+        for i in range(self.nodes):
+            p = int(self.parent[i])
+            out.append((out[p] if p >= 0 else ()) + (int(self.rank[i]),))
+        return tuple(out)
+
+    def widths(self) -> list[int] | None:
+        """The widths per level if the tree is a full product tree (every node at a depth has the same
+        number of children and every leaf is at the deepest level), else None."""
+        kids = np.bincount(self.parent + 1, minlength=self.nodes + 1)   # [root, node 0, ...]
+        depth = np.concatenate([[0], self.depth])
+        out = []
+        for d in range(self.max_depth + 1):
+            k = np.unique(kids[depth == d])
+            if k.size != 1 or (d < self.max_depth) != (k[0] > 0):
+                return None
+            out.append(int(k[0]))
+        return out[:-1]
+
+    def children(self) -> np.ndarray:
+        """int64 [1 + N, W]: row 0 the root, row 1 + i node i; entry r = the node index (0-based) of its
+        rank-r child, -1 where there is none. W = the widest node's children (at least 1)."""
+        W = int(self.rank.max(initial=-1)) + 1
+        out = np.full((self.nodes + 1, max(W, 1)), -1, np.int64)
+        out[self.parent + 1, self.rank] = np.arange(self.nodes)
+        return out
+
+    def ancestors(self) -> np.ndarray:
+        """bool [1 + N, 1 + N] over queries (0 the root, 1 + i node i): [j, a] where a is j or an ancestor."""
+        A = np.eye(self.nodes + 1, dtype=bool)
+        for i in range(self.nodes):
+            A[i + 1] |= A[self.parent[i] + 1]
+        return A
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Tree) and set(self.choices()) == set(other.choices())
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"Tree(parent={self.parent.tolist()})"
+
+
+def from_parents(parents: Sequence[int] | np.ndarray, max_nodes: int | None = None) -> Tree:
+    """The tree of a parent array: parents[i] in -1..i-1 (a parent before its children)."""
+    p = np.asarray(parents)
+    if p.ndim != 1 or (p.size and not np.issubdtype(p.dtype, np.integer)):
+        raise ValueError(f"tree parents must be a 1-D list of integers, got {parents!r}")
+    p = p.astype(np.int64)
+    _cap(p.size, max_nodes)
+    bad = np.flatnonzero((p < -1) | (p >= np.arange(p.size)))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"tree parents: node {i} has parent {int(p[i])}; a parent must be -1 (the root) "
+                         f"or an earlier node (0..{i - 1})")
+    depth = np.zeros(p.size, np.int64)
+    rank = np.zeros(p.size, np.int64)
+    seen = np.zeros(p.size + 1, np.int64)   # children so far, per [root, node 0, ...]
+    for i, q in enumerate(p):
+        depth[i] = depth[q] + 1 if q >= 0 else 1
+        rank[i] = seen[q + 1]
+        seen[q + 1] += 1
+    return Tree(p, depth, rank)
+
+
+def from_choices(choices: Iterable[Sequence[int]], max_nodes: int | None = None) -> Tree:
+    """The tree of a set of rank paths (prefix-closed, rank-contiguous), numbered by depth, then path."""
+    try:
+        paths = sorted({tuple(int(r) for r in c) for c in choices}, key=lambda c: (len(c), c))
+    except (TypeError, ValueError):
+        raise ValueError(f"tree choices must be lists of integer ranks, got {choices!r}") from None
+    _cap(len(paths), max_nodes)
+    index = {(): -1}
+    for i, c in enumerate(paths):
+        if not c or min(c) < 0:
+            raise ValueError(f"tree choices: {list(c)} is not a path of ranks >= 0")
+        if c[:-1] not in index:
+            raise ValueError(f"tree choices: {list(c)} has no parent {list(c[:-1])}")
+        if c[-1] and c[:-1] + (c[-1] - 1,) not in index:
+            raise ValueError(f"tree choices: {list(c)} without its sibling {list(c[:-1] + (c[-1] - 1,))}")
+        index[c] = i
+    return from_parents([index[c[:-1]] for c in paths])
+
+
+def check_widths(widths: Sequence[int], max_nodes: int | None = None) -> list[int]:
+    """widths as ints, trailing zeros dropped; ValueError on a negative width, a nonzero width after a zero,
+    or more nodes than max_nodes."""
+    try:
+        w = [int(x) for x in widths]
+    except (TypeError, ValueError):
+        raise ValueError(f"tree widths must be a list of integers, got {widths!r}") from None
+    if any(x != y for x, y in zip(w, widths)):
+        raise ValueError(f"tree widths must be integers, got {list(widths)!r}")
+    if any(x < 0 for x in w):
+        raise ValueError(f"tree widths must be >= 0, got {w}")
+    k = w.index(0) if 0 in w else len(w)
+    if any(w[k:]):
+        raise ValueError(f"tree widths: level {k} has width 0 but a later level does not ({w})")
+    _cap(widths_nodes(w[:k]), max_nodes)
+    return w[:k]
+
+
+def widths_nodes(widths: Sequence[int]) -> int:
+    """The node count of a product tree: sum over levels of the product of the widths down to it."""
+    return int(np.cumprod(np.asarray(widths, np.int64)).sum()) if len(widths) else 0
+
+
+def from_widths(widths: Sequence[int], max_nodes: int | None = None) -> Tree:
+    """The product tree of widths per level (see the module docstring)."""
+    w = check_widths(widths, max_nodes)
+    parents: list[int] = []
+    level = [-1]   # the previous level's nodes
+    for width in w:
+        start = len(parents)
+        parents += [q for q in level for _ in range(width)]
+        level = list(range(start, len(parents)))
+    return from_parents(parents)
+
+
+def chain(k: int) -> Tree:
+    """A chain of k drafts (widths [1] * k)."""
+    return from_parents(np.arange(k) - 1)
+
+
+EAGLE_TREE = from_choices(EAGLE_CHOICES)
+
+
+# ---- the verifier's batch -------------------------------------------------------------------------
+def rows(trees: Tree | Sequence[Tree], n: int | None = None) -> list[Tree]:
+    """One tree per row: a single tree stands for all n rows."""
+    if isinstance(trees, Tree):
+        if n is None:
+            raise ValueError("one tree for all rows needs the row count")
+        return [trees] * n
+    return list(trees)
+
+
+def node_bucket(queries: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds `queries` verify tokens (root + nodes); ValueError if none does."""
+    fit = [b for b in buckets if b >= queries]
+    if not fit:
+        raise ValueError(f"a tree of {queries} verify tokens exceeds the largest node bucket ({max(buckets, default=0)})")
+    return min(fit)
+
+
+def pack(trees: Sequence[Tree], bucket: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows' trees padded to Q = bucket queries (default: 1 + the most nodes): (parent query int64
+    [n, Q] (-1 for the root and padding), depth int64 [n, Q] (0 for the root and padding), real bool [n, Q])."""
+    Q = 1 + max((t.nodes for t in trees), default=0)
+    if bucket is not None:
+        if bucket < Q:
+            raise ValueError(f"node bucket {bucket} is smaller than a row's tree ({Q} verify tokens)")
+        Q = bucket
+    n = len(trees)
+    par = np.full((n, Q), -1, np.int64)
+    depth = np.zeros((n, Q), np.int64)
+    real = np.zeros((n, Q), bool)
+    real[:, 0] = True
+    for i, t in enumerate(trees):
+        par[i, 1:t.nodes + 1] = t.parent + 1
+        depth[i, 1:t.nodes + 1] = t.depth
+        real[i, 1:t.nodes + 1] = True
+    return par, depth, real
+
+
+def positions(context: np.ndarray, trees: Sequence[Tree], bucket: int | None = None) -> np.ndarray:
+    """int64 [n, Q]: query j of row i at context[i] + its depth (the root and padding at context[i])."""
+    _, depth, _ = pack(trees, bucket)
+    return np.asarray(context, np.int64)[:, None] + depth
+
+
+def attention_mask(context: np.ndarray, trees: Sequence[Tree], bucket: int | None = None) -> np.ndarray:
+    """bool [n, Q, max(context) + Q]: query j of row i (slot context[i] + j) attends to key slot s iff s is
+    a prefix slot (s < context[i]) or the slot of j itself or of one of its ancestors (the root included);
+    a padding query attends to the prefix and itself."""
+    ctx = np.asarray(context, np.int64)
+    par, _, real = pack(trees, bucket)
+    n, Q = par.shape
+    L = int(ctx.max(initial=0)) + Q
+    anc = np.broadcast_to(np.eye(Q, dtype=bool), (n, Q, Q)).copy()   # [row, query, query]: ancestor or self
+    for j in range(1, Q):
+        p = par[:, j]
+        has = real[:, j] & (p >= 0)
+        anc[has, j] |= anc[has, p[has]]
+    slot = np.arange(L)[None, :] - ctx[:, None]                       # [n, L]: key slot's query index
+    inside = (slot >= 0) & (slot < Q)
+    rr = np.arange(n)[:, None]
+    tree_part = anc[rr[:, :, None], np.arange(Q)[None, :, None], np.clip(slot, 0, Q - 1)[:, None, :]]
+    return (slot < 0)[:, None, :] | (inside[:, None, :] & tree_part)

@@ -1,0 +1,147 @@
+"""The simulator's acceptance model for draft trees: at which rank the target's token sits among the draft's
+candidates.
+
+At output position m of request r the target's token is the draft's rank-R candidate there, with
+P(R = r) = table[r] (a per-rank table; 1 - sum(table): none of the tabled ranks). Under greedy decoding
+the prefix before m is the target's own output whichever tree a policy drafted, so R is one draw per
+(request, position) for the whole run, the same for every policy: the uniform u of that pair picks the
+rank r with cum[r - 1] <= u < cum[r] (cum: the table's running sum). It is the very uniform the chain
+models of acceptance.py draw (stream 0 of the keyed hash), so with table[0] = alpha a chain accepts
+exactly where acceptance=iid with alpha and the same key does.
+
+A tree drafted at a row's next position pos accepts its path greedily: at depth d (output position
+pos + d) the current node's child of rank R, if it has one, is accepted and becomes the current node; the
+first missing rank ends the path. The expected accepted length of a tree is the sum over its nodes of the
+probability that the path reaches them: the product of table[rank] along the node's path (the ranks at
+one position are exclusive events, the positions independent); for the chain [1] * k it is
+sum_{j=1..k} table[0] ** j.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .tree import Tree, rows
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLD = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def keyed_uniforms(key: int, request_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The uniform in [0, 1) of each (request id, output position) under `key`: _kernels.keyed_uniform on
+    stream 0, in numpy (broadcast over the two arrays)."""
+    rid = np.asarray(request_ids, np.int64).astype(np.uint64)
+    pos = np.asarray(positions, np.int64).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        base = _mix(np.uint64(key) ^ _mix(rid * _GOLD))
+        h = _mix(base + (pos + np.uint64(1)) * _GOLD)
+    return (h >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+
+
+def check_table(table: Sequence[float]) -> np.ndarray:
+    """The per-rank table as float64 [R]: entries in [0, 1] summing to at most 1; ValueError otherwise."""
+    try:
+        t = np.asarray(table, np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"rank table must be a list of probabilities, got {table!r}") from None
+    if t.ndim != 1 or t.size == 0 or not np.all(np.isfinite(t)) or np.any(t < 0) or np.any(t > 1):
+        raise ValueError(f"rank table must be a non-empty list of probabilities in [0, 1], got {table!r}")
+    if t.sum() > 1 + 1e-9:
+        raise ValueError(f"rank table sums to {t.sum():.6g} > 1")
+    return t
+
+
+def rank_table(alpha: float, decay: float | None = None, ranks: int = 8) -> np.ndarray:
+    """Geometric per-rank probabilities: table[r] = alpha * decay ** r for r < ranks; decay defaults to
+    1 - alpha (every rank's share of what the ranks above it missed is alpha)."""
+    d = 1.0 - alpha if decay is None else decay
+    if not 0 <= alpha <= 1 or not 0 <= d <= 1 or ranks < 1:
+        raise ValueError(f"rank table: alpha and decay in [0, 1] and ranks >= 1 expected, got {alpha}, {d}, {ranks}")
+    return check_table(alpha * d ** np.arange(ranks))
+
+
+def ranks_of(u: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """The rank each uniform picks (cum[r - 1] <= u < cum[r]); -1 for u >= sum(table)."""
+    cum = np.cumsum(table)
+    r = np.searchsorted(cum, u, side="right")
+    return np.where(r < table.size, r, -1)
+
+
+def walk(trees: Sequence[Tree], ranks: np.ndarray) -> np.ndarray:
+    """Accepted nodes per row of its tree, given ranks [n, D] (the target token's rank at depths 1..D;
+    D >= the deepest tree): the path follows the child of each depth's rank while there is one."""
+    n = len(trees)
+    a = np.zeros(n, np.int64)
+    tables: dict[int, np.ndarray] = {}   # children table per distinct tree object
+    for i, t in enumerate(trees):
+        if t.nodes == 0:
+            continue
+        kids = tables.setdefault(id(t), t.children())
+        cur, d = 0, 0
+        while d < t.max_depth:
+            r = ranks[i, d]
+            if r < 0 or r >= kids.shape[1] or kids[cur, r] < 0:
+                break
+            cur, d = kids[cur, r] + 1, d + 1
+        a[i] = d
+    return a
+
+
+def walk_static(tree: Tree, ranks: np.ndarray) -> np.ndarray:
+    """walk for every row drafting the same tree, vectorized over the rows."""
+    n = ranks.shape[0]
+    kids = tree.children()
+    W = kids.shape[1]
+    cur = np.zeros(n, np.int64)
+    alive = np.ones(n, bool)
+    a = np.zeros(n, np.int64)
+    for d in range(tree.max_depth):
+        r = ranks[:, d]
+        ch = np.where((r >= 0) & (r < W), kids[cur, np.clip(r, 0, W - 1)], -1)
+        alive &= ch >= 0
+        cur = np.where(alive, ch + 1, cur)
+        a += alive
+    return a
+
+
+def expected_accepted(tree: Tree, table: Sequence[float]) -> float:
+    """The expected accepted nodes: sum over nodes of the product of table[rank] along the node's path."""
+    t = check_table(table)
+    reach = np.zeros(tree.nodes)
+    for i in range(tree.nodes):
+        r = int(tree.rank[i])
+        pr = t[r] if r < t.size else 0.0
+        reach[i] = pr * (reach[tree.parent[i]] if tree.parent[i] >= 0 else 1.0)
+    return float(reach.sum())
+
+
+class TreeAcceptance:
+    """Per-rank acceptance keyed by (request id, output position); `key` as acceptance.Keyed draws it."""
+
+    def __init__(self, table: Sequence[float]):
+        self.table = check_table(table)
+
+    def reset(self, rng: np.random.Generator) -> None:
+        self.key = int(rng.integers(0, 1 << 63))
+
+    def ranks(self, request_ids: np.ndarray, positions: np.ndarray, depth: int) -> np.ndarray:
+        """int64 [n, depth]: the target token's rank at output positions positions[i] + 0..depth-1 of
+        request request_ids[i] (-1: beyond the table)."""
+        pos = np.asarray(positions, np.int64)[:, None] + np.arange(depth)[None, :]
+        return ranks_of(keyed_uniforms(self.key, np.asarray(request_ids, np.int64)[:, None], pos), self.table)
+
+    def accepted(self, trees: Tree | Sequence[Tree], request_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Accepted nodes per row for its tree drafted at its next output position."""
+        n = np.asarray(request_ids).size
+        if isinstance(trees, Tree):
+            return walk_static(trees, self.ranks(request_ids, positions, trees.max_depth))
+        ts = rows(trees, n)
+        return walk(ts, self.ranks(request_ids, positions, max((t.max_depth for t in ts), default=0)))
