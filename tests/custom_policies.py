@@ -126,6 +126,36 @@ class WritesInto(Policy):
             accepted[:] = 0
 
 
+class _HalfBuilt:
+    """As an llvmlite object that a Ctrl-C left half-built inside numba's compilation: its __del__ fails."""
+
+    def __del__(self):
+        raise AttributeError("'PassBuilder' object has no attribute '_as_parameter_'")
+
+
+_KEPT: list = []
+
+
+class CtrlCLeavesHalfBuilt(Policy):
+    """A real Ctrl-C (SIGINT to this process) while objects whose __del__ fails are alive: one in a reference
+    cycle (freed by the collector while the interrupt is handled), one kept until the interpreter ends."""
+
+    def plan(self, view):
+        import gc
+        import os
+        import signal
+        import time
+
+        _KEPT.append(_HalfBuilt())
+        cycle = [_HalfBuilt()]
+        cycle.append(cycle)
+        del cycle
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(2)   # the handler runs here
+        gc.collect()
+        return np.full(view.batch_size, 1, dtype=np.int64)
+
+
 class InterruptedInCallback(Policy):
     """Ctrl-C as it lands while numba compiles a kernel: inside a ctypes callback, where Python cannot raise it
     (it prints "Exception ignored ..." and goes on), then the compiled code fails on what the callback left

@@ -632,6 +632,26 @@ def test_ctrl_c_during_numba_compilation_is_one_line(tmp_path):
         assert result_files(work) == [] and not (work / "run").exists()
 
 
+def test_ctrl_c_with_half_built_objects_alive_is_one_line(tmp_path):
+    """The mechanism behind a Ctrl-C during numba's compilation, made certain: a real SIGINT while objects whose
+    __del__ fails are alive (as llvmlite's half-built PassBuilder: "AttributeError: 'PassBuilder' object has no
+    attribute '_as_parameter_'"), one freed while the interrupt is handled, one kept until the interpreter
+    ends. Exactly the interrupt's line on stderr, exit 130, nothing left."""
+    import signal
+    import subprocess
+
+    from sdtest import CLI
+    from specdepth.app import _INTERRUPTED
+    p = subprocess.run([CLI, "policy=none", "~policy.depth", "policy._target_=custom_policies.CtrlCLeavesHalfBuilt",
+                        "workload.output_len=4", "engine.progress=false", "hydra.run.dir=run"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, HYDRA_FULL_ERROR="0", PYTHONPATH=str(ROOT / "tests")),
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert p.returncode == 130, p.stderr[-2000:]
+    assert p.stderr.strip() == _INTERRUPTED and "Traceback" not in p.stdout, p.stderr[-2000:]
+    assert result_files(tmp_path) == [] and not (tmp_path / "run").exists()
+
+
 # ---- specdepth-report, specdepth-profile and the Optuna sweeper -------------------------------------------------
 def test_report_names_an_unusable_summary_and_an_unwritable_out(tmp_path, capsys):
     from specdepth.report import main as report_main
