@@ -603,6 +603,7 @@ def test_a_disk_that_fills_during_a_sweep(tmp_path):
     _check_write_failure(p, tmp_path / "sw", "No space left on device")
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_numba_compilation_is_one_line(tmp_path):
     """An empty NUMBA_CACHE_DIR forces every kernel to compile (seconds); SIGINT is sent while they do, at three
     points (after the 1st, 4th and 8th kernel is cached). Each time: exactly the interrupt's line on stderr (no
