@@ -240,6 +240,23 @@ def test_tree_rejection_output_is_distributed_as_the_target(shape, topk, seed):
     assert (a.numpy() <= shape.max_depth).all() and a.float().mean() > 0.5
 
 
+def test_topk_children_need_one_hot_q():
+    """Top-k children verified with q the draft's distribution (not one-hot) are not the target's samples."""
+    Tm, Qm = _markov(5)
+    t = T.from_widths([2, 2])
+    gen = torch.Generator().manual_seed(5)
+    p, q, toks = _tree_batch(t, Tm, Qm, gen, topk=True)
+    q[:, :2] = torch.tensor(Qm[0])   # the root's children: q the draft's distribution after token 0
+    a, path, tok = TV.rejection(p, q, toks, [t] * ROWS, gen)
+    first = np.bincount([o[0] for o in _emitted(a, path, tok, toks)], minlength=V)
+    assert _fits(first, Tm[0]) < 1e-6
+
+
+def test_kept_slots():
+    src, dst = TV.kept_slots(np.array([4, 0, 2]), np.array([[1, 4], [-1, -1], [0, 1]]))
+    assert src.tolist() == [[6, 9], [-1, -1], [3, 4]] and dst.tolist() == [[5, 6], [-1, -1], [3, 4]]
+
+
 def test_tree_rejection_accepts_the_first_child_of_the_target_itself():
     Tm, _ = _markov(6)
     gen = torch.Generator().manual_seed(6)
@@ -254,15 +271,15 @@ def test_tree_rejection_accepts_the_first_child_of_the_target_itself():
 def test_tree_rejection_on_chains_is_verify_rejection():
     g = np.random.default_rng(7)
     n, K = 4000, 3
-    Tm, Qm = _markov(7)
     p = torch.tensor(g.dirichlet(np.ones(V), (n, K + 1)))
     q = torch.tensor(g.dirichlet(np.ones(V), (n, K)))
-    drafts = torch.multinomial(q.reshape(-1, V), 1).reshape(n, K)
+    drafts = torch.multinomial(q.reshape(-1, V), 1, generator=torch.Generator().manual_seed(0)).reshape(n, K)
     drafted = g.integers(0, K + 1, n)
     a, tok = verify.rejection(p, q, drafts, drafted, torch.Generator().manual_seed(1))
     ta, path, ttok = TV.rejection(p, q, drafts, [T.chain(int(k)) for k in drafted], torch.Generator().manual_seed(1))
-    assert (a == ta).all()
-    assert (tok == ttok).float().mean() > 0.999   # the same draws; the residual normalized before sampling
+    # the same uniforms and samples in the same order: the same outcome, row by row
+    assert (a == ta).all() and (tok == ttok).all()
+    assert all(path[i, :a[i]].tolist() == list(range(a[i])) for i in range(n))
 
 
 # ---- the simulator's per-rank model --------------------------------------------------------------------

@@ -22,6 +22,12 @@ The verifier runs the root and the nodes in one forward: query 0 is the root, qu
 it attends to the row's prefix slots (< context) and to the slots of its ancestors and itself. Rows pad
 to a common query count (a node bucket); a padding query sits at the root's position and attends to the
 prefix and itself only, and no real query attends to it.
+
+How the pieces fit: a tree plan is built and checked by from_widths / from_parents / from_choices (their
+ValueErrors name the fault; the engine words them as PolicyErrors); a row costs 1 + N verify tokens, where
+a chain costs k + 1; node_bucket picks the padded query count for static shapes; the verifier's forward
+takes `positions` and `attention_mask`; tree_verify decides the accepted path (greedy or SpecInfer's
+rule) and kept_slots says where its KV moves; tree_acceptance is the simulator's counterpart.
 """
 from __future__ import annotations
 

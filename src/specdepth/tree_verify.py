@@ -47,11 +47,22 @@ def _path(par: np.ndarray, end: np.ndarray, length: np.ndarray) -> np.ndarray:
     return out
 
 
-def greedy(trees: Sequence[Tree], tokens: np.ndarray, target: np.ndarray,
-           bucket: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def kept_slots(context: np.ndarray, path: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where the accepted path's KV goes after verification: (source slot, destination slot) int64 [n, D],
+    -1 past each row's path. Node x of the path sits at slot context + 1 + x and moves to context + d for
+    the path's d-th node (1-based), right after the root, so a row's cache holds context + 1 + accepted
+    slots; every other node's slot is free. On a chain source equals destination."""
+    ctx = np.asarray(context, np.int64)[:, None]
+    on = path >= 0
+    src = np.where(on, ctx + 1 + path, -1)
+    dst = np.where(on, ctx + 1 + np.arange(path.shape[1])[None, :], -1)
+    return src, dst
+
+
+def greedy(trees: Sequence[Tree], tokens: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """tokens [n, Q - 1] the nodes' draft tokens, target [n, Q] the target's argmax at each query. Returns
     (accepted nodes per row, the accepted path as node indices [n, D] padded with -1, the emitted token)."""
-    par, depth, real = pack(trees, bucket if bucket is not None else target.shape[1])
+    par, depth, real = pack(trees, target.shape[1])
     n, Q = par.shape
     rr = np.arange(n)
     acc = np.zeros((n, Q), bool)
