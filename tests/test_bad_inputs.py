@@ -371,7 +371,8 @@ def test_hf_refusals_come_before_any_model_loads(files, tiny_pair, big_vocab_dra
     from conftest import hf_overrides
     from specdepth.hf_runner import MODELS
     for extra in (["policy=oracle"], [f"model.draft={big_vocab_draft}"], ["parallel.tensor=2"],
-                  [f"model.prompts={files['pr_typo.jsonl']}"], [f"model.tokenizer={files['no_tokenizer']}"]):
+                  [f"model.prompts={files['pr_typo.jsonl']}"], [f"model.tokenizer={files['no_tokenizer']}"],
+                  ["workload.prompt_len=100000"]):
         with MODELS.keep() as cache:
             code, out = _main(hf_overrides(tiny_pair, *extra, f"hydra.run.dir={tmp_path / 'run'}"), tmp_path)
             assert code == 2 and "specdepth: error:" in out, out[-2000:]

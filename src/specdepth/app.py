@@ -138,14 +138,17 @@ def build(cfg: DictConfig) -> dict:
     workload = make(cfg, "workload")
     policy = make(cfg, "policy")
     checks.check_policy(policy, engine_cfg)
-    checks.before_loading(cfg, _target_class(cfg, "backend"), policy, parallel, model)
+    backend_cls = _target_class(cfg, "backend")
+    checks.before_loading(cfg, backend_cls, policy, parallel, model)
+    # memory limits the simulated deployment; a real backend has the memory of the devices it runs on
+    capacity = Capacity(model, hardware, parallel, engine_cfg.max_depth,
+                        memory=getattr(backend_cls, "clock", "model") == "model")
+    requests = workload.requests(np.random.default_rng(np.random.SeedSequence([seed, 0x3A7])))
+    capacity.check([r for r in requests if r.text is None])   # before a backend loads models (text: its tokens)
     executor = make(cfg, "backend", cost=cost, acceptance_model=acceptance, model=model, seed=seed,
                     decode=cfg.get("decode"), engine=engine_cfg)
     parallel.check_backend(executor, cost)
     machine, budget_source = checks.machine_and_budget(executor, cost, hardware, engine_cfg)
-    # memory limits the simulated deployment; a real backend has the memory of the devices it runs on
-    capacity = Capacity(model, hardware, parallel, engine_cfg.max_depth, memory=executor.clock == "model")
-    requests = workload.requests(np.random.default_rng(np.random.SeedSequence([seed, 0x3A7])))
     engine = Engine(policy, executor, cost, engine_cfg, requests, capacity=capacity)
     limited_by, limit, note = checks.batch_limits(workload, engine_cfg, capacity, len(requests))
     notes = ([note] if note else []) + checks.unused_decode(cfg.get("decode"), executor)
