@@ -88,6 +88,8 @@ def test_bad_parents_and_choices():
     with pytest.raises(ValueError, match="largest node bucket"):
         T.node_bucket(9, [4, 8])
     assert T.node_bucket(5, [16, 8, 4]) == 8
+    with pytest.raises(ValueError, match="node bucket 3 is smaller than a row's tree \\(4 verify tokens\\)"):
+        T.attention_mask(np.array([0]), T.chain(3), 3)
 
 
 # ---- the verifier's positions and mask ------------------------------------------------------------------
@@ -135,6 +137,8 @@ def test_greedy_by_hand():
     a, path, tok = TV.greedy([t] * 3, tokens, target)
     assert a.tolist() == [2, 0, 2] and tok.tolist() == [0, 8, 6]
     assert path.tolist() == [[1, 4], [-1, -1], [1, 5]]
+    one = TV.greedy(t, tokens, target)   # one tree for every row
+    assert all((x == y).all() for x, y in zip(one, (a, path, tok)))
 
 
 def _brute_greedy(t: T.Tree, tokens, target):

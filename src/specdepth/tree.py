@@ -91,12 +91,9 @@ class Tree:
         return out[:-1]
 
     def children(self) -> np.ndarray:
-        """int64 [1 + N, W]: row 0 the root, row 1 + i node i; entry r = the node index (0-based) of its
-        rank-r child, -1 where there is none. W = the widest node's children (at least 1)."""
-        W = int(self.rank.max(initial=-1)) + 1
-        out = np.full((self.nodes + 1, max(W, 1)), -1, np.int64)
-        out[self.parent + 1, self.rank] = np.arange(self.nodes)
-        return out
+        """int64 [1 + N, W] over queries (0 the root, 1 + i node i): entry [j, r] = the query of j's rank-r
+        child, -1 where there is none. W = the widest node's children (at least 1)."""
+        return children_table([self])[0]
 
     def ancestors(self) -> np.ndarray:
         """bool [1 + N, 1 + N] over queries (0 the root, 1 + i node i): [j, a] where a is j or an ancestor."""
@@ -212,18 +209,36 @@ def node_bucket(queries: int, buckets: Sequence[int]) -> int:
     """The smallest bucket that holds `queries` verify tokens (root + nodes); ValueError if none does."""
     fit = [b for b in buckets if b >= queries]
     if not fit:
-        raise ValueError(f"a tree of {queries} verify tokens exceeds the largest node bucket ({max(buckets, default=0)})")
+        raise ValueError(f"a tree of {queries} verify tokens exceeds the largest node bucket "
+                         f"({max(buckets, default=0)})")
     return min(fit)
+
+
+def _queries(trees: Sequence[Tree], bucket: int | None) -> int:
+    """The padded query count: bucket, or 1 + the most nodes when None; ValueError if a tree does not fit."""
+    Q = 1 + max((t.nodes for t in trees), default=0)
+    if bucket is None:
+        return Q
+    if bucket < Q:
+        raise ValueError(f"node bucket {bucket} is smaller than a row's tree ({Q} verify tokens)")
+    return bucket
+
+
+def children_table(trees: Sequence[Tree], queries: int | None = None) -> np.ndarray:
+    """int64 [n, Q, W]: Tree.children of each row, padded to Q queries (default 1 + the most nodes) and W
+    ranks (the widest node's children, at least 1) with -1."""
+    Q = _queries(trees, queries)
+    W = max([int(t.rank.max(initial=-1)) + 1 for t in trees] + [1])
+    out = np.full((len(trees), Q, W), -1, np.int64)
+    for i, t in enumerate(trees):
+        out[i, t.parent + 1, t.rank] = np.arange(1, t.nodes + 1)
+    return out
 
 
 def pack(trees: Sequence[Tree], bucket: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rows' trees padded to Q = bucket queries (default: 1 + the most nodes): (parent query int64
     [n, Q] (-1 for the root and padding), depth int64 [n, Q] (0 for the root and padding), real bool [n, Q])."""
-    Q = 1 + max((t.nodes for t in trees), default=0)
-    if bucket is not None:
-        if bucket < Q:
-            raise ValueError(f"node bucket {bucket} is smaller than a row's tree ({Q} verify tokens)")
-        Q = bucket
+    Q = _queries(trees, bucket)
     n = len(trees)
     par = np.full((n, Q), -1, np.int64)
     depth = np.zeros((n, Q), np.int64)
@@ -236,18 +251,18 @@ def pack(trees: Sequence[Tree], bucket: int | None = None) -> tuple[np.ndarray, 
     return par, depth, real
 
 
-def positions(context: np.ndarray, trees: Sequence[Tree], bucket: int | None = None) -> np.ndarray:
+def positions(context: np.ndarray, trees: Tree | Sequence[Tree], bucket: int | None = None) -> np.ndarray:
     """int64 [n, Q]: query j of row i at context[i] + its depth (the root and padding at context[i])."""
-    _, depth, _ = pack(trees, bucket)
+    _, depth, _ = pack(rows(trees, len(context)), bucket)
     return np.asarray(context, np.int64)[:, None] + depth
 
 
-def attention_mask(context: np.ndarray, trees: Sequence[Tree], bucket: int | None = None) -> np.ndarray:
+def attention_mask(context: np.ndarray, trees: Tree | Sequence[Tree], bucket: int | None = None) -> np.ndarray:
     """bool [n, Q, max(context) + Q]: query j of row i (slot context[i] + j) attends to key slot s iff s is
     a prefix slot (s < context[i]) or the slot of j itself or of one of its ancestors (the root included);
     a padding query attends to the prefix and itself."""
     ctx = np.asarray(context, np.int64)
-    par, _, real = pack(trees, bucket)
+    par, _, real = pack(rows(trees, ctx.size), bucket)
     n, Q = par.shape
     L = int(ctx.max(initial=0)) + Q
     anc = np.broadcast_to(np.eye(Q, dtype=bool), (n, Q, Q)).copy()   # [row, query, query]: ancestor or self

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .tree import Tree, rows
+from .tree import Tree, children_table, rows
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -75,39 +75,24 @@ def ranks_of(u: np.ndarray, table: np.ndarray) -> np.ndarray:
     return np.where(r < table.size, r, -1)
 
 
-def walk(trees: Sequence[Tree], ranks: np.ndarray) -> np.ndarray:
-    """Accepted nodes per row of its tree, given ranks [n, D] (the target token's rank at depths 1..D;
-    D >= the deepest tree): the path follows the child of each depth's rank while there is one."""
-    n = len(trees)
-    a = np.zeros(n, np.int64)
-    tables: dict[int, np.ndarray] = {}   # children table per distinct tree object
-    for i, t in enumerate(trees):
-        if t.nodes == 0:
-            continue
-        kids = tables.setdefault(id(t), t.children())
-        cur, d = 0, 0
-        while d < t.max_depth:
-            r = ranks[i, d]
-            if r < 0 or r >= kids.shape[1] or kids[cur, r] < 0:
-                break
-            cur, d = kids[cur, r] + 1, d + 1
-        a[i] = d
-    return a
-
-
-def walk_static(tree: Tree, ranks: np.ndarray) -> np.ndarray:
-    """walk for every row drafting the same tree, vectorized over the rows."""
+def walk(trees: Tree | Sequence[Tree], ranks: np.ndarray) -> np.ndarray:
+    """Accepted nodes per row of its tree (one Tree: the same for every row), given ranks [n, D] (the
+    target token's rank at depths 1..D; D >= the deepest tree): the path follows the child of each depth's
+    rank while there is one."""
     n = ranks.shape[0]
-    kids = tree.children()
-    W = kids.shape[1]
-    cur = np.zeros(n, np.int64)
+    if isinstance(trees, Tree):
+        kids, sel, D = trees.children()[None], np.zeros(n, np.int64), trees.max_depth
+    else:
+        kids, sel, D = children_table(trees), np.arange(n), max((t.max_depth for t in trees), default=0)
+    W = kids.shape[2]
+    cur = np.zeros(n, np.int64)   # the current query (0: the root)
     alive = np.ones(n, bool)
     a = np.zeros(n, np.int64)
-    for d in range(tree.max_depth):
+    for d in range(D):
         r = ranks[:, d]
-        ch = np.where((r >= 0) & (r < W), kids[cur, np.clip(r, 0, W - 1)], -1)
-        alive &= ch >= 0
-        cur = np.where(alive, ch + 1, cur)
+        ch = np.where((r >= 0) & (r < W), kids[sel, cur, np.clip(r, 0, W - 1)], -1)
+        alive &= ch > 0
+        cur = np.where(alive, ch, cur)
         a += alive
     return a
 
@@ -139,9 +124,9 @@ class TreeAcceptance:
         return ranks_of(keyed_uniforms(self.key, np.asarray(request_ids, np.int64)[:, None], pos), self.table)
 
     def accepted(self, trees: Tree | Sequence[Tree], request_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Accepted nodes per row for its tree drafted at its next output position."""
-        n = np.asarray(request_ids).size
-        if isinstance(trees, Tree):
-            return walk_static(trees, self.ranks(request_ids, positions, trees.max_depth))
-        ts = rows(trees, n)
-        return walk(ts, self.ranks(request_ids, positions, max((t.max_depth for t in ts), default=0)))
+        """Accepted nodes per row for its tree (one Tree: every row's) drafted at its next output position."""
+        ids = np.asarray(request_ids, np.int64)
+        if not isinstance(trees, Tree):
+            trees = rows(trees, ids.size)
+        depth = trees.max_depth if isinstance(trees, Tree) else max((t.max_depth for t in trees), default=0)
+        return walk(trees, self.ranks(ids, positions, depth))

@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from . import verify
-from .tree import Tree, pack
+from .tree import Tree, children_table, pack, rows
 
 
 def _path(par: np.ndarray, end: np.ndarray, length: np.ndarray) -> np.ndarray:
@@ -59,10 +59,11 @@ def kept_slots(context: np.ndarray, path: np.ndarray) -> tuple[np.ndarray, np.nd
     return src, dst
 
 
-def greedy(trees: Sequence[Tree], tokens: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def greedy(trees: Tree | Sequence[Tree], tokens: np.ndarray,
+           target: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """tokens [n, Q - 1] the nodes' draft tokens, target [n, Q] the target's argmax at each query. Returns
     (accepted nodes per row, the accepted path as node indices [n, D] padded with -1, the emitted token)."""
-    par, depth, real = pack(trees, target.shape[1])
+    par, depth, real = pack(rows(trees, target.shape[0]), target.shape[1])
     n, Q = par.shape
     rr = np.arange(n)
     acc = np.zeros((n, Q), bool)
@@ -76,7 +77,7 @@ def greedy(trees: Sequence[Tree], tokens: np.ndarray, target: np.ndarray) -> tup
     return a, _path(par, end, a), target[rr, end]
 
 
-def rejection(p, q, tokens, trees: Sequence[Tree], generator):
+def rejection(p, q, tokens, trees: Tree | Sequence[Tree], generator):
     """SpecInfer's rule over a batch. p [n, Q, V] the target's probabilities at each query, q [n, Q - 1, V]
     the distribution each node's token was drawn from, tokens [n, Q - 1] (a LongTensor). Returns (accepted
     nodes per row, the accepted path as node indices [n, D] padded with -1, the emitted token), LongTensors.
@@ -84,20 +85,15 @@ def rejection(p, q, tokens, trees: Sequence[Tree], generator):
     import torch
     n, Q, V = p.shape
     dev = p.device
-    par, depth, real = pack(trees, Q)
-    kids = np.full((n, Q, 1), -1, np.int64)   # [row, query, rank] -> child query, -1 none
-    if Q > 1:
-        W = max(int(t.rank.max(initial=-1)) + 1 for t in trees) or 1
-        kids = np.full((n, Q, W), -1, np.int64)
-        for i, t in enumerate(trees):
-            kids[i, t.parent + 1, t.rank] = np.arange(1, t.nodes + 1)
+    trees = rows(trees, n)
+    kids = children_table(trees, Q)   # [row, query, rank] -> child query, -1 none
     kids_t = torch.from_numpy(kids).to(dev)
     u = torch.rand((n, Q - 1), generator=generator, device=dev)
     rr = torch.arange(n, device=dev)
     cur = torch.zeros(n, dtype=torch.long, device=dev)   # the current query (0: the root)
     cur_p = p[:, 0].clone()
     active = torch.ones(n, dtype=torch.bool, device=dev)
-    D = int(depth.max(initial=0))
+    D = max((t.max_depth for t in trees), default=0)
     path = torch.full((n, D), -1, dtype=torch.long, device=dev)
     a = torch.zeros(n, dtype=torch.long, device=dev)
     for d in range(D):
@@ -110,7 +106,8 @@ def rejection(p, q, tokens, trees: Sequence[Tree], generator):
             node = (ch - 1).clamp(min=0)
             x = tokens[rr, node]
             qc = q[rr, node]                                             # [n, V]
-            ok = tried & (u[rr, node] * qc.gather(-1, x[:, None]).squeeze(-1) < cur_p.gather(-1, x[:, None]).squeeze(-1))
+            qx, px = qc.gather(-1, x[:, None]).squeeze(-1), cur_p.gather(-1, x[:, None]).squeeze(-1)
+            ok = tried & (u[rr, node] * qx < px)                          # u < p / q, without dividing by q
             rej = tried & ~ok
             res = (cur_p - qc).clamp(min=0)
             mass = res.sum(-1, keepdim=True)
