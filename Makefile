@@ -1,5 +1,5 @@
 # Two commands do all setup on a fresh machine:
-#   make run    create .venv, install, run the main job (embedded default study, seconds)
+#   make run    create .venv, install, run the main job (the first time ~2-3 min with the install, then ~12 s)
 #   make test   create .venv, install, run the test suite
 #   make test-min   the hf tests again on the oldest transformers pyproject allows (CI runs both)
 PY ?= python3
