@@ -10,9 +10,11 @@ target's argmax at its end (the correction, or the bonus token after a leaf). Wi
 most one child of a node matches, so the path is unique and the output equals the target's own greedy
 decoding, as for a chain.
 
-Sampling (temperature > 0): SpecInfer's multi-step speculative sampling (Miao et al. 2024, Algorithm 2),
-the variant with replacement: starting at the root with the target's distribution p there, the node's
-children are tried in node order; child c with token x, drawn from q_c, is accepted with probability
+Sampling (temperature > 0): SpecInfer's multi-step speculative sampling (Miao et al., ASPLOS 2024: its
+stochastic verification), the variant with replacement (no update of q): starting at the root with the
+target's distribution p there, the node's children are tried in node order (SpecInfer picks them at
+random; each try is one-draft speculative sampling against the current residual, so any order is
+lossless); child c with token x, drawn from q_c, is accepted with probability
 min(1, p(x) / q_c(x)); on rejection p <- norm(max(0, p - q_c)) and the next child is tried; an accepted
 child becomes the current node, with p the target's distribution after it. When every child is rejected
 (or the node is a leaf) the emitted token is sampled from the current p (the residual, or the target's
