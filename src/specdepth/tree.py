@@ -48,7 +48,8 @@ def _cap(n: int, max_nodes: int | None) -> None:
 
 
 class Tree:
-    """A draft tree by its parent array (see the module docstring); immutable once built."""
+    """A draft tree by its parent array (see the module docstring), with each node's depth (1 below the
+    root) and rank; immutable. Built by from_parents, from_choices, from_widths or chain."""
 
     __slots__ = ("parent", "depth", "rank")
 
@@ -94,13 +95,6 @@ class Tree:
         """int64 [1 + N, W] over queries (0 the root, 1 + i node i): entry [j, r] = the query of j's rank-r
         child, -1 where there is none. W = the widest node's children (at least 1)."""
         return children_table([self])[0]
-
-    def ancestors(self) -> np.ndarray:
-        """bool [1 + N, 1 + N] over queries (0 the root, 1 + i node i): [j, a] where a is j or an ancestor."""
-        A = np.eye(self.nodes + 1, dtype=bool)
-        for i in range(self.nodes):
-            A[i + 1] |= A[self.parent[i] + 1]
-        return A
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Tree) and set(self.choices()) == set(other.choices())
