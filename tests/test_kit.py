@@ -41,6 +41,10 @@ def test_the_old_private_module_warns_and_names_the_kit():
     assert any(issubclass(w.category, DeprecationWarning) and "specdepth.policies.kit" in str(w.message)
                for w in seen)
     assert old.StepCost is kit.StepCost
+    st = old.PerRequest(2, (4.0, 0.0))   # the old form still works for this release
+    cols = st.align(np.array([5, 6]))
+    cols[:, 1] += 3
+    assert st.align(np.array([6])).tolist() == [[4.0, 3.0]]
 
 
 # ---- cost ------------------------------------------------------------------------------------------
