@@ -345,3 +345,33 @@ def test_bad_rank_tables():
     with pytest.raises(ValueError, match="alpha and decay"):
         TA.rank_table(0.5, decay=1.5)
     assert TA.rank_table(0.5, ranks=3).tolist() == [0.5, 0.25, 0.125]
+
+
+def test_a_transformer_reads_each_tree_path_as_its_own_sequence():
+    """A random Llama run once over prefix + root + every row's padded tree, with `positions` and
+    `attention_mask`, gives each node the logits of a plain causal forward over prefix + root + its path."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    g = np.random.default_rng(4)
+    trees, ctx = [T.EAGLE_TREE, T.from_widths([2, 2]), T.chain(3)], 7
+    n, Q = len(trees), 28   # a bucket wider than the biggest tree
+    context = np.full(n, ctx)
+    seq = g.integers(0, 50, (n, ctx + Q))                    # prefix, root, nodes (and padding)
+    tree_mask = T.attention_mask(context, trees, Q)           # [n, Q, ctx + Q]
+    mask = np.concatenate([np.broadcast_to(np.tril(np.ones((ctx, ctx + Q), bool)), (n, ctx, ctx + Q)),
+                           tree_mask], axis=1)
+    pos = np.concatenate([np.broadcast_to(np.arange(ctx), (n, ctx)), T.positions(context, trees, Q)], axis=1)
+    with torch.inference_mode():
+        logits = model(input_ids=torch.from_numpy(seq), attention_mask=torch.from_numpy(mask)[:, None],
+                       position_ids=torch.from_numpy(pos)).logits
+        for i, t in enumerate(trees):
+            for j in range(t.nodes):
+                path, x = [], j
+                while x >= 0:
+                    path.insert(0, ctx + 1 + x)
+                    x = t.parent[x]
+                alone = model(input_ids=torch.from_numpy(seq[i, list(range(ctx + 1)) + path])[None]).logits
+                torch.testing.assert_close(logits[i, ctx + 1 + j], alone[0, -1], rtol=1e-4, atol=1e-4)
