@@ -368,10 +368,10 @@ def test_a_transformer_reads_each_tree_path_as_its_own_sequence():
         logits = model(input_ids=torch.from_numpy(seq), attention_mask=torch.from_numpy(mask)[:, None],
                        position_ids=torch.from_numpy(pos)).logits
         for i, t in enumerate(trees):
-            for j in range(t.nodes):
-                path, x = [], j
+            for leaf in sorted(set(range(t.nodes)) - set(t.parent.tolist())):   # every node is on a leaf's path
+                path, x = [], leaf
                 while x >= 0:
                     path.insert(0, ctx + 1 + x)
                     x = t.parent[x]
                 alone = model(input_ids=torch.from_numpy(seq[i, list(range(ctx + 1)) + path])[None]).logits
-                torch.testing.assert_close(logits[i, ctx + 1 + j], alone[0, -1], rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(logits[i, path], alone[0, ctx + 1:], rtol=1e-4, atol=1e-4)
