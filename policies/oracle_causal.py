@@ -9,7 +9,7 @@ class OracleCausal(OracleExpected):
     acceptance process. It plans each step from each row's acceptance probability *before* the draft proposes the
     tokens (`view.expected_accept_prob`: averaged over the confidences the draft may report), lets every planned
     row draft on to its request's end, and after each draft position stops the rows whose next token is not worth
-    its marginal time (goodput's rule, `_common.keep_by_margin`, at the true cost), valuing the token just drafted
+    its marginal time (goodput's rule, `kit.keep_by_margin`, at the true cost), valuing the token just drafted
     at its true probability (`view.accept_prob`: what its confidence tells, the draft's calibration known).
 
     With iid, beta and decay acceptance a token's probability is known before it is drafted, and this is

@@ -11,7 +11,7 @@ class OracleExpected(Policy):
     true acceptance probability (`view.accept_prob`, from the acceptance model) but not its outcome, and
     the true cost of a step (`view.true_cost`: what the simulated clock charges, overheads and padding
     included), and plans each step to maximise expected emitted tokens per second with the search
-    `goodput` uses (`_common.plan_by_position`): slot (i, p) is worth the product of row i's acceptance
+    `goodput` uses (`kit.plan_by_position`): slot (i, p) is worth the product of row i's acceptance
     probabilities up to p, slots past the request's end nothing.
 
     Exact per step when every position ranks the rows alike (iid, beta, decay: a row's probabilities are
@@ -21,7 +21,7 @@ class OracleExpected(Policy):
     either: `goodput` can beat it in a cell, e.g. through the tail of a closed batch.
     `catch_up` (default on): the draft's catch-up tokens after idle steps (backend.draft_catch_up) are part of the
     true cost, which the per-step tables do not hold: rows whose draft lags draft only if the plan's expected gain
-    over their expected remaining steps pays for them (`_common.catch_up_pays`, priced with the true cost), as
+    over their expected remaining steps pays for them (`kit.catch_up_pays`, priced with the true cost), as
     goodput does.
     """
 

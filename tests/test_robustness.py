@@ -667,9 +667,9 @@ def test_oracle_expected_at_least_goodput_in_expectation_on_small_cells(acc):
             res, _ = _run(*cell, f"policy={p}", f"seed={seed}")
             tot[p] += sum(r[2] for r in res.requests) / max(r[5] for r in res.requests)
     # per step it is the optimum; over a run it is not a strict bound: it is myopic, and goodput values a row's
-    # tokens by the slot time they free while requests wait (`stream_value`) and by the seconds they save once
-    # none does (`drain`). Over 20 seeds (2026-12-03) with beta acceptance goodput is 0.6 % above it (with either
-    # `extend_bar`; over the first 6 seeds, the test's count before, 0.9 % and 1.1 %, the noise of 6 draws): 1 %
+    # tokens by the slot time they free while requests wait and by the seconds they save once none does
+    # (`drain`). Over 20 seeds (2026-12-03) with beta acceptance goodput is 0.6 % above it (over the first 6
+    # seeds, the test's count before, 0.9 % and 1.1 %, the noise of 6 draws): 1 %
     assert tot["oracle_expected"] >= tot["goodput"] * 0.99
 
 
