@@ -103,10 +103,11 @@ def test_output_len_zero(tiny_pair, tmp_path):
 
 
 def test_prompt_longer_than_context(tiny_pair, tmp_path):
-    _fails(tiny_pair, tmp_path, ConfigError, r"request 0: prompt \(600 tokens\).*longer than the context",
-           "workload.prompt_len=600")
-    _fails(tiny_pair, tmp_path, ConfigError, r"exceeds the model's context \(512", "workload.prompt_len=400",
-           "workload.output_len=110")
+    # refused before the models load (app.build checks the requests against the checkpoints' max_context)
+    _fails(tiny_pair, tmp_path, ConfigError, r"= 600 \+ 4 \+ 16 = 620 tokens \(request 0\) exceed the context of "
+           r"model target \(512 tokens", "workload.prompt_len=600")
+    _fails(tiny_pair, tmp_path, ConfigError, r"= 526 tokens \(request 0\) exceed the context of model target \(512",
+           "workload.prompt_len=400", "workload.output_len=110")
 
 
 def test_policy_invalid_allocation(tiny_pair, tmp_path):
