@@ -435,21 +435,21 @@ _REDELIVER_S = 0.05   # a swallowed Ctrl-C is raised again this much later (_unr
 
 def _unraisable(u) -> None:
     """sys.unraisablehook of the `specdepth` command. A Ctrl-C that lands in a callback from compiled code
-    (numba compiling a kernel on its first use, inside llvmlite's ctypes callback) cannot propagate: Python
-    prints "Exception ignored ..." with a traceback and the code goes on, to fail on what the callback left
-    undone ("RuntimeError: no compiled object yet"). Remember it, quietly; main() then reports the interrupt.
-    Where nothing fails after it (the compilation went on; a finalizer) the run would go on to its end: the
-    interrupt is delivered again in a moment, in the main thread, where it can be raised (CI once saw a run exit 0
-    after its Ctrl-C; this is the likeliest cause, not reproduced here in 77 tries)."""
-    if _SIGINT[0]:   # the process is being stopped: a destructor interrupted, or failing after it, is noise
-        return
+    (numba compiling a kernel on its first use, inside llvmlite's ctypes callback) or in a finalizer cannot
+    propagate: Python prints "Exception ignored ..." with a traceback and the code goes on, either to fail on what
+    the callback left undone ("RuntimeError: no compiled object yet") or to the run's end. Remember it, quietly
+    (main() then reports the interrupt), and deliver it again a moment later in the main thread, where it can be
+    raised; a redelivered one that is swallowed too is delivered again, until the interrupt is being handled.
+    After a real Ctrl-C, what other destructors print is noise and is dropped."""
     if u.exc_type is not None and issubclass(u.exc_type, KeyboardInterrupt):
         _SWALLOWED[0] = True
-        timer = _REDELIVERY[0]
+        timer = _REDELIVERY[0]   # False once the interrupt is being handled: nothing to deliver again
         if timer is None or (timer is not False and not timer.is_alive()):   # again, if that one was swallowed too
             _REDELIVERY[0] = timer = threading.Timer(_REDELIVER_S, _thread.interrupt_main)
             timer.daemon = True
             timer.start()
+        return
+    if _SIGINT[0]:   # the process is being stopped: a destructor failing after the interrupt is noise
         return
     sys.__unraisablehook__(u)
 
@@ -485,6 +485,7 @@ def _exit_interrupted():
     from their __del__ when the interpreter tears down ("'PassBuilder' object has no attribute
     '_as_parameter_'"); no result file is open then, the run dir is already cleaned up (_task) and the log
     handlers flush every record."""
+    _interrupt_handled()
     print(_INTERRUPTED, file=sys.stderr, flush=True)
     if _SIGINT[0]:
         for stream in (sys.stdout, sys.stderr):
