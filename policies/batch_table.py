@@ -19,6 +19,9 @@ class BatchTable(Policy):
             items = [list(r) for r in table]
         except TypeError:
             raise ConfigError(f"policy.table must be a list of [start_bs, end_bs, k], got {table!r}") from None
+        if not items:
+            raise ConfigError("policy.table is empty: give at least one [start_bs, end_bs, k] row "
+                              "(policy=none runs without speculation)")
         for i, r in enumerate(items):
             if len(r) != 3:
                 raise ConfigError(f"policy.table[{i}] must be [start_bs, end_bs, k], got {r!r}")

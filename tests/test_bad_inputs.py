@@ -171,6 +171,7 @@ ROWS = [
     ("4", "policy=bandit policy.arms=[]", "policy.arms"),
     ("4", "policy=batch_table policy.table=[[1,2]]", "policy.table[0]"),
     ("4", "policy=batch_table policy.table=[[1,8,2],[4,9,1]]", "policy.table"),
+    ("4", "policy=batch_table policy.table=[]", "policy.table is empty"),
     ("4", "policy=disable_by_batch policy.threshold=0", "policy.threshold"),
     ("4", "policy=heuristic policy.initial=0", "policy.initial"),
     ("4", "policy=confidence policy.max_depth=-3", "policy.max_depth"),

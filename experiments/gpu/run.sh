@@ -20,13 +20,11 @@ fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export HYDRA_FULL_ERROR=1
 case " $* " in *" --smoke "*) export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} ;; esac
-missing=$("$PYTHON" - <<'PY'
-import importlib.util as u
-print(" ".join(m for m in ("hydra", "omegaconf", "numba", "torch", "transformers", "matplotlib") if u.find_spec(m) is None))
-PY
-)
-if [ -n "$missing" ]; then
-  echo "run.sh: $PYTHON lacks: $missing (install them first; nothing is downloaded here)" >&2
+# one line at start: the wheels this machine lacks (experiments/gpu/README.md, "Carrying wheels"), or "carry: nothing"
+carry=$("$PYTHON" src/specdepth/versions.py --carry 2>&1) || { echo "run.sh: $carry" >&2; exit 2; }
+echo "run.sh: $carry" | tee -a "$OUT/console.txt"
+if [ "$carry" != "carry: nothing" ]; then
+  echo "run.sh: install those first (pip install --no-index --no-deps --target ...); nothing is downloaded here" >&2
   exit 2
 fi
 if ! "$PYTHON" -c "import specdepth.conf, specdepth.policies" 2>/dev/null; then
