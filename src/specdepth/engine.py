@@ -7,7 +7,11 @@ Each step is a `Step` record filled phase by phase:
 admit: arrived requests join the batch (their prefill emits each one's first token); plan: the policy's
 depths; draft: position by position over the rows still drafting (policy.keep_drafting after each), or one
 block when nobody stops early; verify: one batched target forward, then policy.observe; commit: accepted
-drafts plus the bonus/correction token, per-row statistics; record: the step row; retire: finished requests
+drafts plus the bonus/correction token, per-row statistics; A plan may be a tree plan instead (a
+specdepth.tree.Tree, or one per row): if every row's tree is a chain it runs as those depths, else the
+executor drafts the trees level by level (draft_tree, no keep_drafting) and verifies them in one forward
+(verify_tree), and the per-row statistics count a row as drafted = its tree's depth, accepted = its accepted
+path's length; record: the step row; retire: finished requests
 leave (their request rows). The running batch's per-row state is one `RowTable` (rows.py) that the engine,
 the executor and the acceptance model share; time is a `Clock` (clock.py). `metrics.summarize` turns the
 rows into summary.json. docs/architecture.md has the picture.
@@ -23,6 +27,7 @@ import numpy as np
 
 from . import _kernels as _k
 from . import protocols
+from . import tree as _tree
 from .clock import Clock
 from .cost import CostModel
 from .errors import ConfigError, PolicyError, SpecdepthError, as_bool, as_float, as_int
@@ -30,6 +35,7 @@ from .executor import Executor
 from .policy import Policy, StepView
 from .rows import RowTable
 from .trace import TraceRecorder
+from .tree import Tree
 from .workload import Request
 
 STEP_COLUMNS = ("step", "time_s", "batch_size", "max_depth", "drafted", "accepted", "emitted", "verify_tokens",
@@ -87,11 +93,14 @@ class Step:
     oracle_accept: np.ndarray | None = None
     accept_prob: np.ndarray | None = None    # true per-token acceptance probabilities (requires_accept_prob)
     expected_accept_prob: np.ndarray | None = None   # the same before the draft's confidences are seen (on access)
-    depths: np.ndarray | None = None    # per row: the plan
+    depths: np.ndarray | None = None    # per row: the plan (a tree plan: each row's tree's depth)
+    trees: list | None = None           # a tree plan's Tree per row; None on a chain step
+    nodes: np.ndarray | None = None     # a tree plan's nodes per row; None on a chain step
     max_depth: int = 0                  # the deepest depth planned
     # draft
     row_drafted: np.ndarray | None = None
     confidences: np.ndarray | None = None
+    node_confidences: np.ndarray | None = None   # a tree step's [rows, most nodes], NaN padding
     draft_forwards: int = 0
     draft_s: float = 0.0
     draft_flops: float = 0.0
@@ -215,6 +224,8 @@ class Engine:
         return self._check_any_depths(depths, n)
 
     def _check_any_depths(self, depths, n: int) -> tuple[np.ndarray, int]:
+        if isinstance(depths, Tree) or (isinstance(depths, (list, tuple)) and any(isinstance(t, Tree) for t in depths)):
+            return self._check_trees(depths, n)
         d = depths if isinstance(depths, np.ndarray) else (None if depths is None else np.asarray(depths))
         if d is None or d.shape != (n,):
             self._bad(f"plan() must return one depth per sequence, shape ({n},); got "
@@ -232,6 +243,37 @@ class Engine:
             self._bad(f"the step's verify tokens ({n + total} = {n} sequences + {total} drafts) exceed "
                       f"engine.max_num_batched_tokens={self.cfg.max_num_batched_tokens}")
         return d.astype(np.int64), int(hi)
+
+    def _check_trees(self, plan, n: int) -> tuple[np.ndarray, int]:
+        """A tree plan: one Tree for every row, or a list of n. All chains: their depths, checked as depths
+        (the same step as returning them). Else each tree's depth and the nodes are checked, the trees kept for
+        the draft (self._tree_plan), and each tree's depth returned as the row's depth."""
+        trees = [plan] * n if isinstance(plan, Tree) else list(plan)
+        if len(trees) != n:
+            self._bad(f"plan() must return one Tree for every sequence or a list of {n} (one per sequence); got "
+                      f"a list of {len(trees)}")
+        unique = {}
+        for i, t in enumerate(trees):
+            if id(t) not in unique:
+                if not isinstance(t, Tree):
+                    self._bad(f"plan()'s tree plan: element {i} is a {type(t).__name__}, not a specdepth.tree.Tree "
+                              f"(tree.chain(k) is a chain of k drafts)")
+                unique[id(t)] = t
+        nodes = _tree.tree_nodes(trees)
+        if all(t.is_chain for t in unique.values()):
+            return self._check_depths(nodes, n)
+        depths = np.array([t.max_depth for t in trees], np.int64)
+        hi, total = int(depths.max()), int(nodes.sum())
+        if hi > self.cfg.max_depth:
+            i = int(np.argmax(depths))
+            self._bad(f"plan() returned a tree of depth {hi} (sequence {i}) > engine.max_depth={self.cfg.max_depth}")
+        if n + total > self.cfg.max_num_batched_tokens:
+            self._bad(f"the step's verify tokens ({n + total} = {n} sequences + {total} tree nodes) exceed "
+                      f"engine.max_num_batched_tokens={self.cfg.max_num_batched_tokens}")
+        if not self.executor.supports_trees:
+            self._bad(f"plan() returned a tree plan, but {self.executor.tree_refusal()}")
+        self._tree_plan = (trees, nodes)
+        return depths, hi
 
     def _check_mask(self, mask, n: int) -> np.ndarray:
         m = np.asarray(mask) if mask is not None else None
@@ -276,7 +318,8 @@ class Engine:
         self._oracle, self._accept_prob = self.policy.requires_oracle, self.policy.requires_accept_prob
         self.view = StepView(self.rows, self.budget, cfg.max_depth, cfg.max_num_batched_tokens, self.cost,
                              cfg.acceptance_prior, ex.true_cost() if self.policy.requires_true_cost else None,
-                             self.clock, ex.draft_lag, ex.peek_expected_prob)
+                             self.clock, ex.draft_lag, ex.peek_expected_prob,
+                             ex.rank_table() if self.policy.requires_accept_prob else None)
         self._has_keep, self._has_obs = _overrides(self.policy, "keep_drafting"), _overrides(self.policy, "observe")
         recorder = cfg.record_trace or ex.record_trace
         self._trace = TraceRecorder() if recorder else None
@@ -286,6 +329,7 @@ class Engine:
         self._no_drafts = np.zeros(self._cap, np.int64)
         self._no_drafts.flags.writeable = False
         self._next = self._step = self._hptr = 0
+        self._tree_plan = None
         self._commit_version = -1
         self._max_depth, self._max_tokens, self._history = cfg.max_depth, cfg.max_num_batched_tokens, cfg.history
         self._commit_args = (cfg.acceptance_decay, self._joint, cfg.max_depth + 1)
@@ -390,6 +434,9 @@ class Engine:
             s.accept_prob = self.executor.peek_accept_prob(self.cfg.max_depth)
         self.view.bind(s, self._hptr)
         s.depths, s.max_depth = self._check_depths(self._hook("plan", self.view), s.batch_size)
+        if self._tree_plan is not None:
+            s.trees, s.nodes = self._tree_plan
+            self._tree_plan = None
         self.executor.begin_step(s.depths, s.max_depth)
 
     def _draft(self, s: Step) -> None:
@@ -397,6 +444,11 @@ class Engine:
         n, kmax, ex = s.batch_size, s.max_depth, self.executor
         if not kmax:
             s.row_drafted = self._no_drafts[:n]   # read-only zeros
+            return
+        if s.trees is not None:   # a tree step: level by level, no keep_drafting
+            s.node_confidences, s.draft_s, f, s.draft_forwards = ex.draft_tree(s.trees)
+            s.draft_flops += f
+            s.row_drafted = s.depths
             return
         if not self._need_conf:
             s.draft_s, f = ex.draft_block(s.depths)
@@ -423,7 +475,10 @@ class Engine:
                                                n)
 
     def _verify(self, s: Step) -> None:
-        s.row_accepted, s.verify_s, f = self.executor.verify(s.row_drafted)
+        if s.trees is None:
+            s.row_accepted, s.verify_s, f = self.executor.verify(s.row_drafted)
+        else:
+            s.row_accepted, s.verify_s, f = self.executor.verify_tree(s.trees)
         s.target_flops += f
         if self._has_obs:
             self._hook("observe", self.view, _read_only(s.row_accepted))
@@ -441,9 +496,11 @@ class Engine:
         s.accepted, s.drafted, s.emitted, s.decoded_done = _k.commit(
             *self._commit_cols, hptr, s.row_drafted, s.row_accepted, *self._commit_args, s.max_depth > 0)
         s.finished += s.decoded_done
+        if s.trees is not None:   # steps.csv: a tree step's drafts are its nodes (verify_tokens = batch + nodes)
+            s.drafted = int(s.nodes.sum())
         self.res.seq_steps += s.batch_size
         self.res.emitted_unclipped += s.accepted + s.batch_size
-        if self._trace is not None and s.max_depth:
+        if self._trace is not None and s.max_depth and s.trees is None:   # chain steps only
             self._trace.record(r.request_id, s.row_drafted, s.row_accepted, s.confidences)
         if self._pbar is not None:
             self._pbar.update(s.emitted)

@@ -76,6 +76,9 @@ class Executor(ABC):
     #: timing mode (backend.acceptance=simulated), whose accept/reject decisions come from an acceptance model.
     #: summary.json's `lossless`.
     lossless: bool = False
+    #: True when the executor runs tree plans (draft_tree, verify_tree); the engine refuses a policy's tree plan
+    #: (one whose rows are not all chains) on an executor without, with tree_refusal()'s reason.
+    supports_trees: bool = False
 
     def machine(self) -> str | None:
         """The device a wall-clock executor is timed on ("cpu", "cuda:0 NVIDIA H200"): summary.json's
@@ -120,6 +123,28 @@ class Executor(ABC):
     def verify(self, drafted: np.ndarray) -> tuple[np.ndarray, float, float]:
         """One target forward over every row's last token plus its `drafted[i]` drafts; keeps the accepted
         drafts and the bonus/correction token. Returns (accepted drafts per row, seconds, flops)."""
+
+    def tree_refusal(self) -> str:
+        """Why this executor cannot run tree plans (the end of the engine's PolicyError), where it cannot."""
+        return f"backend {self.name!r} runs chain plans only (depths)"
+
+    def draft_tree(self, trees: list) -> tuple[np.ndarray, float, float, int]:
+        """Propose every row's tree (`specdepth.tree.Tree`, one per row; a chain(0) row drafts nothing) level
+        by level: one draft forward per level over the rows with nodes at that level. begin_step ran before,
+        with each tree's depth. Returns (node_confidences float [rows, most nodes]: the draft's probability of
+        each node's token in node order, NaN padding; seconds, flops, forwards)."""
+        raise BackendError(f"backend {self.name!r} cannot draft trees; {self.tree_refusal()}")
+
+    def verify_tree(self, trees: list) -> tuple[np.ndarray, float, float]:
+        """One target forward over every row's last token and its tree's nodes; keeps the accepted path and
+        the bonus/correction token as `verify` does for a chain, frees the other nodes. Returns (accepted
+        nodes per row: the accepted path's length, seconds, flops)."""
+        raise BackendError(f"backend {self.name!r} cannot verify trees; {self.tree_refusal()}")
+
+    def rank_table(self) -> np.ndarray | None:
+        """The true per-rank acceptance table of this run, float [R] (the simulator's; view.rank_table for
+        policies with requires_accept_prob), or None where nobody knows it (a real backend)."""
+        return None
 
     def peek_accepted(self, k: int) -> np.ndarray:
         """How many of the next k draft positions the target will accept, per row (oracle policies)."""

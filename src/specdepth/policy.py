@@ -5,12 +5,14 @@ it (`~policy.depth` drops the preset's key your constructor does not take):
 
     specdepth policy=none '~policy.depth' policy._target_=mypkg.mypolicy.MyPolicy +policy.my_param=3
 
-A policy imports only this module, `specdepth.errors`, numpy and, if it likes, the policy kit
-(`specdepth.policies.kit`). Everything it needs arrives in the `StepView`. docs/plugins.md is the protocol.
+A policy imports only this module, `specdepth.errors`, numpy, `specdepth.tree` (tree plans) and, if it likes,
+the policy kit (`specdepth.policies.kit`). Everything it needs arrives in the `StepView`. docs/plugins.md is the protocol.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from .tree import tree_draft_time
 
 
 def _ro(a: np.ndarray) -> np.ndarray:
@@ -39,10 +41,18 @@ class StepView:
                                   where the executor charges one token whatever the history (the simulator's
                                   default). Price it with `policies.kit.catch_up_s`.
     During drafting (keep_drafting) and in observe:
-      depths              int64   this step's plan
+      depths              int64   this step's plan (a tree step: each row's tree's depth)
       drafted             int64   drafts proposed so far this step
       confidences         float64 [batch_size, max planned depth] the draft's probability of each token it
-                                  proposed, NaN where nothing was drafted (None when no hook needs them)
+                                  proposed, NaN where nothing was drafted (None when no hook needs them;
+                                  None on a tree step)
+    After the plan, on a step whose plan was a tree plan (specdepth.tree; None on a chain step):
+      trees               list    the Tree each row drafts (docs/plugins.md: tree plans)
+      nodes               int64   nodes per row (its verify tokens are 1 + nodes)
+      node_confidences    float64 [batch_size, most nodes] the draft's probability of each node's token in
+                                  node order, NaN padding (after drafting: in observe)
+    Price a tree plan before returning it with specdepth.tree.tree_step_time(view.cost, view.context_lens,
+    trees) (draft forwards level by level; the verify counts the nodes as drafts).
     From plan on, only for policies with requires_oracle = True (simulator):
       oracle_accept       int64   how many leading draft positions the target will accept this step
     In plan, only for policies with requires_accept_prob = True (simulator):
@@ -54,6 +64,9 @@ class StepView:
                                   for iid, beta and decay (computed on first access). A token's entry of
                                   accept_prob is what its confidence tells once drafted (`oracle_causal` plans
                                   with this, stops with that)
+      rank_table          float64 [R] the true per-rank acceptance table (specdepth.tree_acceptance: the
+                                  probability that the target's token is the draft's rank-r candidate),
+                                  where the acceptance model has one (acceptance=ranked, iid), else None
     In observe (after verification; None before), what this step cost, measured and predicted:
       measured_draft_s    float   seconds of this step's draft forwards as the clock charged them (model
                                   time on backend=sim, including its overhead switches; wall time on hf)
@@ -78,16 +91,17 @@ class StepView:
     """
 
     __slots__ = ("_rows", "_s", "_budget", "_max_depth", "_max_tokens", "_cost", "_prior", "_hptr", "_pred",
-                 "_true_cost", "_clock", "_lag", "_expected")
+                 "_true_cost", "_clock", "_lag", "_expected", "_rank_table")
 
     def __init__(self, rows, token_budget: int, max_depth: int, max_num_batched_tokens: int, cost,
-                 prior: float = 0.7, true_cost=None, clock=None, lag=None, expected=None):
+                 prior: float = 0.7, true_cost=None, clock=None, lag=None, expected=None, rank_table=None):
         self._rows, self._budget, self._max_depth, self._max_tokens, self._cost, self._prior = (
             rows, token_budget, max_depth, max_num_batched_tokens, cost, prior)
         self._true_cost = true_cost
         self._clock = clock   # the engine's Clock (measured_policy_s); None: 0.0
         self._lag = lag       # the executor's draft_lag (a callable returning an array, or None); None: ones
         self._expected = expected   # the executor's peek_expected_prob (called with k; on first access, per step)
+        self._rank_table = None if rank_table is None else _ro(np.asarray(rank_table, np.float64))
         self._s = None
         self._hptr = 0
         self._pred = None
@@ -158,6 +172,14 @@ class StepView:
     confidences = property(lambda self: _ro_or_none(self._s.confidences))
     oracle_accept = property(lambda self: _ro_or_none(self._s.oracle_accept))
     accept_prob = property(lambda self: _ro_or_none(self._s.accept_prob))
+    rank_table = property(lambda self: self._rank_table)
+    nodes = property(lambda self: _ro_or_none(self._s.nodes))
+    node_confidences = property(lambda self: _ro_or_none(self._s.node_confidences))
+
+    @property
+    def trees(self):
+        t = self._s.trees
+        return None if t is None else list(t)
 
     @property
     def expected_accept_prob(self):
@@ -187,7 +209,10 @@ class StepView:
         t = self._pred[which]
         if t is None:
             ctx, d = self.context_lens, self._s.row_drafted
-            if which == 1:
+            if self._s.trees is not None:   # a tree step: specdepth.tree's prices (nodes as the verify's drafts)
+                t = (float(self._cost.verify_time(ctx, self._s.nodes)) if which == 1 else
+                     tree_draft_time(self._cost, ctx, self._s.trees))
+            elif which == 1:
                 t = float(self._cost.verify_time(ctx, d))
             else:
                 t = float(self._cost.draft_positions(ctx, d)[0]) if d.any() else 0.0
@@ -214,12 +239,16 @@ class Policy:
     sequences; keep_drafting and observe only where a subclass overrides them):
       reset()                         clear per-run state
       plan(view) -> depths            required: int array [batch_size], 0 <= depth <= view.max_depth, and
-                                      batch_size + sum(depths) <= view.max_num_batched_tokens
+                                      batch_size + sum(depths) <= view.max_num_batched_tokens; or a tree
+                                      plan: a specdepth.tree.Tree for every row or a list of one per row
+                                      (depth <= view.max_depth, batch_size + total nodes within the cap;
+                                      executors with supports_trees; docs/plugins.md)
       keep_drafting(view, position, confidence) -> mask
                                       after draft position `position` (0-based); `confidence` is float
                                       [batch_size], NaN for rows not drafting; rows whose mask is False stop
                                       (the token just drafted is still verified). Default: keep all.
-      observe(view, accepted)         accepted drafts per row after verification. Default: nothing.
+      observe(view, accepted)         accepted drafts per row after verification (a tree step: the accepted
+                                      path's nodes). Default: nothing.
     Set `requires_oracle = True` to receive `view.oracle_accept`, `requires_accept_prob = True` for
     `view.accept_prob` and `view.expected_accept_prob`, `requires_true_cost = True` for `view.true_cost` (each
     simulator only). Set `depth_param` (or override depth_bound) to have a configuration deeper than

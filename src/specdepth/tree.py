@@ -269,3 +269,64 @@ def attention_mask(context: np.ndarray, trees: Tree | Sequence[Tree], bucket: in
     rr = np.arange(n)[:, None]
     tree_part = anc[rr[:, :, None], np.arange(Q)[None, :, None], np.clip(slot, 0, Q - 1)[:, None, :]]
     return (slot < 0)[:, None, :] | (inside[:, None, :] & tree_part)
+
+
+# ---- what a tree step costs ------------------------------------------------------------------------
+def level_counts(trees: Tree | Sequence[Tree], n: int | None = None) -> np.ndarray:
+    """int64 [n, D]: row i's nodes at depths 1..D (D: the deepest tree; a chain of k: ones in its first k
+    columns). One Tree stands for all n rows."""
+    ts = rows(trees, n)
+    D = max((t.max_depth for t in ts), default=0)
+    out = np.zeros((len(ts), D), np.int64)
+    for i, t in enumerate(ts):
+        out[i, :t.max_depth] = np.bincount(t.depth, minlength=t.max_depth + 1)[1:]
+    return out
+
+
+def parent_counts(trees: Tree | Sequence[Tree], n: int | None = None) -> np.ndarray:
+    """int64 [n, D]: the tokens row i's draft forward at level d (1..D) feeds to propose its depth-d nodes:
+    their distinct parents (the root, 1, at d = 1); 0 where the row has no depth-d node."""
+    ts = rows(trees, n)
+    D = max((t.max_depth for t in ts), default=0)
+    out = np.zeros((len(ts), D), np.int64)
+    for i, t in enumerate(ts):
+        if t.nodes:
+            par = np.unique(t.parent)                        # parents with children (-1: the root)
+            pd = np.where(par >= 0, t.depth[np.maximum(par, 0)], 0)   # a parent's depth; its children at pd + 1
+            out[i, :t.max_depth] = np.bincount(pd, minlength=t.max_depth)[:t.max_depth]
+    return out
+
+
+def tree_draft(forward, ctx: np.ndarray, trees: Tree | Sequence[Tree]) -> tuple[float, float, int]:
+    """Draft a tree plan level by level: forward(ctx_rows, q, level) -> (seconds, flops) is one draft forward
+    over the rows that have nodes at `level` (0-based: level l proposes the depth-(l + 1) nodes), row i at
+    context ctx[i] + l feeding q[i] tokens (parent_counts: the parents of those nodes; a chain feeds one token
+    a level, as its draft_positions). Returns (seconds, flops, forwards)."""
+    ctx = np.asarray(ctx, np.int64)
+    q = parent_counts(trees, ctx.shape[0])
+    seconds = flops = 0.0
+    for lvl in range(q.shape[1]):
+        m = np.flatnonzero(q[:, lvl])
+        t, f = forward(ctx[m] + lvl, q[m, lvl], lvl)
+        seconds += float(t)
+        flops += float(f)
+    return seconds, flops, int(q.shape[1])
+
+
+def tree_nodes(trees: Tree | Sequence[Tree], n: int | None = None) -> np.ndarray:
+    """int64 [n]: each row's node count (its verify tokens are 1 + that)."""
+    return np.array([t.nodes for t in rows(trees, n)], np.int64)
+
+
+def tree_draft_time(cost, ctx: np.ndarray, trees: Tree | Sequence[Tree]) -> float:
+    """Seconds of a tree plan's draft forwards under `cost` (view.cost's draft_forward), as tree_draft runs
+    them; a chain of k costs what cost.draft_positions(ctx, k) does."""
+    return tree_draft(lambda c, q, lvl: cost.draft_forward(c, q), ctx, trees)[0]
+
+
+def tree_step_time(cost, ctx: np.ndarray, trees: Tree | Sequence[Tree]) -> float:
+    """Seconds of one tree step under `cost`: tree_draft_time plus the verify, where a row's nodes count as
+    its drafts (cost.verify_time(ctx, nodes): 1 + nodes verify tokens a row). The simulator's clock charges
+    the same (SimExecutor.draft_tree, verify_tree)."""
+    ctx = np.asarray(ctx, np.int64)
+    return tree_draft_time(cost, ctx, trees) + float(cost.verify_time(ctx, tree_nodes(trees, ctx.shape[0])))
