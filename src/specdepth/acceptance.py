@@ -13,6 +13,10 @@ compared on one seed differ by their decisions, not by their luck. The draws com
 hash of (run seed, request, position), so they cost no state and do not depend on the admission order.
 
 Confidence is what a real draft reports: its probability of the token it proposed.
+
+Tree plans (specdepth.tree) need a per-rank table (`rank_table`: the probability that the target's token is
+the draft's rank-r candidate; tree_acceptance.py): `ranked` has one, `iid` the geometric rank_table(alpha);
+the other models have none and the simulator refuses tree plans under them.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import numpy as np
 
 from . import _kernels as _k
 from . import inputs
-from .errors import ConfigError, as_float, as_prob
+from .errors import ConfigError, as_float, as_int, as_prob
 from .rows import RowTable
 
 
@@ -95,6 +99,11 @@ class AcceptanceModel:
     def commit(self, drafted: np.ndarray, accepted: np.ndarray) -> None:
         """After every verify (also one without drafts): row i had drafted[i] drafts verified, accepted[i]
         of them, and emitted accepted[i] + 1 tokens."""
+
+    def rank_table(self) -> np.ndarray | None:
+        """The per-rank acceptance table tree plans are accepted by (tree_acceptance.TreeAcceptance, keyed by
+        (request, output position) with this model's key), float [R]; None: this model runs chain plans only."""
+        return None
 
     def probability(self, conf: np.ndarray) -> np.ndarray:
         """The true acceptance probability of each token of the block `sample` returned with confidences
@@ -188,6 +197,43 @@ class IID(Keyed):
 
     def levels(self, ids):
         return np.full(ids.size, self.alpha)
+
+    def rank_table(self):
+        """The geometric table tree_acceptance.rank_table(alpha): rank 0 accepted with alpha, as a chain's draft."""
+        from .tree_acceptance import rank_table
+        return rank_table(self.alpha)
+
+
+class Ranked(Keyed):
+    """Per-rank acceptance for draft trees: at every (request, output position) the target's token is the
+    draft's rank-r candidate with probability table[r] (tree_acceptance.py), independently across positions;
+    `table` as given, or the geometric alpha x decay ** r for r < ranks (decay null: 1 - alpha).
+
+    A chain plan drafts the rank-0 candidates: it runs exactly as acceptance=iid with alpha = table[0] (the
+    same keyed uniforms, the same outcomes); its confidence is table[0]. A tree node's confidence is the table
+    entry of its rank (sim.SimExecutor.draft_tree).
+    """
+
+    def __init__(self, table=None, alpha: float = 0.8, decay: float | None = None, ranks: int = 8):
+        from .tree_acceptance import check_table, rank_table
+        if table is not None:
+            try:
+                self.table = check_table(list(table))
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"acceptance.table: {e}") from None
+        else:
+            a = as_prob(alpha, "acceptance.alpha")
+            d = None if decay is None else as_float(decay, "acceptance.decay", min=0, max=1)
+            n = as_int(ranks, "acceptance.ranks", min=1, max=4096)
+            self.table = rank_table(a, d, n)
+        self.table.flags.writeable = False
+        self.alpha = float(self.table[0])   # a chain's acceptance probability
+
+    def levels(self, ids):
+        return np.full(ids.size, self.alpha)
+
+    def rank_table(self):
+        return self.table
 
 
 class Beta(Keyed):

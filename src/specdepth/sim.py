@@ -1,14 +1,22 @@
 """The simulator executor: numpy only, vectorised over the batch. Time comes from a cost model,
-acceptance from an acceptance model. It plugs into the same engine loop as the real backend."""
+acceptance from an acceptance model. It plugs into the same engine loop as the real backend.
+
+Tree plans (specdepth.tree) run where the acceptance model has a per-rank table (acceptance=ranked, iid):
+the draft is charged level by level as tree.tree_draft prices it, the verify with each row's nodes as its
+drafts, and the accepted path is tree_acceptance.TreeAcceptance's walk over the model's own keyed uniforms
+(by request and output position), so every policy, chain or tree, faces the same target tokens."""
 from __future__ import annotations
 
 import numpy as np
 
+from . import _kernels as _k
 from .acceptance import AcceptanceModel
 from .cost import CostModel, TableCost
 from .errors import ConfigError, as_bool, as_float
 from .executor import Executor, prefill_groups, prefill_price
 from .timing import SimulatedOutcomes
+from .tree import tree_draft, tree_nodes
+from .tree_acceptance import TreeAcceptance
 
 
 class SimExecutor(Executor):
@@ -52,6 +60,14 @@ class SimExecutor(Executor):
         self._next = bool(getattr(self.clock_cost, "has_draft_next", False))
         self._exact = self.clock_cost is cost and not self.pad_ragged and not self._next   # time and FLOPs at once
         self.outcomes = SimulatedOutcomes(acceptance_model, seed)   # the model's (confidence, accepted) blocks
+        # tree plans: the model's per-rank table (None: chain plans only), walked with the model's own key
+        table = getattr(self.outcomes.model, "rank_table", lambda: None)()
+        self._table = None if table is None else np.asarray(table, np.float64)
+        self._tree_acc = None
+        if self._table is not None:
+            self._tree_acc = TreeAcceptance(self._table)
+            self._tree_acc.key = self.outcomes.model.key
+        self._depths = None
         self.rows = None
         self._kmax = -1   # the step's deepest plan (begin_step); -1 before the first
         self._ones = np.ones(0, np.int64)   # the verify's query (one token per row) of a step with no drafts
@@ -119,7 +135,7 @@ class SimExecutor(Executor):
         return self.rows.sim_lag if self.catch_up else None   # without draft_catch_up the clock charges 1 token
 
     def begin_step(self, depths, kmax):
-        self._kmax = kmax
+        self._kmax, self._depths = kmax, depths
         self.outcomes.begin_step(kmax)
 
     def draft(self, rows, position):
@@ -165,6 +181,59 @@ class SimExecutor(Executor):
         if self.catch_up:
             lag = self.rows.sim_lag
             lag[:] = np.where(drafted > 0, 1 + (accepted >= drafted), lag + 1)
+        return accepted, t, f
+
+    # ---- tree plans ----------------------------------------------------------------------------------
+    @property
+    def supports_trees(self) -> bool:
+        return self._table is not None
+
+    def tree_refusal(self) -> str:
+        return (f"acceptance model {type(self.outcomes.model).__name__} has no per-rank table: tree plans run "
+                f"under acceptance=ranked (or acceptance=iid)")
+
+    def rank_table(self):
+        return self._table
+
+    def draft_tree(self, trees):
+        """Level by level as tree.tree_draft prices it (the first level feeds each row's catch-up tokens with
+        backend.draft_catch_up), each level paying position_overhead_s. A node's confidence is the rank
+        table's entry of its rank (0 past the table)."""
+        if self._table is None:
+            raise ConfigError(f"backend 'sim': {self.tree_refusal()}")
+        r, n = self.rows, len(trees)
+        lag = r.sim_lag[np.flatnonzero(tree_nodes(trees) > 0)] if self.catch_up else None
+
+        def forward(ctx, q, lvl):
+            t, f = self._forward("draft", ctx, lag if lvl == 0 and lag is not None else q, lvl)
+            return t + self.position_overhead_s, f
+
+        t, f, forwards = tree_draft(forward, r.sim_ctx, trees)
+        width = max((tr.nodes for tr in trees), default=0)
+        conf = np.full((n, width), np.nan)
+        padded = np.append(self._table, 0.0)
+        for i, tr in enumerate(trees):
+            conf[i, :tr.nodes] = padded[np.minimum(tr.rank, self._table.size)]
+        return conf, t, f, forwards
+
+    def verify_tree(self, trees):
+        """One target forward over 1 + nodes tokens a row; the accepted path by TreeAcceptance at each row's
+        next output position; the context and the model advance by that path + 1."""
+        if self._table is None:
+            raise ConfigError(f"backend 'sim': {self.tree_refusal()}")
+        r = self.rows
+        ctx = r.sim_ctx
+        t, f = self._forward("target", ctx, tree_nodes(trees) + 1)
+        t += self.step_overhead_s
+        plan = trees[0] if all(tr is trees[0] for tr in trees) else trees   # one Tree: one children table
+        accepted = self._tree_acc.accepted(plan, r.acc_request, r.acc_pos)
+        drafted = self._depths
+        o = self.outcomes
+        o.conf = o.acc = None
+        _k.advance(ctx, accepted)   # ctx += accepted + 1
+        o.model.commit(drafted, accepted)
+        if self.catch_up:
+            r.sim_lag[:] = np.where(drafted > 0, 1 + (accepted >= drafted), r.sim_lag + 1)
         return accepted, t, f
 
 
