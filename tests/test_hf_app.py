@@ -43,7 +43,9 @@ def test_console_script(tiny_pair, tmp_path):
     # a bad input: exit code 2, one clean line, no results
     bad = tmp_path / "bad"
     r = _cli("specdepth", hf_overrides(tiny_pair, "workload.prompt_len=900", f"hydra.run.dir={bad}"), tmp_path)
-    assert r.returncode == 2 and "specdepth: error: request 0: prompt (900 tokens)" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("specdepth: error: workload.prompt_len + workload.output_len + engine.max_depth = "
+                               "900 + ") and "(request 0) exceed the context of model target" in r.stderr, r.stderr
     assert not (bad / "summary.json").exists()
 
 
