@@ -11,7 +11,8 @@ from .heuristic import Heuristic
 from .oracle import Oracle
 from .oracle_causal import OracleCausal
 from .oracle_expected import OracleExpected
+from .tree_fixed import TreeFixed
 
 __all__ = ["FixedDepth", "BatchScaled", "ConfidenceThreshold", "DisableByBatch", "BatchTable", "Heuristic",
            "EMA", "Goodput", "Oracle", "OracleExpected", "OracleCausal",
-           "Bandit"]
+           "Bandit", "TreeFixed"]

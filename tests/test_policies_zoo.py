@@ -737,9 +737,16 @@ def _with(cfg, policy_yaml=None, **keys):
     return build(cfg)
 
 
+# tree policies (tree_*) plan trees, which the simulator runs under a per-rank table (acceptance=ranked)
+RANKED = {"_target_": "specdepth.acceptance.Ranked", "table": None, "alpha": 0.75, "decay": None, "ranks": 8}
+
+
 @pytest.mark.parametrize("policy", POLICY_CONFIGS)
 def test_every_policy_config_runs_on_the_simulator(base_cfg, policy):
-    res = _with(base_cfg, policy)["engine"].run()
+    cfg = base_cfg.copy()
+    if policy.startswith("tree_"):
+        cfg.acceptance = OmegaConf.create(RANKED)
+    res = _with(cfg, policy)["engine"].run()
     assert len(res.requests) == 12
     assert sum(r[2] for r in res.requests) == 12 * 24
     if policy == "oracle":
@@ -752,7 +759,8 @@ def test_every_adaptive_policy_runs_where_the_token_cap_leaves_no_room(policy):
     """engine.max_num_batched_tokens = the full batch: one token per row, no room for a draft while the batch is
     full, from the first step (goodput once failed here: its observe read step-time tables its plan never built)."""
     cfg = compose("workload=closed", "workload.batch_size=6", "workload.output_len=24", "workload.prompt_len=64",
-                  "acceptance=confidence", "engine.max_num_batched_tokens=6", f"policy={policy}")
+                  "acceptance=ranked" if policy.startswith("tree_") else "acceptance=confidence",
+                  "engine.max_num_batched_tokens=6", f"policy={policy}")
     res = build(cfg)["engine"].run()
     assert sum(r[2] for r in res.requests) == 6 * 24
     assert all(s[4] == 0 for s in res.steps if s[2] == 6)   # a full batch (batch_size) drafts nothing
