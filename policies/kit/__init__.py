@@ -10,6 +10,8 @@
   depth        CostAwareDepth (one calibrated depth for the batch) and CostAwarePolicy, its Policy base
   budget       first_drafts, best_survivors: the shared token budget as a hard limit on drafts
   options      node: a nested config node with its keys checked
+  tree         best_order / best_tree, RankEstimate, TreePrice, plan_trees / plan_rows: draft trees under a per-rank
+               table (kit.tree.path_probs, expected_accepted)
 """
 from .acceptance import ConfidenceCalibration, PositionFactors, expected_tokens, shrunk_rates, tie_bands
 from .budget import best_survivors, first_drafts
@@ -21,12 +23,14 @@ from .idle import (PROBE_ROUNDS, PROBE_TOKENS, CatchUpPadding, IdleReplan, catch
                    may_probe, plan_pays_catch_up, thin_evidence)
 from .search import best_prefix, draft_caps, fit_token_cap, keep_by_margin, plan_by_position, uniform_depth
 from .state import PerRequest, Rows
+from .tree import RankEstimate, TreePlan, TreePrice, best_order, best_tree, plan_rows, plan_trees
 
 __all__ = [
     "CatchUpPadding", "ConfidenceCalibration", "CostAwareDepth", "CostAwarePolicy", "CostCalibration", "IdleReplan",
-    "PROBE_ROUNDS", "PROBE_TOKENS", "PaddingFit", "PerRequest", "PolicyTime", "PositionFactors", "Rows", "StepCost",
-    "Tables", "as_padded", "best_prefix", "best_survivors", "catch_up_pays", "catch_up_rows", "catch_up_s",
-    "draft_caps", "every_row_deep", "expected_max", "expected_tokens", "first_drafts", "fit_token_cap",
-    "keep_by_margin", "may_probe", "normal_cdf", "pad_extra", "plan_by_position", "plan_pays_catch_up", "row_cost",
-    "shrunk_rates", "thin_evidence", "tie_bands", "uniform_depth"
+    "PROBE_ROUNDS", "PROBE_TOKENS", "PaddingFit", "PerRequest", "PolicyTime", "PositionFactors", "RankEstimate",
+    "Rows", "StepCost", "Tables", "TreePlan", "TreePrice", "as_padded", "best_order", "best_prefix", "best_survivors",
+    "best_tree", "catch_up_pays", "catch_up_rows", "catch_up_s", "draft_caps", "every_row_deep", "expected_max",
+    "expected_tokens", "first_drafts", "fit_token_cap", "keep_by_margin", "may_probe", "normal_cdf", "pad_extra",
+    "plan_by_position", "plan_rows", "plan_trees", "plan_pays_catch_up", "row_cost", "shrunk_rates", "thin_evidence",
+    "tie_bands", "uniform_depth"
 ]

@@ -1,0 +1,296 @@
+"""Draft trees for policies: a tree's expected accepted nodes under a per-rank table, the best tree for a node
+budget, an online estimate of the table, a tree step's price, and each row's node count under the shared budget.
+
+A per-rank table t[r] is the probability that the target's token is the draft's rank-r candidate at a position
+(specdepth.tree_acceptance). A node's path probability is the product of t[rank] along its path; a tree's
+expected accepted nodes is the sum of its nodes' path probabilities. For a non-increasing table the best tree of
+N nodes is the N nodes of highest path probability (`best_order`: best-first, prefix-closed), and the best trees
+are nested: the tree of N + 1 nodes is the tree of N plus one node.
+
+    order = best_order(table, 64, max_depth=8)         # node parents, ranks, depths, path probabilities
+    tree = order.tree(10)                               # the best 10-node tree (a specdepth.tree.Tree)
+    est = RankEstimate(ranks=8); est.observe(trees, accepted)   # in observe: the table from outcomes
+    price = TreePrice(); price.update(view.cost, view.context_lens)
+    plan = plan_trees(est.table, price, view.batch_size, caps, max_nodes=64, max_depth=8)
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from specdepth.tree import Tree, chain, from_parents, rows
+
+
+# ---- a tree's expected accepted nodes -------------------------------------------------------------------------
+def path_probs(tree: Tree, table: np.ndarray) -> np.ndarray:
+    """float [N]: each node's path probability (the product of table[rank] along its path; 0 past the table)."""
+    t = np.asarray(table, float)
+    pr = np.where(tree.rank < t.size, t[np.minimum(tree.rank, t.size - 1)], 0.0)
+    reach = np.zeros(tree.nodes)
+    for d in range(1, tree.max_depth + 1):   # parents sit one level up: one vector step per level
+        at = tree.depth == d
+        par = tree.parent[at]
+        reach[at] = pr[at] * np.where(par >= 0, reach[np.maximum(par, 0)], 1.0)
+    return reach
+
+
+def expected_accepted(trees, table: np.ndarray, n: int | None = None) -> np.ndarray:
+    """float [n]: each row's expected accepted nodes (tree_acceptance.expected_accepted's rule; a Tree shared by
+    rows is computed once)."""
+    ts = rows(trees, n)
+    memo: dict[int, float] = {}
+    for t in ts:
+        if id(t) not in memo:
+            memo[id(t)] = float(path_probs(t, table).sum())
+    return np.array([memo[id(t)] for t in ts])
+
+
+# ---- the best tree for a node budget --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Order:
+    """Nodes in best-first order: parent (-1: the root), rank, depth (1 below the root) and path probability;
+    its first N nodes are the best N-node tree."""
+    parent: np.ndarray
+    rank: np.ndarray
+    depth: np.ndarray
+    prob: np.ndarray
+
+    def tree(self, nodes: int, max_depth: int | None = None) -> Tree:
+        """The first `nodes` nodes as a Tree; `max_depth`: without the nodes deeper than it (their subtrees are
+        deeper too, so the rest is the best tree of its size at that depth)."""
+        keep = np.arange(nodes) if max_depth is None else np.flatnonzero(self.depth[:nodes] <= max_depth)
+        if keep.size == nodes:
+            return from_parents(self.parent[:nodes])
+        new = np.full(nodes, -1, np.int64)
+        new[keep] = np.arange(keep.size)
+        par = self.parent[keep]
+        return from_parents(np.where(par >= 0, new[np.maximum(par, 0)], -1))
+
+    def levels(self) -> np.ndarray:
+        """int64 [N + 1, D]: the draft's tokens per level (specdepth.tree.parent_counts) of the first N nodes:
+        a node's rank-0 child opens its parent's slot in the level below it."""
+        D = int(self.depth.max(initial=0))
+        out = np.zeros((self.parent.size + 1, max(D, 1)), np.int64)
+        first = np.flatnonzero(self.rank == 0)
+        out[first + 1, self.depth[first] - 1] = 1
+        return np.cumsum(out, axis=0)
+
+
+def best_order(table, max_nodes: int, max_depth: int) -> Order:
+    """The `max_nodes` nodes of highest path probability under `table` (non-increasing), at most `max_depth`
+    deep, best first: a heap of candidates, where taking a node offers its rank-0 child and its next sibling.
+    Each node comes after its parent and its lower-ranked siblings, so every prefix is a valid tree; ties go to
+    the shallower, then the earlier node."""
+    t = np.asarray(table, float)
+    R = t.size
+    parent, rank, depth, prob = [], [], [], []
+    heap = [(-t[0], 1, 0, -1, 0)] if R and max_depth >= 1 and t[0] > 0 else []   # (-prob, depth, seq, par, rank)
+    seq = 1
+    while heap and len(parent) < max_nodes:
+        p, d, _, par, r = heapq.heappop(heap)
+        i = len(parent)
+        parent.append(par), rank.append(r), depth.append(d), prob.append(-p)
+        base = 1.0 if par < 0 else prob[par]
+        offers = [(-p * t[0], d + 1, i, 0)] if d < max_depth else []   # -p: this node's path probability
+        if r + 1 < R:
+            offers.append((base * t[r + 1], d, par, r + 1))
+        for q, dd, pp, rr in offers:
+            if q > 0:
+                heapq.heappush(heap, (-q, dd, seq, pp, rr))
+                seq += 1
+    return Order(*(np.array(a, dtype) for a, dtype in
+                   ((parent, np.int64), (rank, np.int64), (depth, np.int64), (prob, float))))
+
+
+def best_tree(table, nodes: int, max_depth: int) -> Tree:
+    """The N-node tree with the most expected accepted nodes under a non-increasing table."""
+    return best_order(table, nodes, max_depth).tree(nodes)
+
+
+# ---- the per-rank table, online ----------------------------------------------------------------------------
+class RankEstimate:
+    """The per-rank table estimated from what every engine sees after a step: each row's tree and its accepted
+    path length. The table is kept as hazards h[r] = P(R = r | R >= r) (t[r] = h[r] prod_{s<r} (1 - h[s])),
+    each the ratio of decayed counts: hits (the accepted path took rank r) over trials (R >= r was known and
+    whether R = r). A path of length a leaves an accepted node at depths 1..a and, past it, a miss of every
+    child rank of the last node. Which path of length a it was is not seen: each is weighted by its
+    probability under the current table (one E-step of EM per observation). A chain's path is exact.
+    `prior`: the geometric table of this rate (hazard `prior` at every rank) as `strength` trials per rank;
+    `memory`: observed rows the counts remember. The estimate is made non-increasing over ranks."""
+
+    def __init__(self, ranks: int = 8, prior: float = 0.7, strength: float = 10.0, memory: float = 5000.0):
+        self.ranks, self.strength, self.memory = int(ranks), float(strength), float(memory)
+        self.hits = np.zeros(self.ranks)
+        self.trials = np.zeros(self.ranks)
+        self.start(prior)
+
+    def start(self, prior: float) -> None:
+        """Set the prior rate (view.acceptance_prior), kept until the next call."""
+        self.prior = float(prior)
+
+    @property
+    def table(self) -> np.ndarray:
+        h = (self.hits + self.strength * self.prior) / (self.trials + self.strength)
+        t = h * np.concatenate([[1.0], np.cumprod(1.0 - h)[:-1]])
+        return np.minimum.accumulate(t)
+
+    def observe(self, trees, accepted: np.ndarray) -> None:
+        """Add one step's rows: their trees (a Tree for all, or one per row) and accepted path lengths."""
+        acc = np.asarray(accepted, np.int64)
+        ts = rows(trees, acc.size)
+        keep = np.exp(-acc.size / self.memory)
+        self.hits *= keep
+        self.trials *= keep
+        groups: dict[tuple[int, int], list] = {}
+        for t, a in zip(ts, acc.tolist()):
+            g = groups.setdefault((id(t), a), [t, 0])
+            g[1] += 1
+        table = self.table
+        for (_, a), (t, count) in groups.items():
+            hits, trials = self._expected_counts(t, a, table)
+            self.hits += count * hits
+            self.trials += count * trials
+
+    def _expected_counts(self, tree: Tree, a: int, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Expected hits and trials per rank of one row whose path on `tree` accepted `a` nodes."""
+        R = self.ranks
+        kids = np.bincount(tree.parent + 1, minlength=tree.nodes + 1)   # [root, node 0, ...]
+        reach = path_probs(tree, table)
+        t = np.concatenate([table, [0.0]])
+        miss = 1.0 - np.bincount(tree.parent + 1, weights=t[np.minimum(tree.rank, table.size)],
+                                 minlength=tree.nodes + 1)   # P(no child rank matches), per [root, node 0, ...]
+        if a == 0:
+            ends, w = np.array([0]), np.array([1.0])
+        else:
+            at = np.flatnonzero(tree.depth == a)
+            ends, w = at + 1, reach[at] * np.maximum(miss[at + 1], 0.0)
+            w = w / w.sum() if w.sum() > 0 else np.full(at.size, 1.0 / max(at.size, 1))
+        mass = np.zeros(tree.nodes + 1)
+        mass[ends] = w
+        for d in range(a, 1, -1):   # a path through a node: the mass of its path's end below it
+            at = np.flatnonzero(tree.depth == d)
+            np.add.at(mass, tree.parent[at] + 1, mass[at + 1])
+        on = mass[1:]
+        full = np.bincount(np.minimum(tree.rank, R), weights=on, minlength=R + 1)   # [R]: ranks past the table
+        hits, trials = full[:R], np.cumsum(full[::-1])[::-1][:R]   # an accepted rank r: a trial at ranks 0..r
+        k = np.minimum(kids[ends], R)          # a miss of ranks 0..k-1 at the path's end
+        trials += np.cumsum(np.bincount(k, weights=w, minlength=R + 1)[::-1])[::-1][1:]
+        return hits, trials
+
+
+# ---- a tree step's price ---------------------------------------------------------------------------------
+class TreePrice:
+    """A tree step's predicted seconds for the current batch, from a cost model (view.cost), as
+    specdepth.tree.tree_step_time prices it: one draft forward per level over the rows' parent tokens there,
+    then the verify with the nodes as drafts. Priced at the batch's mean context, every row alike (rows may have
+    fractional token counts: a fraction of the rows one token more), in tables cached per batch size and mean
+    context (2% buckets). `calibration` (a kit.CostCalibration, optional): its fitted scale and fixed part per
+    phase correct the model (draft: a fixed part per forward; verify: per step)."""
+
+    def __init__(self, calibration=None):
+        self.calibration = calibration
+        self._key = None
+
+    def update(self, cost, ctx: np.ndarray) -> "TreePrice":
+        n = int(ctx.size)
+        cbar = float(ctx.mean()) if n else 0.0
+        key = (n, int(np.log1p(cbar) * 50.0), id(cost))
+        if key != self._key:
+            self._key, self.cost, self.n, self.cbar = key, cost, n, cbar
+            self._verify = np.zeros(0)
+            self._draft = np.zeros(1)   # q = 0: no forward
+        return self
+
+    def _tables(self, nodes: float, q: float) -> tuple[np.ndarray, np.ndarray]:
+        """verify[x]: x nodes a row; draft[q]: one forward of q tokens a row; grown to cover the arguments."""
+        n, c = self.n, np.full(self.n, self.cbar)
+        X = int(np.ceil(nodes)) + 1
+        if self._verify.size < X + 1:
+            xs = np.arange(X + 1, dtype=float)
+            if hasattr(self.cost, "verify_times"):
+                self._verify = np.asarray(self.cost.verify_times(c, xs * n), float)
+            else:
+                self._verify = np.array([self.cost.verify_time(c, np.full(n, x)) for x in xs])
+        Q = int(np.ceil(q)) + 1
+        if self._draft.size < Q + 1:
+            more = [self.cost.draft_forward(c, np.full(n, qq, np.int64))[0] for qq in range(self._draft.size, Q + 1)]
+            self._draft = np.concatenate([self._draft, more])
+        return self._verify, self._draft
+
+    def seconds(self, nodes: np.ndarray, levels: np.ndarray) -> np.ndarray:
+        """Step seconds of plans where every row has `nodes[j]` nodes and `levels[j, d]` draft tokens at level d
+        (fractional: interpolated), for each plan j."""
+        nodes = np.asarray(nodes, float)
+        levels = np.asarray(levels, float).reshape(nodes.size, -1)
+        v, dr = self._tables(float(nodes.max(initial=0)), float(levels.max(initial=0)))
+        verify = np.interp(nodes, np.arange(v.size), v)
+        draft = np.interp(levels, np.arange(dr.size), dr)
+        forwards = (levels > 0).sum(axis=1)
+        if self.calibration is not None:
+            (sd, cd), (sv, cv) = self.calibration.params("draft"), self.calibration.params("verify")
+            return sd * draft.sum(axis=1) + cd * forwards + sv * verify + cv
+        return draft.sum(axis=1) + verify
+
+
+# ---- each row's tree under the shared budget ---------------------------------------------------------------
+@dataclass
+class TreePlan:
+    """A plan_trees answer: the depth cap and nodes per row (fractional: that fraction of the rows one node
+    more), its expected tokens per step and per second, and the order its trees come from."""
+    depth: int
+    nodes: float
+    tokens: float
+    goodput: float
+    order: Order
+
+
+def plan_trees(table, price: TreePrice, n: int, max_nodes: int, max_depth: int, depths=None,
+               steps: int = 8) -> TreePlan:
+    """The tree plan with the most expected tokens per second (n rows, each emitting 1 + its expected accepted
+    nodes) over the candidates: each depth cap D in `depths` (default 1..max_depth) and each node count per row
+    0..max_nodes in `steps` fractions (a fraction f of the rows one node more than the rest, whose trees are
+    the next in the best-first order). Every row shares `table`; `TreePlan.trees` truncates rows that end
+    early."""
+    best = TreePlan(0, 0.0, float(n), float(n) / float(price.seconds(np.zeros(1), np.zeros((1, 1)))[0]), None)
+    steps = max(1, min(int(steps), n))
+    if max_nodes <= 0 or max_depth <= 0:
+        return best
+    for D in (range(1, max_depth + 1) if depths is None else [d for d in depths if 1 <= d <= max_depth]):
+        order = best_order(table, max_nodes, D)
+        N = order.parent.size
+        if N == 0:
+            continue
+        x = np.arange(N * steps + 1) / steps   # nodes per row
+        lo = np.minimum(np.floor(x).astype(np.int64), N - 1)
+        f = x - lo
+        E = np.concatenate([[0.0], np.cumsum(order.prob)])
+        L = order.levels()
+        tokens = n * (1.0 + E[lo] + f * (E[lo + 1] - E[lo]))
+        G = tokens / price.seconds(x, L[lo] + f[:, None] * (L[lo + 1] - L[lo]))
+        j = int(np.argmax(G))
+        if G[j] > best.goodput * (1 + 1e-12):
+            best = TreePlan(D, float(x[j]), float(tokens[j]), float(G[j]), order)
+    return best
+
+
+def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None) -> list:
+    """Each row's Tree for a TreePlan: round(f n) rows (those with the most room, `caps`: each row's depth cap,
+    e.g. kit.draft_caps) get one node more, and a row's tree is cut at its cap. `cache`: Trees by shape, kept
+    by the caller so that equal trees are the same object across steps."""
+    n = caps.size
+    base = int(np.floor(plan.nodes))
+    extra = int(round((plan.nodes - base) * n))
+    counts = np.full(n, base, np.int64)
+    counts[np.argsort(-caps, kind="stable")[:extra]] += 1
+    cache = {} if cache is None else cache
+    out = []
+    for c, cap in zip(counts.tolist(), caps.tolist()):
+        d = min(int(cap), plan.depth)
+        key = tuple(plan.order.parent[:c].tolist()) + (d,) if c and d else ()
+        t = cache.get(key)
+        if t is None:
+            t = cache[key] = plan.order.tree(c, d) if key else chain(0)
+        out.append(t)
+    return out

@@ -1,0 +1,150 @@
+"""The policy kit's tree blocks (specdepth.policies.kit.tree) on inputs whose answer is known: expected accepted
+nodes against tree_acceptance, the best tree against brute force, the rank estimate against a known table, the
+price against specdepth.tree.tree_step_time, and the plan search against an enumeration."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from specdepth import tree as T
+from specdepth import tree_acceptance as TA
+from specdepth.cost import Hardware, RooflineCost
+from specdepth.models import ModelArch
+from specdepth.policies.kit import tree as K
+
+TABLES = [[0.6, 0.2, 0.1], [0.8, 0.1, 0.05, 0.02], [0.4, 0.3, 0.2], [0.5, 0.5]]
+H100 = Hardware("h100", 989, 3.35, memory_gb=80, interconnect_gbs=450)
+BIG = ModelArch(layers=32, hidden=4096, heads=32, kv_heads=8, intermediate=14336, vocab=128256, head_dim=128)
+SMALL = ModelArch(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate=8192, vocab=128256, head_dim=64)
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_expected_accepted_is_tree_acceptances_rule(table):
+    trees = [T.EAGLE_TREE, T.chain(4), T.from_widths([3, 2, 1]), T.chain(0), T.from_choices([(0,), (1,), (0, 0)])]
+    got = K.expected_accepted(trees, np.array(table))
+    assert got == pytest.approx([TA.expected_accepted(t, table) for t in trees], abs=1e-12)
+    assert K.expected_accepted(T.EAGLE_TREE, np.array(table), n=3).tolist() == [got[0]] * 3
+
+
+def _all_trees(nodes: int, ranks: int, depth: int):
+    """Every prefix-closed, rank-contiguous set of `nodes` rank paths (ranks < ranks, at most depth deep)."""
+    seen, frontier = set(), {frozenset()}
+    for _ in range(nodes):
+        grown = set()
+        for s in frontier:
+            cands = [(r,) for r in range(ranks)] + [c + (r,) for c in s for r in range(ranks) if len(c) < depth]
+            for c in cands:
+                if c not in s and (len(c) == 1 or c[:-1] in s) and (c[-1] == 0 or c[:-1] + (c[-1] - 1,) in s):
+                    grown.add(s | {c})
+        frontier = grown
+    return frontier - seen
+
+
+@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("depth", [2, 4])
+def test_best_order_is_the_best_tree_of_every_size(table, depth):
+    order = K.best_order(table, 6, depth)
+    assert np.all(np.diff(order.prob) <= 1e-15)                       # best first
+    for n in range(1, 7):
+        tree = order.tree(n)
+        assert tree.max_depth <= depth
+        best = max(TA.expected_accepted(T.from_choices(s), table) for s in _all_trees(n, len(table), depth))
+        assert TA.expected_accepted(tree, table) == pytest.approx(best, abs=1e-12)
+        assert order.prob[:n].sum() == pytest.approx(best, abs=1e-12)
+        assert K.best_tree(table, n, depth) == tree
+
+
+def test_best_order_chain_and_caps():
+    assert K.best_tree([0.9], 5, 8) == T.chain(5)                      # one rank: a chain
+    assert K.best_order([0.9], 50, 3).parent.size == 3                 # at most depth x 1 nodes exist
+    assert K.best_order([0.0, 0.0], 5, 3).parent.size == 0
+    order = K.best_order([0.7, 0.2, 0.05], 40, 6)
+    for n in (5, 17, 40):
+        assert np.array_equal(order.levels()[n], T.parent_counts(order.tree(n), 1)[0].tolist() +
+                              [0] * (order.levels().shape[1] - order.tree(n).max_depth))
+        cut = order.tree(n, 2)   # the first n nodes above depth 3: the best tree of its size at depth 2
+        assert cut == K.best_tree([0.7, 0.2, 0.05], cut.nodes, 2)
+
+
+def test_rank_estimate_on_chains_counts_exactly():
+    est = K.RankEstimate(ranks=3, prior=0.5, strength=2.0, memory=1e12)
+    est.observe([T.chain(4), T.chain(4), T.chain(2)], np.array([4, 1, 0]))
+    # rank 0: hits 4 + 1 + 0 = 5; trials 4 + (1 + 1 miss) + (0 + 1 miss) = 7
+    assert est.hits[0] == pytest.approx(5) and est.trials[0] == pytest.approx(7)
+    assert est.table[0] == pytest.approx((5 + 1) / (7 + 2))
+    assert est.trials[1:].tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("tree,known", [(T.EAGLE_TREE, 3), (T.from_widths([4, 2, 1]), 3),
+                                        (K.best_tree([0.55, 0.2, 0.1], 20, 8), 3), (T.from_widths([2, 2, 2]), None)])
+def test_rank_estimate_recovers_the_table_from_path_lengths(tree, known):
+    """Path lengths on a tree whose nodes try different widths tell the ranks apart; on a product tree of
+    width 2 at every level they tell only P(R < 2)."""
+    true = np.array([0.55, 0.2, 0.1, 0.05])
+    rng = np.random.default_rng(0)
+    est = K.RankEstimate(ranks=4, prior=0.7, strength=5.0, memory=1e9)
+    for _ in range(150):
+        ranks = TA.ranks_of(rng.random((200, tree.max_depth)), true)
+        est.observe(tree, TA.walk(tree, ranks))
+    if known:
+        assert np.cumsum(est.table)[:known] == pytest.approx(np.cumsum(true)[:known], abs=0.025)
+    else:
+        assert est.table[:2].sum() == pytest.approx(0.75, abs=0.01)
+
+
+def _cost():
+    return RooflineCost(BIG, SMALL, hardware=H100)
+
+
+@pytest.mark.parametrize("n", [1, 16, 200])
+def test_price_is_tree_step_time_for_one_tree_a_batch(n):
+    cost, ctx = _cost(), np.full(n, 700, np.int64)
+    price = K.TreePrice().update(cost, ctx)
+    order = K.best_order([0.6, 0.2, 0.1], 40, 6)
+    L = order.levels()
+    for N in (0, 1, 7, 25, 40):
+        want = T.tree_step_time(cost, ctx, order.tree(N) if N else T.chain(0))
+        assert price.seconds(np.array([N]), L[N][None])[0] == pytest.approx(want, rel=2e-3)
+
+
+def test_price_applies_a_calibration():
+    class Cal:
+        def params(self, phase):
+            return (2.0, 1e-3) if phase == "draft" else (1.5, 2e-3)
+    cost, ctx = _cost(), np.full(8, 500, np.int64)
+    plain, cal = K.TreePrice().update(cost, ctx), K.TreePrice(Cal()).update(cost, ctx)
+    lv = np.array([[1, 2, 2]])
+    d = sum(cost.draft_forward(np.full(8, 500.0), np.full(8, q))[0] for q in (1, 2, 2))
+    v = cost.verify_time(np.full(8, 500.0), np.full(8, 9))
+    assert plain.seconds(np.array([9]), lv)[0] == pytest.approx(d + v)
+    assert cal.seconds(np.array([9]), lv)[0] == pytest.approx(2 * d + 3e-3 + 1.5 * v + 2e-3)
+
+
+@pytest.mark.parametrize("n", [1, 32, 256])
+def test_plan_trees_is_the_best_uniform_plan(n):
+    """steps=1: every row the same tree; the search's choice is the best (depth cap, node count) pair by
+    expected tokens / tree_step_time, enumerated."""
+    table, cost, ctx = [0.7, 0.15, 0.05], _cost(), np.full(n, 600, np.int64)
+    plan = K.plan_trees(table, K.TreePrice().update(cost, ctx), n, 24, 6, steps=1)
+    best = n / T.tree_step_time(cost, ctx, T.chain(0))
+    for D, N in itertools.product(range(1, 7), range(1, 25)):
+        t = K.best_tree(table, N, D)
+        best = max(best, n * (1 + TA.expected_accepted(t, table)) / T.tree_step_time(cost, ctx, t))
+    assert plan.goodput == pytest.approx(best, rel=5e-3)
+    trees = K.plan_rows(plan, np.full(n, 6))
+    got = n * (1 + K.expected_accepted(trees, np.array(table)).mean()) / T.tree_step_time(cost, ctx, trees)
+    assert got == pytest.approx(best, rel=5e-3)
+
+
+def test_plan_rows_fractions_and_caps():
+    order = K.best_order([0.6, 0.3], 10, 4)
+    plan = K.TreePlan(depth=4, nodes=3.5, tokens=0.0, goodput=0.0, order=order)
+    cache = {}
+    trees = K.plan_rows(plan, np.array([4, 4, 1, 0]), cache)
+    assert [t.nodes for t in trees] == [4, 4, 2, 0]   # two rows 4 nodes, two 3: (0,), (0, 0), (1,) cut at depth 1
+    assert trees[2].max_depth == 1 and trees[3].nodes == 0
+    again = K.plan_rows(plan, np.array([4, 4, 1, 0]), cache)
+    assert all(a is b for a, b in zip(trees, again))                   # the same objects from the cache
+    assert K.plan_trees([0.6], K.TreePrice().update(_cost(), np.full(2, 10)), 2, 0, 4).nodes == 0.0
