@@ -219,3 +219,14 @@ def test_tree_fixed_widths_and_the_token_cap():
         TreeFixed(widths=[2, -1])
     with pytest.raises(ConfigError, match="policy.shape"):
         TreeFixed(shape="medusa")
+
+
+def test_the_true_cost_prices_a_tree_step_as_the_clock_charges_it():
+    """view.true_cost with tree_step_time: the simulator's per-step and per-position overheads included."""
+    class Check(Plan):
+        requires_true_cost = True
+
+    p = Check(lambda v: (p.seen.append(T.tree_step_time(v.true_cost, v.context_lens - 1, T.EAGLE_TREE)),
+                         T.EAGLE_TREE)[1])
+    res = engine(p, "acceptance=ranked", "backend.step_overhead_s=0.001", "backend.position_overhead_s=0.0002").run()
+    assert res.steps[1][10] + res.steps[1][11] == pytest.approx(p.seen[1], rel=1e-12)   # draft_s + verify_s

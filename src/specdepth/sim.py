@@ -250,6 +250,8 @@ class ClockCost:
         # True: every forward is padded to its deepest row (backend.pad_ragged), so a verify costs what one with
         # every row as deep as the deepest costs, whatever the number of drafts (policies' StepCost prices it so)
         self.pad_ragged = ex.pad_ragged
+        # seconds per draft forward beyond draft_forward's (tree.tree_draft_time adds it a level)
+        self.position_overhead_s = ex.position_overhead_s
 
     def verify_time(self, ctx, depths):
         ex = self._ex

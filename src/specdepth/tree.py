@@ -320,8 +320,10 @@ def tree_nodes(trees: Tree | Sequence[Tree], n: int | None = None) -> np.ndarray
 
 def tree_draft_time(cost, ctx: np.ndarray, trees: Tree | Sequence[Tree]) -> float:
     """Seconds of a tree plan's draft forwards under `cost` (view.cost's draft_forward), as tree_draft runs
-    them; a chain of k costs what cost.draft_positions(ctx, k) does."""
-    return tree_draft(lambda c, q, lvl: cost.draft_forward(c, q), ctx, trees)[0]
+    them, plus cost.position_overhead_s a level where the cost has it (the simulator's true cost); a chain of
+    k costs what cost.draft_positions(ctx, k) does."""
+    extra = float(getattr(cost, "position_overhead_s", 0.0))
+    return tree_draft(lambda c, q, lvl: (cost.draft_forward(c, q)[0] + extra, 0.0), ctx, trees)[0]
 
 
 def tree_step_time(cost, ctx: np.ndarray, trees: Tree | Sequence[Tree]) -> float:
