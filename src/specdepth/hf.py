@@ -12,6 +12,14 @@ The confidence reported to policies is the draft's probability of the token it p
 sampling, under the plain softmax when greedy). Prompts (token ids for text, the model.prompts pool, or
 random tokens) come from the workload side (`workload.with_prompt_ids`); no request is modified.
 
+Draft trees (a policy's tree plan; backend.acceptance=model only): `draft_tree` proposes each row's tree level
+by level, one draft forward a level (the children of a node are the draft's top-w tokens there when greedy,
+w i.i.d. samples of its distribution when sampling); `verify_tree` runs every row's root and nodes through
+one target forward (tree positions, ancestor masks: Runner.forward_tree), tree_verify.greedy / rejection
+decide, and the accepted path's KV moves to the slots after the root in both caches (tree_verify.kept_slots):
+node i of a row sits at slot root + 1 + i in both models' caches. The path and the correction/bonus token
+then join the known tokens as a chain's accepted drafts do. Timing mode runs chain plans only.
+
 EOS is ignored: each request generates exactly output_len tokens (the benchmark convention of vLLM's
 `ignore_eos`). Timing is wall clock; on CUDA each phase ends with a synchronize and model forwards are
 timed with CUDA events (`forward_s`, used for the overhead figure).
@@ -23,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import tree_verify as TV
 from . import verify as V
 from .checks import one_line
 from .cost import CostModel, forward_flops
@@ -33,6 +42,7 @@ from .gpuinfo import snapshot
 from .hf_static import StaticRunner, resolve_mode
 from .inputs import too_large_draft_vocab
 from .timing import timing_outcomes
+from .tree import children_table, pack
 from .workload import Request, with_prompt_ids
 
 _TORCH_DTYPES = ("float32", "float16", "bfloat16")
@@ -67,6 +77,7 @@ class HFExecutor(Executor):
         self.timing = timing_outcomes(acceptance, acceptance_model, self.seed)
         self.lossless = self.timing is None
         self.supports_oracle = not self.lossless   # timing mode can reveal its outcomes (oracle policies)
+        self.supports_trees = self.lossless        # draft trees: lossless verification only (not timing mode)
         if num_threads is not None:
             torch.set_num_threads(as_int(num_threads, "backend.num_threads", min=1))
         if not model.draft:
@@ -377,6 +388,140 @@ class HFExecutor(Executor):
         r.hf_tlen[:] = length + a
         r.hf_dlen[:] = np.minimum(r.hf_dlen, length + a)
         r.hf_length[:] = length + a + 1
+
+    # ---- draft trees -------------------------------------------------------------------------------
+    def tree_refusal(self) -> str:
+        return ("backend=hf runs tree plans with backend.acceptance=model only (timing mode, "
+                "backend.acceptance=simulated, runs chain plans)")
+
+    def draft_tree(self, trees):
+        """Every row's tree, level by level (one draft forward a level over the rows with nodes there). Level 1
+        feeds what the row's draft cache lacks up to the root (as a chain's first position does); level d > 1
+        feeds the depth-(d - 1) nodes that have children, node i at slot root + 1 + i of the draft's cache
+        (the verifier's layout), attending to the prefix, the root and its ancestors. A node's children are
+        the draft's top-w tokens after its path (greedy), or w i.i.d. samples of its distribution q there
+        (sampling: tree_verify.rejection is then lossless with q the children's q). Confidence: the draft's
+        probability of the node's token (q's when sampling, the plain softmax's when greedy)."""
+        torch = self.torch
+        t0 = time.perf_counter()
+        r, n = self.rows, self.rows.n
+        trees = list(trees)
+        N = np.array([t.nodes for t in trees], np.int64)
+        Nmax = int(N.max(initial=0))
+        Q = 1 + Nmax
+        par, depth, real = pack(trees, Q)
+        kids = children_table(trees, Q)
+        anc = np.broadcast_to(np.eye(Q, dtype=bool), (n, Q, Q)).copy()   # ancestor-or-self, over queries
+        for j in range(1, Q):
+            has = real[:, j] & (par[:, j] >= 0)
+            anc[has, j] |= anc[has, par[has, j]]
+        ctx = r.hf_length - 1                          # the root's slot and position
+        fed = np.zeros((n, Q), bool)                   # queries fed to the draft: parents of some node
+        fed[:, 0] = N > 0
+        fed[:, 1:] = kids[:, 1:, 0] >= 0
+        if int(kids.shape[2]) > self.vd:
+            raise BackendError(f"a tree node has {kids.shape[2]} children, more than the draft's vocabulary "
+                               f"({self.vd} tokens)")
+        tokens = np.zeros((n, Nmax), np.int64)
+        conf = np.full((n, Nmax), np.nan)
+        qn = (torch.zeros((n, Nmax, self.vt), dtype=torch.float32, device=self.device)
+              if not self.greedy else None)
+        flops = 0.0
+        D = int(depth.max(initial=0))
+        with torch.inference_mode():
+            for d in range(1, D + 1):
+                if d == 1:
+                    rows_d = np.flatnonzero(N > 0)
+                    lens = r.hf_dlen[rows_d]
+                    toks, ql = self._draft_tokens(rows_d, 0)
+                    logits = self.dr.forward(rows_d, toks, lens, ql, "last")
+                    r.hf_dlen[rows_d] = lens + ql
+                    prow, pq = rows_d, np.zeros(rows_d.size, np.int64)
+                    flops += forward_flops(self.cost.draft, lens, ql)
+                else:
+                    feed = fed & (depth == d - 1) & (np.arange(Q)[None, :] > 0)
+                    rows_d = np.flatnonzero(feed.any(axis=1))
+                    cnt = feed[rows_d].sum(axis=1)
+                    F = int(cnt.max())
+                    # each row's fed queries in node order, padded with query 0 (ignored: qn = cnt)
+                    order = np.argsort(~feed[rows_d], axis=1, kind="stable")[:, :F]
+                    on = np.arange(F)[None, :] < cnt[:, None]
+                    qj = np.where(on, order, 0)
+                    rr = rows_d[:, None]
+                    c = ctx[rows_d]
+                    logits = self.dr.forward_tree(
+                        rows_d, np.where(on, tokens[rr, np.maximum(qj - 1, 0)], 0), c[:, None] + qj,
+                        np.broadcast_to(c[:, None] + d - 1, qj.shape), c, anc[rr, qj] & on[:, :, None], cnt)
+                    logits = logits[torch.from_numpy(np.nonzero(on)[0]), torch.from_numpy(np.nonzero(on)[1])]
+                    prow, pq = np.nonzero(on)
+                    prow, pq = rows_d[prow], qj[prow, pq]
+                    flops += forward_flops(self.cost.draft, c + d - 1, cnt)
+                ch = kids[prow, pq]                                            # [P, W] child queries, -1 none
+                W = int((ch >= 0).sum(axis=1).max())
+                if self.greedy:
+                    val, tok = torch.softmax(logits.float(), dim=-1).topk(W, dim=-1)
+                else:
+                    q = V.distribution(logits, self.temperature, self.top_p)
+                    tok = torch.multinomial(q, W, replacement=True, generator=self.gen)
+                    val = q.gather(-1, tok)
+                tok, val = tok.cpu().numpy(), val.double().cpu().numpy()
+                has = ch[:, :W] >= 0
+                pi, ri = np.nonzero(has)
+                node = ch[pi, ri] - 1
+                tokens[prow[pi], node] = tok[pi, ri]
+                conf[prow[pi], node] = val[pi, ri]
+                if qn is not None:
+                    qn[torch.from_numpy(prow[pi]), torch.from_numpy(node), :q.shape[-1]] = q[torch.from_numpy(pi)]
+            self._sync()
+        self.tree_step = (trees, N, par, depth, anc, fed, tokens, qn)
+        return conf, time.perf_counter() - t0, flops, D
+
+    def verify_tree(self, trees):
+        """One target forward over every row's root and tree nodes (tree positions and ancestor masks over its
+        cache); tree_verify.greedy / tree_verify.rejection decide; the accepted path's KV moves to the slots
+        after the root in both caches (tree_verify.kept_slots), the other nodes' slots are free; the path and
+        the correction/bonus token join the row's known tokens as a chain's accepted drafts do."""
+        torch = self.torch
+        t0 = time.perf_counter()
+        r, n = self.rows, self.rows.n
+        trees, N, par, depth, anc, fed, tokens, qn = self.tree_step
+        self.tree_step = None
+        Q = par.shape[1]
+        ar = np.arange(n)
+        ctx = r.hf_length - 1
+        with torch.inference_mode():
+            toks = np.zeros((n, Q), np.int64)
+            toks[:, 0] = r.hf_ids[ar, ctx]
+            toks[:, 1:] = tokens
+            logits = self.tr.forward_tree(slice(0, n), toks, ctx[:, None] + np.arange(Q)[None, :],
+                                          ctx[:, None] + depth, ctx, anc, N + 1)
+            if self.greedy:
+                a, path, out = TV.greedy(trees, tokens, logits.argmax(-1).cpu().numpy())
+            else:
+                p = V.distribution(logits, self.temperature, self.top_p)
+                a, path, out = TV.rejection(p, qn, torch.from_numpy(tokens).to(self.device), trees, self.gen)
+                a, path, out = a.cpu().numpy().astype(np.int64), path.cpu().numpy(), out.cpu().numpy()
+            src, dst = TV.kept_slots(ctx, path)
+            mv = (src >= 0) & (src != dst)
+            rr = np.broadcast_to(ar[:, None], src.shape)[mv]
+            self.tr.cache.move(rr, src[mv], dst[mv])
+            self.dr.cache.move(rr, src[mv], dst[mv])
+            # the known tokens: the path's tokens, then the emitted token
+            D = path.shape[1]
+            length = r.hf_length.copy()
+            on = path >= 0
+            cols = length[:, None] + np.arange(D)[None, :]
+            pr = np.broadcast_to(ar[:, None], path.shape)
+            r.hf_ids[pr[on], cols[on]] = tokens[pr[on], path[on]]
+            r.hf_ids[ar, length + a] = out
+            r.hf_tlen[:] = length + a
+            # the draft's cache: the root and the path's nodes it was fed (all but maybe the last)
+            last = path[ar, np.maximum(a - 1, 0)] if D else np.zeros(n, np.int64)
+            unfed = (a > 0) & ~fed[ar, np.maximum(last, 0) + 1]
+            r.hf_dlen[:] = np.where(N > 0, length + a - unfed, np.minimum(r.hf_dlen, length))
+            r.hf_length[:] = length + a + 1
+            self._sync()
+        return a, time.perf_counter() - t0, forward_flops(self.cost.target, ctx, N + 1)
 
     def _retire(self, keep):
         """Before the table drops finished rows: keep their outputs, move the KV cache rows that follow."""

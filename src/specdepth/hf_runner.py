@@ -12,7 +12,9 @@ cropped or copied per step, and the buffers grow by doubling (`slots`), to at mo
 Rows move only when the engine retires finished sequences (the rows after the first retired one are
 compacted, as the engine's row table does with its columns). Ragged batches (different prompt lengths,
 different draft depths, a draft lagging after depth-0 steps) are right-padded; padded queries attend to
-finite values and their outputs are ignored.
+finite values and their outputs are ignored. Draft trees run through `forward_tree`: explicit slots,
+positions and an ancestor mask over each row's tree region (tree_inputs, tree_mask); `SlotCache.move`
+then keeps the accepted path.
 """
 from __future__ import annotations
 
@@ -140,6 +142,34 @@ class SlotCache:
             K[start:start + m, :, :used_len] = K[idx, :, :used_len]
             V[start:start + m, :, :used_len] = V[idx, :, :used_len]
 
+    def move(self, rows, src, dst) -> None:
+        """Slot src[j] of row rows[j] into slot dst[j] (int64 arrays of one length), every layer: a draft tree's
+        accepted path to the slots right after its root (tree_verify.kept_slots). The sources are read before
+        any destination is written."""
+        if not len(rows):
+            return
+        torch = _torch()
+        for layer in list(self.k):
+            K, V = self.k[layer], self.v[layer]
+            r, s, d = (torch.as_tensor(np.asarray(a, np.int64), device=K.device) for a in (rows, src, dst))
+            K[r, :, d] = K[r, :, s]
+            V[r, :, d] = V[r, :, s]
+
+    def grow_len(self, length: int) -> None:
+        """Room for `length` slots a row now (the buffers reallocated, their contents kept)."""
+        self.max_len = max(self.max_len, int(length))
+        self.cap_len = max(self.cap_len, int(length))
+        for layer in list(self.k):
+            K, V = self.k[layer], self.v[layer]
+            if K.shape[2] < self.cap_len:
+                torch = _torch()
+                shape = (K.shape[0], K.shape[1], self.cap_len, K.shape[3])
+                nk = torch.zeros(shape, dtype=K.dtype, device=K.device)
+                nv = torch.zeros(shape, dtype=K.dtype, device=K.device)
+                nk[:, :, :K.shape[2]] = K
+                nv[:, :, :K.shape[2]] = V
+                self.k[layer], self.v[layer] = nk, nv
+
     @property
     def allocated_len(self) -> int:
         return max((K.shape[2] for K in self.k.values()), default=0)
@@ -228,11 +258,75 @@ class Runner:
             self.forward_s += time.perf_counter() - t0
         return out
 
+    def forward_tree(self, rows, tokens: np.ndarray, slots: np.ndarray, pos: np.ndarray, ctx: np.ndarray,
+                     anc: np.ndarray, qn: np.ndarray):
+        """A forward over draft-tree queries (the target's verify of root + nodes, or a draft level feeding
+        nodes): tokens, slots (the cache slot each query's KV goes to), pos (its position id) int [m, Q];
+        ctx [m] each row's tree region start (its root's slot: prefix slots below it are attended by every
+        query); anc bool [m, Q, R]: query t attends to region slot ctx + r where anc[., t, r]; qn [m] the
+        real queries per row (the rest are padding: see tree_inputs). Returns logits [m, Q, V]."""
+        torch = self.torch
+        m, Q = tokens.shape
+        R = anc.shape[2]
+        tokens, slots, pos, anc = tree_inputs(tokens, slots, pos, ctx, anc, qn, R)
+        kv_len = int(max(slots.max() + 1, ctx.max() + R))
+        if isinstance(rows, np.ndarray):
+            rows = _rows_arg(torch, rows, self.device)
+        end = rows.stop if isinstance(rows, slice) else int(rows.max()) + 1
+        if kv_len > self.cache.max_len:   # a wide tree reaches past the chain's room: the buffers grow
+            self.cache.max_len = kv_len
+        self.cache.reserve(end, kv_len)
+        dev = self.device
+        t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dev, non_blocking=True)   # noqa: E731
+        tokens, slots, pos, ctx_t, anc = t(tokens), t(slots), t(pos), t(np.asarray(ctx, np.int64)), t(anc)
+        mask = tree_mask(self._q(kv_len), ctx_t, slots, anc)
+        self.cache.bind(rows, slots, kv_len)
+        if self.cuda:
+            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            ev0.record()
+        else:
+            t0 = time.perf_counter()
+        out = self.model(input_ids=tokens, attention_mask=mask[:, None], position_ids=pos,
+                         use_cache=True, **{self.cache_kw: self.cache}).logits
+        self.calls += 1
+        if self.cuda:
+            ev1.record()
+            self._events.append((ev0, ev1))
+        else:
+            self.forward_s += time.perf_counter() - t0
+        return out
+
     def collect(self) -> None:
         """After a synchronize: add the CUDA-event times of the forwards since the last call."""
         for a, b in self._events:
             self.forward_s += a.elapsed_time(b) / 1e3
         self._events.clear()
+
+
+def tree_inputs(tokens, slots, pos, ctx, anc, qn, R: int):
+    """A tree forward's host inputs with its padding queries filled in: query t >= qn[i] of row i feeds token
+    0 at position ctx[i] and writes its KV at slot ctx[i] + R + t, past the row's tree region [ctx, ctx + R),
+    where no real query of the step reads (the region holds the root and the nodes); it attends to the
+    prefix and itself only, so every query attends to finite values."""
+    m, Q = tokens.shape
+    ctx = np.asarray(ctx, np.int64)
+    pad = np.arange(Q)[None, :] >= np.asarray(qn, np.int64)[:, None]
+    tokens = np.where(pad, 0, tokens).astype(np.int64)
+    slots = np.where(pad, ctx[:, None] + R + np.arange(Q)[None, :], slots).astype(np.int64)
+    pos = np.where(pad, ctx[:, None], pos).astype(np.int64)
+    anc = anc & ~pad[:, :, None]
+    return tokens, slots, pos, anc
+
+
+def tree_mask(ar, ctx, slots, anc):
+    """bool [m, Q, L] (L = ar's length, ar = arange(L) on the device): query t of row i attends to key slot s
+    iff s < ctx[i] (the prefix), or s = ctx[i] + r with anc[i, t, r] (the root and the query's ancestors in
+    the tree region, R = anc's last dim), or s is its own slot. Tensors; no host sync (capturable)."""
+    R = anc.shape[2]
+    rel = ar[None, :] - ctx[:, None]                                           # [m, L]
+    inside = (rel >= 0) & (rel < R)
+    tree = anc.gather(2, rel.clamp(0, R - 1)[:, None, :].expand(-1, anc.shape[1], -1))
+    return (rel < 0)[:, None, :] | (inside[:, None, :] & tree) | (ar[None, None, :] == slots[:, :, None])
 
 
 def cache_kwarg(model) -> str:

@@ -16,6 +16,12 @@ and replayed (the regime serving engines measure: no per-kernel Python launch co
   warm-up and capture of every shape are recorded (`StaticRunner.shapes`). On CPU `GraphStandIn` stands in
   for `torch.cuda.CUDAGraph`: it replays the captured callable eagerly over the same buffers and checks that
   they did not move, so the capture/replay code runs (and is tested) on a machine without a GPU.
+* Draft-tree forwards (`forward_tree`: the target's verify of root + nodes, the draft's level forwards) pad
+  their queries and their tree region to node buckets (tree.node_bucket over 1, 2, 4, ...) and run one
+  graph per (row bucket, query bucket, region bucket), reading fixed buffers of ids, positions, slots,
+  region starts and ancestor masks. The node buckets start empty and grow to the widest tree seen
+  (`reserve_tree`: the slots per row grow with them, the KV kept; captured graphs are dropped and
+  recaptured).
 * Prefills (variable prompt lengths) and catch-up queries longer than `max_query` run the eager path of
   `Runner` over the same preallocated cache.
 """
@@ -27,7 +33,8 @@ import time
 import numpy as np
 
 from .errors import BackendError, ConfigError
-from .hf_runner import Runner, _torch
+from .hf_runner import Runner, _torch, tree_inputs, tree_mask
+from .tree import node_bucket
 
 log = logging.getLogger("specdepth.hf")
 MODES = ("auto", "off", "eager", "graphs")
@@ -124,9 +131,9 @@ class StaticRunner(Runner):
         torch = self.torch
         self.max_query = int(max_query)
         self.rows_cap = row_bucket(max_rows, 1 << 30)            # the largest bucket: a power of two
-        self.scratch = self.length = 0
-        self.scratch = int(max_len) + self.max_query             # real + padded query slots lie below this
-        self.length = self.scratch + self.max_query              # dummy queries write at scratch .. length-1
+        self.max_len = int(max_len)
+        self.tree_q = 0                      # the largest node bucket tree forwards may use (grown on demand)
+        self._size()
         self.cache.max_rows, self.cache.max_len = self.rows_cap, self.length
         self.cache.cap_rows, self.cache.cap_len = self.rows_cap, self.length   # allocated at the first update
         self._check_memory()
@@ -146,8 +153,16 @@ class StaticRunner(Runner):
         self._graphs: dict = {}
         self.shapes: list[dict] = []       # per captured shape: bucket, query, want, warm-up + capture seconds
         self.static_calls = self.eager_calls = 0
+        self.tree_calls = self.resizes = 0
         self.capture_error = None
         self._copied = None
+        self.t_ids = None                  # the tree forwards' fixed buffers (_tree_buffers)
+
+    def _size(self) -> None:
+        """scratch: real and padded query slots lie below it (a tree's padding queries write past its region,
+        up to 2 node buckets above the row's context); dummy queries write at scratch .. length - 1."""
+        self.scratch = self.max_len + max(self.max_query, 2 * self.tree_q)
+        self.length = self.scratch + max(self.max_query, self.tree_q)
 
     def fits(self, max_rows: int, max_len: int) -> bool:
         """Whether a later run of `max_rows` rows and `max_len` slots can reuse this runner (and its graphs)."""
@@ -156,6 +171,7 @@ class StaticRunner(Runner):
     def new_run(self) -> None:
         """Counters from zero for the next run over the same buffers and graphs (what stats() reports)."""
         self.forward_s, self.calls, self.static_calls, self.eager_calls = 0.0, 0, 0, 0
+        self.tree_calls = self.resizes = 0
         self._events.clear()
         self._run_shapes = len(self.shapes)
 
@@ -223,6 +239,90 @@ class StaticRunner(Runner):
             self._copied = self._copied or self.torch.cuda.Event()
             self._copied.record()
 
+    # ---- tree forwards (node buckets) ------------------------------------------------------------
+    def reserve_tree(self, queries: int) -> None:
+        """Room for tree forwards of up to `queries` queries and region slots (rounded up to a power of two):
+        the first tree wider than the runner's node buckets grows the slots per row (the KV kept), its fixed
+        tree buffers and the scratch region; every captured graph is dropped then (addresses and the span
+        changed) and recaptured at its next use (`resizes` counts these)."""
+        q = row_bucket(int(queries), 1 << 30)
+        if q <= self.tree_q:
+            return
+        self.tree_q = q
+        self._size()
+        self._check_memory()
+        torch, dev, B = self.torch, self.device, self.rows_cap
+        self.cache.grow_len(self.length)
+        self.slot_ar = torch.arange(self.length, device=dev)
+        pin = self.cuda
+        self.t_ids, self.t_pos, self.t_slot = (torch.zeros((B, q), dtype=torch.long, device=dev) for _ in range(3))
+        self.t_ctx = torch.zeros((B,), dtype=torch.long, device=dev)
+        self.t_anc = torch.zeros((B, q, q), dtype=torch.bool, device=dev)
+        self.th_ids, self.th_pos, self.th_slot = (torch.zeros((B, q), dtype=torch.long, pin_memory=pin)
+                                                  for _ in range(3))
+        self.th_ctx = torch.zeros((B,), dtype=torch.long, pin_memory=pin)
+        self.th_anc = torch.zeros((B, q, q), dtype=torch.bool, pin_memory=pin)
+        if self._graphs:
+            self.resizes += 1
+        self._graphs = {}
+
+    def node_buckets(self) -> list[int]:
+        """The query counts tree forwards pad to: 1, 2, 4, ... up to the runner's tree capacity."""
+        return [1 << i for i in range(max(self.tree_q, 1).bit_length())]
+
+    def forward_tree(self, rows, tokens: np.ndarray, slots: np.ndarray, pos: np.ndarray, ctx: np.ndarray,
+                     anc: np.ndarray, qn: np.ndarray):
+        """Runner.forward_tree over fixed buffers: rows padded to a row bucket, queries and the tree region to
+        node buckets (tree.node_bucket over powers of two); one graph per (row bucket, query bucket, region
+        bucket). Rows not asked for run dummy queries over their scratch slots."""
+        m, Q = tokens.shape
+        R = anc.shape[2]
+        self.reserve_tree(max(Q, R))
+        Qb, Rb = node_bucket(Q, self.node_buckets()), node_bucket(R, self.node_buckets())
+        if Qb > Q or Rb > R:
+            tokens = np.pad(tokens, ((0, 0), (0, Qb - Q)))
+            slots = np.pad(slots, ((0, 0), (0, Qb - Q)))
+            pos = np.pad(pos, ((0, 0), (0, Qb - Q)))
+            anc = np.pad(anc, ((0, 0), (0, Qb - Q), (0, Rb - R)))
+        tokens, slots, pos, anc = tree_inputs(tokens, slots, pos, ctx, anc, qn, Rb)
+        idx = (np.arange(rows.start, rows.stop) if isinstance(rows, slice)
+               else np.asarray(rows, np.int64))
+        B = row_bucket(int(idx[-1]) + 1, self.rows_cap)
+        if self._copied is not None:
+            self._copied.synchronize()
+        hi, hp, hs, hc, ha = (self.th_ids[:B, :Qb], self.th_pos[:B, :Qb], self.th_slot[:B, :Qb], self.th_ctx[:B],
+                              self.th_anc[:B, :Qb, :Rb])
+        hi.zero_()
+        hp.zero_()
+        hs.copy_(self.torch.arange(Qb)[None, :] + self.scratch)   # dummy rows: their scratch slots
+        hc.fill_(self.scratch)
+        ha.zero_()
+        t = self.torch.from_numpy
+        hi[idx], hp[idx], hs[idx] = t(tokens), t(pos), t(slots)
+        hc[idx] = t(np.ascontiguousarray(ctx, np.int64))
+        ha[idx] = t(np.ascontiguousarray(anc))
+        for d, h in ((self.t_ids[:B, :Qb], hi), (self.t_pos[:B, :Qb], hp), (self.t_slot[:B, :Qb], hs),
+                     (self.t_ctx[:B], hc), (self.t_anc[:B, :Qb, :Rb], ha)):
+            d.copy_(h, non_blocking=True)
+        if self.cuda:
+            self._copied = self._copied or self.torch.cuda.Event()
+            self._copied.record()
+        out = self._run_key(("tree", B, Qb, Rb), lambda: self._tree_body(B, Qb, Rb))
+        self.static_calls += 1
+        self.tree_calls += 1
+        if not (idx.size == B and idx[0] == 0):
+            out = out[self.torch.as_tensor(idx, device=out.device)]
+        return out[:, :Q]
+
+    def _tree_body(self, B: int, Q: int, R: int):
+        """The tree forward over bucket B, Q queries and an R-slot region, reading only the fixed buffers."""
+        slots, ctx = self.t_slot[:B, :Q], self.t_ctx[:B]
+        mask = tree_mask(self.slot_ar, ctx, slots, self.t_anc[:B, :Q, :R])
+        self.cache.bind(slice(0, B), slots, self.length)
+        kw = {"input_ids": self.t_ids[:B, :Q], "attention_mask": mask[:, None], "position_ids": self.t_pos[:B, :Q],
+              self.cache_kw: self.cache, "use_cache": True}
+        return self.model(**kw).logits
+
     def _body(self, B: int, Q: int, want: str):
         """The forward over bucket B and query length Q reading only the fixed buffers (capturable)."""
         torch = self.torch
@@ -243,6 +343,10 @@ class StaticRunner(Runner):
         return self._head(h)
 
     def _run(self, B: int, Q: int, want: str):
+        out = self._run_key((B, Q, want), lambda: self._body(B, Q, want))
+        return None if want == "none" else out
+
+    def _run_key(self, key, body):
         torch = self.torch
         if self.cuda:
             ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -250,12 +354,11 @@ class StaticRunner(Runner):
         else:
             t0 = time.perf_counter()
         if self.graphs_kind is None:
-            out = self._body(B, Q, want)
+            out = body()
         else:
-            key = (B, Q, want)
             g = self._graphs.get(key)
             if g is None:
-                g = self._capture(key)
+                g = self._capture(key, body)
             else:
                 g.replay()
             out = g.out
@@ -265,18 +368,20 @@ class StaticRunner(Runner):
         else:
             self.forward_s += time.perf_counter() - t0
         self.calls += 1
-        return None if want == "none" else out
+        return out
 
-    def _capture(self, key):
-        B, Q, want = key
+    def _capture(self, key, body):
         torch = self.torch
         if self.cuda:
             torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()
+        buffers = [self.ids, self.lens, self.last, self.slot_ar]
+        if key[0] == "tree":
+            buffers += [self.t_ids, self.t_pos, self.t_slot, self.t_ctx, self.t_anc]
         g = (CudaGraph(torch, self._pool, self.warmup) if self.graphs_kind == "cuda"
-             else GraphStandIn([self.ids, self.lens, self.last, self.slot_ar]))
+             else GraphStandIn(buffers))
         try:
-            g.capture(lambda: self._body(B, Q, want))
+            g.capture(body)
             if self.graphs_kind == "cuda":
                 g.replay()   # the capture itself ran nothing: this call's outputs come from its first replay
                 torch.cuda.synchronize(self.device)
@@ -288,9 +393,11 @@ class StaticRunner(Runner):
                         type(self.model).__name__, self.capture_error)
             self.graphs_kind, self._graphs = None, {}
             torch.cuda.synchronize(self.device)
-            return _Eager(self._body(B, Q, want))
+            return _Eager(body())
         self._graphs[key] = g
-        self.shapes.append(dict(bucket=B, query=Q, want=want, capture_s=time.perf_counter() - t0,
+        shape = (dict(bucket=key[1], query=key[2], region=key[3], want="tree") if key[0] == "tree"
+                 else dict(bucket=key[0], query=key[1], want=key[2]))
+        self.shapes.append(dict(shape, capture_s=time.perf_counter() - t0,
                                 warmup=self.warmup if self.graphs_kind == "cuda" else 0))
         return g
 
@@ -301,6 +408,7 @@ class StaticRunner(Runner):
         out = dict(graphs=self.graphs_kind or "none", graphs_held=len(self._graphs), captured=len(new),
                    capture_s=round(sum(s["capture_s"] for s in new), 6), warmup_per_capture=self.warmup if self.graphs_kind == "cuda" else 0,
                    static_forwards=self.static_calls, eager_forwards=self.eager_calls,
+                   tree_forwards=self.tree_calls, tree_resizes=self.resizes,
                    kv_cache_gib=round(self.kv_bytes() / 2**30, 4), rows=self.rows_cap, slots=self.length)
         if self.capture_error:
             out["capture_error"] = self.capture_error
