@@ -11,8 +11,11 @@ from .heuristic import Heuristic
 from .oracle import Oracle
 from .oracle_causal import OracleCausal
 from .oracle_expected import OracleExpected
+from .tree_confidence import TreeConfidence
 from .tree_fixed import TreeFixed
+from .tree_goodput import TreeGoodput
+from .tree_oracle import TreeOracle
 
 __all__ = ["FixedDepth", "BatchScaled", "ConfidenceThreshold", "DisableByBatch", "BatchTable", "Heuristic",
            "EMA", "Goodput", "Oracle", "OracleExpected", "OracleCausal",
-           "Bandit", "TreeFixed"]
+           "Bandit", "TreeFixed", "TreeGoodput", "TreeConfidence", "TreeOracle"]

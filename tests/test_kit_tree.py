@@ -148,3 +148,15 @@ def test_plan_rows_fractions_and_caps():
     again = K.plan_rows(plan, np.array([4, 4, 1, 0]), cache)
     assert all(a is b for a, b in zip(trees, again))                   # the same objects from the cache
     assert K.plan_trees([0.6], K.TreePrice().update(_cost(), np.full(2, 10)), 2, 0, 4).nodes == 0.0
+
+
+def test_rank_estimate_prior_table_and_confidence_means():
+    est = K.RankEstimate(ranks=3, strength=1e9)
+    est.start(np.array([0.6, 0.2, 0.1]))
+    assert est.table == pytest.approx([0.6, 0.2, 0.1])                 # a strong prior is the table
+    est.start(0.5)
+    assert est.table == pytest.approx([0.5, 0.25, 0.125])              # a rate: the geometric table
+    conf = K.RankConfidence(ranks=3, memory=1e12)
+    tree = T.from_choices([(0,), (1,), (0, 0)])                          # ranks 0, 1, 0
+    conf.observe([tree, T.chain(0)], np.array([[0.8, 0.1, 0.6], [np.nan] * 3]))
+    assert conf.table(np.array([0.5, 0.3, 0.05])) == pytest.approx([0.7, 0.1, 0.05])

@@ -113,22 +113,33 @@ def best_tree(table, nodes: int, max_depth: int) -> Tree:
 class RankEstimate:
     """The per-rank table estimated from what every engine sees after a step: each row's tree and its accepted
     path length. The table is kept as hazards h[r] = P(R = r | R >= r) (t[r] = h[r] prod_{s<r} (1 - h[s])),
-    each the ratio of decayed counts: hits (the accepted path took rank r) over trials (R >= r was known and
-    whether R = r). A path of length a leaves an accepted node at depths 1..a and, past it, a miss of every
-    child rank of the last node. Which path of length a it was is not seen: each is weighted by its
-    probability under the current table (one E-step of EM per observation). A chain's path is exact.
-    `prior`: the geometric table of this rate (hazard `prior` at every rank) as `strength` trials per rank;
-    `memory`: observed rows the counts remember. The estimate is made non-increasing over ranks."""
+    each the ratio of hits (the accepted path took rank r) to trials (R >= r was known, and whether R = r). A
+    path of length a gives an accepted node at depths 1..a and, past it, a miss of every child rank of its last
+    node. Which path of length a it was is not seen: EM weighs each by its probability under the table. The
+    observations are kept as counts per (tree shape, a), decayed (`memory`: observed rows remembered), and one
+    EM iteration over all of them runs every `every` observe calls (a chain's path is exact). The prior, worth
+    `strength` trials per rank: a rate (the geometric table of it: hazard `prior` at every rank) or a table
+    (e.g. the draft's mean confidence per rank, `RankConfidence`). The table is made non-increasing over ranks.
+    Path lengths tell ranks apart only where the tree tries different widths: under a product tree of width w
+    at every level only P(R < w) is learnt (the prior keeps the split)."""
 
-    def __init__(self, ranks: int = 8, prior: float = 0.7, strength: float = 10.0, memory: float = 5000.0):
-        self.ranks, self.strength, self.memory = int(ranks), float(strength), float(memory)
+    def __init__(self, ranks: int = 8, prior: float = 0.7, strength: float = 10.0, memory: float = 5000.0,
+                 every: int = 1):
+        self.ranks, self.strength, self.memory, self.every = int(ranks), float(strength), float(memory), int(every)
         self.hits = np.zeros(self.ranks)
         self.trials = np.zeros(self.ranks)
+        self._groups: dict[tuple, list] = {}   # (parents, a) -> [tree, decayed count]
+        self._calls = 0
         self.start(prior)
 
-    def start(self, prior: float) -> None:
-        """Set the prior rate (view.acceptance_prior), kept until the next call."""
-        self.prior = float(prior)
+    def start(self, prior) -> None:
+        """Set the prior, kept until the next call: a rate (view.acceptance_prior) or a table [ranks]."""
+        if np.ndim(prior) == 0:
+            self.prior = np.full(self.ranks, float(prior))
+        else:   # a table's hazards
+            t = np.asarray(prior, float)[:self.ranks]
+            left = 1.0 - np.concatenate([[0.0], np.cumsum(t)[:-1]])
+            self.prior = np.clip(t / np.maximum(left, 1e-12), 0.0, 1.0)
 
     @property
     def table(self) -> np.ndarray:
@@ -139,19 +150,30 @@ class RankEstimate:
     def observe(self, trees, accepted: np.ndarray) -> None:
         """Add one step's rows: their trees (a Tree for all, or one per row) and accepted path lengths."""
         acc = np.asarray(accepted, np.int64)
-        ts = rows(trees, acc.size)
         keep = np.exp(-acc.size / self.memory)
-        self.hits *= keep
-        self.trials *= keep
-        groups: dict[tuple[int, int], list] = {}
-        for t, a in zip(ts, acc.tolist()):
-            g = groups.setdefault((id(t), a), [t, 0])
-            g[1] += 1
+        for g in self._groups.values():
+            g[1] *= keep
+        seen: dict[tuple[int, int], tuple] = {}
+        for t, a in zip(rows(trees, acc.size), acc.tolist()):
+            if t.nodes:   # nothing drafted, nothing learnt
+                key = seen.get((id(t), a))
+                if key is None:
+                    key = seen[(id(t), a)] = (t.parent.tobytes(), a)
+                self._groups.setdefault(key, [t, 0.0])[1] += 1.0
+        self._calls += 1
+        if self._calls % self.every == 0:
+            self.refresh()
+
+    def refresh(self) -> None:
+        """One EM iteration over the kept observations (groups that decayed below 1e-3 rows are dropped)."""
+        self._groups = {k: g for k, g in self._groups.items() if g[1] >= 1e-3}
         table = self.table
-        for (_, a), (t, count) in groups.items():
-            hits, trials = self._expected_counts(t, a, table)
-            self.hits += count * hits
-            self.trials += count * trials
+        hits, trials = np.zeros(self.ranks), np.zeros(self.ranks)
+        for (_, a), (t, count) in self._groups.items():
+            h, tr = self._expected_counts(t, a, table)
+            hits += count * h
+            trials += count * tr
+        self.hits, self.trials = hits, trials
 
     def _expected_counts(self, tree: Tree, a: int, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Expected hits and trials per rank of one row whose path on `tree` accepted `a` nodes."""
@@ -173,11 +195,44 @@ class RankEstimate:
             at = np.flatnonzero(tree.depth == d)
             np.add.at(mass, tree.parent[at] + 1, mass[at + 1])
         on = mass[1:]
-        full = np.bincount(np.minimum(tree.rank, R), weights=on, minlength=R + 1)   # [R]: ranks past the table
+        full = np.bincount(np.minimum(tree.rank, R), weights=on, minlength=R + 1).astype(float)   # [R]: past it
         hits, trials = full[:R], np.cumsum(full[::-1])[::-1][:R]   # an accepted rank r: a trial at ranks 0..r
         k = np.minimum(kids[ends], R)          # a miss of ranks 0..k-1 at the path's end
         trials += np.cumsum(np.bincount(k, weights=w, minlength=R + 1)[::-1])[::-1][1:]
         return hits, trials
+
+
+class RankConfidence:
+    """The draft's mean confidence (its probability of the token it proposed) per rank, over the tree steps'
+    nodes (view.node_confidences, with each Tree's ranks), decayed (`memory`: nodes remembered per rank); where a
+    rank was never drafted, `fallback` (e.g. a geometric table). A draft that is calibrated gives the per-rank
+    table (the simulator's confidences are the table's entries); RankEstimate takes it as a prior."""
+
+    def __init__(self, ranks: int = 8, memory: float = 5000.0):
+        self.ranks, self.memory = int(ranks), float(memory)
+        self.sums, self.counts = np.zeros(self.ranks), np.zeros(self.ranks)
+
+    def observe(self, trees, confidences: np.ndarray) -> None:
+        ts = rows(trees, confidences.shape[0])
+        groups: dict[int, list] = {}
+        for i, t in enumerate(ts):
+            groups.setdefault(id(t), [t, []])[1].append(i)
+        for t, idx in groups.values():
+            if not t.nodes:
+                continue
+            c = confidences[idx, :t.nodes]
+            ok = ~np.isnan(c)
+            r = np.broadcast_to(np.minimum(t.rank, self.ranks), c.shape)
+            w = float(ok.sum()) / self.memory
+            self.sums *= np.exp(-w)
+            self.counts *= np.exp(-w)
+            self.sums += np.bincount(r[ok], weights=c[ok], minlength=self.ranks + 1)[:self.ranks]
+            self.counts += np.bincount(r[ok], minlength=self.ranks + 1)[:self.ranks]
+
+    def table(self, fallback: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = self.sums / self.counts
+        return np.where(self.counts > 0, mean, np.asarray(fallback, float)[:self.ranks])
 
 
 # ---- a tree step's price ---------------------------------------------------------------------------------

@@ -1,0 +1,92 @@
+import numpy as np
+
+from specdepth.errors import as_bool, as_choice, as_float, as_int
+from specdepth.policy import Policy
+from specdepth.tree import chain
+
+from .kit import CostCalibration, RankEstimate, TreePrice, draft_caps, plan_rows, plan_trees
+from .kit.tree import RankConfidence
+from .kit.options import node
+
+ESTIMATE = {"ranks": 8, "prior_strength": 50.0, "memory": 5000.0, "every": 1, "confidence": True}
+
+
+class TreeGoodput(Policy):
+    """Goodput for draft trees: per step, the depth cap and node count per row whose best trees give the most
+    expected emitted tokens per predicted second of the step.
+
+    Rule: estimate the per-rank table from the rows' trees and accepted path lengths (`kit.RankEstimate`, EM),
+    its prior the draft's mean confidence per rank (`kit.tree.RankConfidence`; `estimate.confidence`; ranks
+    never drafted, or confidence off: the geometric table of view.acceptance_prior); each row's best tree of N nodes is the N nodes of
+    highest path probability (`kit.best_order`); search each depth cap D <= `max_depth` and N <= `max_nodes`
+    (a fraction of the rows one node more, in `fractions` steps) for the most n (1 + E[accepted]) / step
+    seconds (`kit.plan_trees`), and cut each row's tree at its remaining tokens. N = 0: no speculation.
+    Budget: the cost model prices every plan as the simulator's clock does (draft forwards level by level,
+    nodes as verify tokens; `kit.TreePrice`), corrected online by `kit.CostCalibration` (`cost: calibrated`;
+    `model`: as is; `clock`: the simulator's true cost); the engine's hard cap bounds N.
+    Parameters: `max_nodes`, `max_depth`, `cost`, `fractions`; nodes `estimate` (ranks, prior_strength,
+    memory, every: RankEstimate's; confidence) and `calibration` (memory).
+    """
+
+    name = "tree_goodput"
+    depth_param = "max_depth"
+
+    def __init__(self, max_nodes: int = 64, max_depth: int = 16, cost: str = "calibrated", fractions: int = 8,
+                 estimate=None, calibration=None):
+        self.max_nodes = as_int(max_nodes, "policy.max_nodes", min=0)
+        self.max_depth = as_int(max_depth, "policy.max_depth", min=0)
+        self.cost = as_choice(cost, "policy.cost", {"model", "calibrated", "clock"})
+        self.fractions = as_int(fractions, "policy.fractions", min=1)
+        e = node(estimate, "policy.estimate", ESTIMATE)
+        self.est = (as_int(e.ranks, "policy.estimate.ranks", min=1),
+                    as_float(e.prior_strength, "policy.estimate.prior_strength", min=0, min_open=True),
+                    as_float(e.memory, "policy.estimate.memory", min=1), as_int(e.every, "policy.estimate.every", min=1))
+        self.use_confidence = as_bool(e.confidence, "policy.estimate.confidence")
+        c = node(calibration, "policy.calibration", {"memory": 200.0})
+        self.cal_memory = as_float(c.memory, "policy.calibration.memory", min=1)
+        self.reset()
+
+    @property
+    def requires_true_cost(self):
+        return self.cost == "clock"
+
+    def reset(self):
+        ranks, strength, memory, every = self.est
+        self._table = RankEstimate(ranks=ranks, strength=strength, memory=memory, every=every)
+        self._conf = RankConfidence(ranks=ranks, memory=memory)
+        self._calib = CostCalibration(memory=self.cal_memory)
+        self._price = TreePrice(self._calib if self.cost == "calibrated" else None)
+        self._trees, self._chains = {}, {}
+
+    def table(self, view) -> np.ndarray:
+        """The per-rank table the plan values trees by."""
+        a, R = view.acceptance_prior, self._table.ranks
+        geometric = a * (1.0 - a) ** np.arange(R)
+        self._table.start(self._conf.table(geometric) if self.use_confidence else a)
+        return self._table.table
+
+    def plan(self, view):
+        n = view.batch_size
+        D = min(self.max_depth, view.max_depth)
+        N = min(self.max_nodes, (view.max_num_batched_tokens - n) // n)
+        if D <= 0 or N <= 0:
+            return np.zeros(n, np.int64)
+        price = self._price.update(view.true_cost if self.cost == "clock" else view.cost, view.context_lens)
+        plan = plan_trees(self.table(view), price, n, N, D, steps=self.fractions)
+        if plan.nodes == 0:
+            return np.zeros(n, np.int64)
+        if len(self._trees) > 4096:
+            self._trees.clear()
+        return plan_rows(plan, draft_caps(view, D), self._trees)
+
+    def observe(self, view, accepted):
+        if self.cost == "calibrated":
+            self._calib.observe(view)
+        trees = view.trees
+        if trees is None:   # a chain step (every row's tree a chain, or nothing drafted)
+            if not view.drafted.any():
+                return
+            trees = [self._chains.setdefault(k, chain(k)) for k in view.drafted.tolist()]
+        elif self.use_confidence:
+            self._conf.observe(trees, view.node_confidences)
+        self._table.observe(trees, accepted)
