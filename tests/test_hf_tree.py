@@ -190,13 +190,33 @@ def test_tree_rejection_sampling_matches_target_distribution(tiny_pair_small_voc
         assert pv > 0.01, f"position {j}: chi-square p = {pv:.3g}; {obs.tolist()} vs {(margs[j] * N).round(1).tolist()}"
 
 
-def test_timing_mode_refuses_tree_plans(tiny_pair, tmp_path):
-    """backend.acceptance=simulated runs chain plans only: a tree plan is one clear PolicyError."""
+def test_timing_mode_refuses_trees_without_a_rank_table(tiny_pair, tmp_path):
+    """backend.acceptance=simulated with a model that has no per-rank table: a tree plan is one clear
+    PolicyError naming the fix."""
     with pytest.raises(PolicyError) as e:
-        run(compose(hf_overrides(tiny_pair, "policy=tree_fixed", "backend.acceptance=simulated", "acceptance=iid",
+        run(compose(hf_overrides(tiny_pair, "policy=tree_fixed", "backend.acceptance=simulated", "acceptance=beta",
                                  "workload.batch_size=2", "workload.output_len=4")), tmp_path)
     msg = str(e.value)
-    assert "\n" not in msg and "backend.acceptance=model" in msg
+    assert "\n" not in msg and "acceptance=ranked" in msg
+
+
+@pytest.mark.parametrize("static", ["off", "graphs"])
+def test_timing_mode_trees_match_the_simulator(tiny_pair, tmp_path, static):
+    """Timing mode (real forwards and caches, accept/reject from acceptance=ranked keyed by request and output
+    position): every step accepts what the simulator's step accepts with the same seed and workload."""
+    import csv
+    common = ["policy=tree_fixed", "acceptance=ranked", "acceptance.alpha=0.6", "workload.batch_size=3",
+              "workload.output_len=30", "seed=2"]
+    run(compose("backend=sim", "engine.progress=false", *common), tmp_path / "sim")
+    run(compose(hf_overrides(tiny_pair, "backend.acceptance=simulated", f"backend.static_shapes={static}",
+                             *common)), tmp_path / "hf")
+    cols = ("batch_size", "max_depth", "drafted", "accepted", "emitted")
+    steps = {}
+    for k in ("sim", "hf"):
+        with open(tmp_path / k / "steps.csv") as f:
+            steps[k] = [tuple(row[c] for c in cols) for row in csv.DictReader(f)]
+    assert steps["hf"] == steps["sim"]
+    assert sum(int(s[3]) for s in steps["sim"]) > 0
 
 
 def test_static_tree_forward_matches_dynamic():

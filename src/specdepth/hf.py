@@ -18,7 +18,8 @@ w i.i.d. samples of its distribution when sampling); `verify_tree` runs every ro
 one target forward (tree positions, ancestor masks: Runner.forward_tree), tree_verify.greedy / rejection
 decide, and the accepted path's KV moves to the slots after the root in both caches (tree_verify.kept_slots):
 node i of a row sits at slot root + 1 + i in both models' caches. The path and the correction/bonus token
-then join the known tokens as a chain's accepted drafts do. Timing mode runs chain plans only.
+then join the known tokens as a chain's accepted drafts do. Timing mode runs tree plans with an acceptance
+model that has a per-rank table (the simulator's keyed ranks decide the path).
 
 EOS is ignored: each request generates exactly output_len tokens (the benchmark convention of vLLM's
 `ignore_eos`). Timing is wall clock; on CUDA each phase ends with a synchronize and model forwards are
@@ -43,6 +44,7 @@ from .hf_static import StaticRunner, resolve_mode
 from .inputs import too_large_draft_vocab
 from .timing import timing_outcomes
 from .tree import children_table, pack
+from .tree_acceptance import TreeAcceptance
 from .workload import Request, with_prompt_ids
 
 _TORCH_DTYPES = ("float32", "float16", "bfloat16")
@@ -77,7 +79,14 @@ class HFExecutor(Executor):
         self.timing = timing_outcomes(acceptance, acceptance_model, self.seed)
         self.lossless = self.timing is None
         self.supports_oracle = not self.lossless   # timing mode can reveal its outcomes (oracle policies)
-        self.supports_trees = self.lossless        # draft trees: lossless verification only (not timing mode)
+        # draft trees: lossless verification, or timing mode with an acceptance model that has a per-rank table
+        self._tree_acc = None
+        if self.timing is not None:
+            table = getattr(self.timing.model, "rank_table", lambda: None)()
+            if table is not None:
+                self._tree_acc = TreeAcceptance(np.asarray(table, np.float64))
+                self._tree_acc.key = self.timing.model.key   # the simulator's keyed ranks (sim.SimExecutor)
+        self.supports_trees = self.lossless or self._tree_acc is not None
         if num_threads is not None:
             torch.set_num_threads(as_int(num_threads, "backend.num_threads", min=1))
         if not model.draft:
@@ -281,6 +290,7 @@ class HFExecutor(Executor):
 
     def begin_step(self, depths, kmax):
         n, K = self.rows.n, int(kmax)
+        self._depths = depths
         self.drafts = np.zeros((n, max(K, 1)), np.int64)
         self.q = (self.torch.zeros((n, K, self.vt), dtype=self.torch.float32, device=self.device)
                   if K and not self.greedy else None)
@@ -391,8 +401,9 @@ class HFExecutor(Executor):
 
     # ---- draft trees -------------------------------------------------------------------------------
     def tree_refusal(self) -> str:
-        return ("backend=hf runs tree plans with backend.acceptance=model only (timing mode, "
-                "backend.acceptance=simulated, runs chain plans)")
+        model = type(getattr(self.timing, "model", None)).__name__
+        return (f"backend=hf in timing mode runs tree plans only with an acceptance model that has a per-rank "
+                f"table (acceptance=ranked or iid); {model} runs chain plans only")
 
     def draft_tree(self, trees):
         """Every row's tree, level by level (one draft forward a level over the rows with nodes there). Level 1
@@ -401,7 +412,8 @@ class HFExecutor(Executor):
         (the verifier's layout), attending to the prefix, the root and its ancestors. A node's children are
         the draft's top-w tokens after its path (greedy), or w i.i.d. samples of its distribution q there
         (sampling: tree_verify.rejection is then lossless with q the children's q). Confidence: the draft's
-        probability of the node's token (q's when sampling, the plain softmax's when greedy)."""
+        probability of the node's token (q's when sampling, the plain softmax's when greedy); in timing mode
+        the rank table's entry of its rank, as the simulator's."""
         torch = self.torch
         t0 = time.perf_counter()
         r, n = self.rows, self.rows.n
@@ -473,6 +485,10 @@ class HFExecutor(Executor):
                 if qn is not None:
                     qn[torch.from_numpy(prow[pi]), torch.from_numpy(node), :q.shape[-1]] = q[torch.from_numpy(pi)]
             self._sync()
+        if self._tree_acc is not None:   # timing mode: policies see the rank table's confidences (sim.py's)
+            padded = np.append(self._tree_acc.table, 0.0)
+            for i, t in enumerate(trees):
+                conf[i, :t.nodes] = padded[np.minimum(t.rank, self._tree_acc.table.size)]
         self.tree_step = (trees, N, par, depth, anc, fed, tokens, qn)
         return conf, time.perf_counter() - t0, flops, D
 
@@ -480,7 +496,9 @@ class HFExecutor(Executor):
         """One target forward over every row's root and tree nodes (tree positions and ancestor masks over its
         cache); tree_verify.greedy / tree_verify.rejection decide; the accepted path's KV moves to the slots
         after the root in both caches (tree_verify.kept_slots), the other nodes' slots are free; the path and
-        the correction/bonus token join the row's known tokens as a chain's accepted drafts do."""
+        the correction/bonus token join the row's known tokens as a chain's accepted drafts do. Timing mode:
+        the path from the acceptance model's keyed ranks (tree_acceptance.TreeAcceptance, as the simulator
+        walks it), then the target's own token after it."""
         torch = self.torch
         t0 = time.perf_counter()
         r, n = self.rows, self.rows.n
@@ -495,7 +513,9 @@ class HFExecutor(Executor):
             toks[:, 1:] = tokens
             logits = self.tr.forward_tree(slice(0, n), toks, ctx[:, None] + np.arange(Q)[None, :],
                                           ctx[:, None] + depth, ctx, anc, N + 1)
-            if self.greedy:
+            if self._tree_acc is not None:
+                a, path, out = self._tree_simulated(trees, logits)
+            elif self.greedy:
                 a, path, out = TV.greedy(trees, tokens, logits.argmax(-1).cpu().numpy())
             else:
                 p = V.distribution(logits, self.temperature, self.top_p)
@@ -522,6 +542,38 @@ class HFExecutor(Executor):
             r.hf_length[:] = length + a + 1
             self._sync()
         return a, time.perf_counter() - t0, forward_flops(self.cost.target, ctx, N + 1)
+
+    def _tree_simulated(self, trees, logits):
+        """Timing mode's tree decision: at each depth the child whose rank the keyed ranks draw (none past the
+        node's children or the table: the path ends), then the target's argmax (or a sample of its
+        distribution) after the path's end; the acceptance model advances as the simulator's does."""
+        r, n = self.rows, self.rows.n
+        Q = logits.shape[1]
+        kids = children_table(trees, Q)
+        W = kids.shape[2]
+        D = max((t.max_depth for t in trees), default=0)
+        ranks = self._tree_acc.ranks(r.acc_request, r.acc_pos, D)
+        ar = np.arange(n)
+        cur = np.zeros(n, np.int64)
+        alive = np.ones(n, bool)
+        path = np.full((n, D), -1, np.int64)
+        for d in range(D):
+            rk = ranks[:, d]
+            ch = np.where(alive & (rk >= 0) & (rk < W), kids[ar, cur, np.clip(rk, 0, W - 1)], -1)
+            alive = ch > 0
+            path[alive, d] = ch[alive] - 1
+            cur = np.where(alive, ch, cur)
+        a = (path >= 0).sum(axis=1).astype(np.int64)
+        end = self.torch.from_numpy(cur)
+        at = logits[self.torch.arange(n), end.to(logits.device)]
+        if self.greedy:
+            out = at.argmax(-1).cpu().numpy()
+        else:
+            out = V.sample(V.distribution(at, self.temperature, self.top_p), self.gen).cpu().numpy()
+        o = self.timing
+        o.conf = o.acc = None
+        o.model.commit(self._depths, a)
+        return a, path, out
 
     def _retire(self, keep):
         """Before the table drops finished rows: keep their outputs, move the KV cache rows that follow."""
