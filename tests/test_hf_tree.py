@@ -252,3 +252,18 @@ def test_static_tree_forward_matches_dynamic():
                                   qn[1:2])
             torch.testing.assert_close(sub[0, :qn[1]], b[1, :qn[1]], rtol=1e-4, atol=1e-4)
     assert st.resizes == 1 and st.stats()["tree_forwards"] == 4
+
+
+def test_kept_static_runner_reused_by_a_later_tree_run(tiny_pair, tmp_path):
+    """Inside MODELS.keep() (scripts of many runs) a later run reuses the static runners, their grown node
+    buckets and their tree graphs: nothing is captured again and the output is still the target's."""
+    from specdepth.hf_runner import MODELS
+    cfg = compose(hf_overrides(tiny_pair, "policy=tree_fixed", "policy.widths=[3,2]", "workload.batch_size=2",
+                               "workload.output_len=12", "backend.static_shapes=graphs"))
+    with MODELS.keep():
+        first = run(cfg, tmp_path / "a")
+        second = run(cfg, tmp_path / "b")
+    for d in ("a", "b"):
+        _check_greedy(tiny_pair, tmp_path / d)
+    assert first["static_shapes"]["target"]["captured"] > 0
+    assert second["static_shapes"]["target"]["captured"] == 0 and second["static_shapes"]["target"]["tree_forwards"]

@@ -464,7 +464,8 @@ class HFExecutor(Executor):
                     logits = self.dr.forward_tree(
                         rows_d, np.where(on, tokens[rr, np.maximum(qj - 1, 0)], 0), c[:, None] + qj,
                         np.broadcast_to(c[:, None] + d - 1, qj.shape), c, anc[rr, qj] & on[:, :, None], cnt)
-                    logits = logits[torch.from_numpy(np.nonzero(on)[0]), torch.from_numpy(np.nonzero(on)[1])]
+                    oi, ot = (torch.from_numpy(x).to(logits.device) for x in np.nonzero(on))
+                    logits = logits[oi, ot]
                     prow, pq = np.nonzero(on)
                     prow, pq = rows_d[prow], qj[prow, pq]
                     flops += forward_flops(self.cost.draft, c + d - 1, cnt)
@@ -483,7 +484,8 @@ class HFExecutor(Executor):
                 tokens[prow[pi], node] = tok[pi, ri]
                 conf[prow[pi], node] = val[pi, ri]
                 if qn is not None:
-                    qn[torch.from_numpy(prow[pi]), torch.from_numpy(node), :q.shape[-1]] = q[torch.from_numpy(pi)]
+                    dev = lambda x: torch.from_numpy(x).to(self.device)   # noqa: E731
+                    qn[dev(prow[pi]), dev(node), :q.shape[-1]] = q[dev(pi)]
             self._sync()
         if self._tree_acc is not None:   # timing mode: policies see the rank table's confidences (sim.py's)
             padded = np.append(self._tree_acc.table, 0.0)
@@ -564,8 +566,8 @@ class HFExecutor(Executor):
             path[alive, d] = ch[alive] - 1
             cur = np.where(alive, ch, cur)
         a = (path >= 0).sum(axis=1).astype(np.int64)
-        end = self.torch.from_numpy(cur)
-        at = logits[self.torch.arange(n), end.to(logits.device)]
+        dev = logits.device
+        at = logits[self.torch.arange(n, device=dev), self.torch.from_numpy(cur).to(dev)]
         if self.greedy:
             out = at.argmax(-1).cpu().numpy()
         else:

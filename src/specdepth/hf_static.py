@@ -166,7 +166,7 @@ class StaticRunner(Runner):
 
     def fits(self, max_rows: int, max_len: int) -> bool:
         """Whether a later run of `max_rows` rows and `max_len` slots can reuse this runner (and its graphs)."""
-        return row_bucket(max_rows, 1 << 30) <= self.rows_cap and int(max_len) + self.max_query <= self.scratch
+        return row_bucket(max_rows, 1 << 30) <= self.rows_cap and int(max_len) <= self.max_len
 
     def new_run(self) -> None:
         """Counters from zero for the next run over the same buffers and graphs (what stats() reports)."""
