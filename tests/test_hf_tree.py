@@ -200,13 +200,13 @@ def test_timing_mode_refuses_trees_without_a_rank_table(tiny_pair, tmp_path):
     assert "\n" not in msg and "acceptance=ranked" in msg
 
 
-@pytest.mark.parametrize("static", ["off", "graphs"])
-def test_timing_mode_trees_match_the_simulator(tiny_pair, tmp_path, static):
+@pytest.mark.parametrize("static,temperature", [("off", 0.0), ("graphs", 1.0)])
+def test_timing_mode_trees_match_the_simulator(tiny_pair, tmp_path, static, temperature):
     """Timing mode (real forwards and caches, accept/reject from acceptance=ranked keyed by request and output
     position): every step accepts what the simulator's step accepts with the same seed and workload."""
     import csv
     common = ["policy=tree_fixed", "acceptance=ranked", "acceptance.alpha=0.6", "workload.batch_size=3",
-              "workload.output_len=30", "seed=2"]
+              "workload.output_len=30", "seed=2", f"decode.temperature={temperature}"]
     run(compose("backend=sim", "engine.progress=false", *common), tmp_path / "sim")
     run(compose(hf_overrides(tiny_pair, "backend.acceptance=simulated", f"backend.static_shapes={static}",
                              *common)), tmp_path / "hf")
@@ -267,3 +267,18 @@ def test_kept_static_runner_reused_by_a_later_tree_run(tiny_pair, tmp_path):
         _check_greedy(tiny_pair, tmp_path / d)
     assert first["static_shapes"]["target"]["captured"] > 0
     assert second["static_shapes"]["target"]["captured"] == 0 and second["static_shapes"]["target"]["tree_forwards"]
+
+
+def test_tree_wider_than_the_draft_vocabulary_is_one_line(tiny_pair):
+    """A node with more children than the draft has tokens: one BackendError line, before the tree is drafted."""
+    from specdepth.errors import BackendError
+    cfg = EngineConfig(max_depth=2, progress=False)
+    ex, cost = _executor(tiny_pair, cfg)
+
+    class Wide(Policy):
+        def plan(self, view):
+            return T.from_widths([65])
+
+    with pytest.raises(BackendError) as e:
+        Engine(Wide(), ex, cost, cfg, _requests(2, 4)).run()
+    assert "\n" not in str(e.value) and "65 children" in str(e.value)
