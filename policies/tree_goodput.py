@@ -8,7 +8,7 @@ from .kit import CostCalibration, RankEstimate, TreePrice, draft_caps, plan_rows
 from .kit.tree import RankConfidence
 from .kit.options import node
 
-ESTIMATE = {"ranks": 8, "prior_strength": 50.0, "memory": 5000.0, "every": 1, "confidence": True}
+ESTIMATE = {"ranks": 8, "prior_strength": 50.0, "memory": 5000.0, "every": 0.02, "confidence": True}
 
 
 class TreeGoodput(Policy):
@@ -40,7 +40,7 @@ class TreeGoodput(Policy):
         e = node(estimate, "policy.estimate", ESTIMATE)
         self.est = (as_int(e.ranks, "policy.estimate.ranks", min=1),
                     as_float(e.prior_strength, "policy.estimate.prior_strength", min=0, min_open=True),
-                    as_float(e.memory, "policy.estimate.memory", min=1), as_int(e.every, "policy.estimate.every", min=1))
+                    as_float(e.memory, "policy.estimate.memory", min=1), as_float(e.every, "policy.estimate.every", min=0))
         self.use_confidence = as_bool(e.confidence, "policy.estimate.confidence")
         c = node(calibration, "policy.calibration", {"memory": 200.0})
         self.cal_memory = as_float(c.memory, "policy.calibration.memory", min=1)
@@ -72,7 +72,8 @@ class TreeGoodput(Policy):
         if D <= 0 or N <= 0:
             return np.zeros(n, np.int64)
         price = self._price.update(view.true_cost if self.cost == "clock" else view.cost, view.context_lens)
-        plan = plan_trees(self.table(view), price, n, N, D, steps=self.fractions)
+        table = np.round(self.table(view) * 200.0) / 200.0   # to 0.005: the same trees (and cached orders) while it holds
+        plan = plan_trees(table, price, n, N, D, steps=self.fractions)
         if plan.nodes == 0:
             return np.zeros(n, np.int64)
         if len(self._trees) > 4096:

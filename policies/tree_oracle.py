@@ -1,6 +1,6 @@
 import numpy as np
 
-from specdepth.errors import as_int
+from specdepth.errors import ConfigError, as_int
 from specdepth.policy import Policy
 
 from .kit import TreePrice, draft_caps, plan_rows, plan_trees
@@ -37,7 +37,10 @@ class TreeOracle(Policy):
         n = view.batch_size
         D = min(self.max_depth, view.max_depth)
         N = min(self.max_nodes, (view.max_num_batched_tokens - n) // n)
-        if D <= 0 or N <= 0 or view.rank_table is None:
+        if view.rank_table is None:
+            raise ConfigError("tree_oracle needs the simulator's true per-rank table (view.rank_table): run it with "
+                              "acceptance=ranked or iid")
+        if D <= 0 or N <= 0:
             return np.zeros(n, np.int64)
         price = self._price.update(view.true_cost, view.context_lens)
         plan = plan_trees(np.asarray(view.rank_table), price, n, N, D, steps=self.fractions)

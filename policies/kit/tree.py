@@ -15,8 +15,9 @@ are nested: the tree of N + 1 nodes is the tree of N plus one node.
 """
 from __future__ import annotations
 
+import functools
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -56,6 +57,7 @@ class Order:
     rank: np.ndarray
     depth: np.ndarray
     prob: np.ndarray
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     def tree(self, nodes: int, max_depth: int | None = None) -> Tree:
         """The first `nodes` nodes as a Tree; `max_depth`: without the nodes deeper than it (their subtrees are
@@ -70,20 +72,28 @@ class Order:
 
     def levels(self) -> np.ndarray:
         """int64 [N + 1, D]: the draft's tokens per level (specdepth.tree.parent_counts) of the first N nodes:
-        a node's rank-0 child opens its parent's slot in the level below it."""
-        D = int(self.depth.max(initial=0))
-        out = np.zeros((self.parent.size + 1, max(D, 1)), np.int64)
-        first = np.flatnonzero(self.rank == 0)
-        out[first + 1, self.depth[first] - 1] = 1
-        return np.cumsum(out, axis=0)
+        a node's rank-0 child opens its parent's slot in the level below it (computed once, read-only)."""
+        if "levels" not in self.memo:
+            D = int(self.depth.max(initial=0))
+            out = np.zeros((self.parent.size + 1, max(D, 1)), np.int64)
+            first = np.flatnonzero(self.rank == 0)
+            out[first + 1, self.depth[first] - 1] = 1
+            self.memo["levels"] = out = np.cumsum(out, axis=0)
+            out.flags.writeable = False
+        return self.memo["levels"]
 
 
 def best_order(table, max_nodes: int, max_depth: int) -> Order:
     """The `max_nodes` nodes of highest path probability under `table` (non-increasing), at most `max_depth`
     deep, best first: a heap of candidates, where taking a node offers its rank-0 child and its next sibling.
     Each node comes after its parent and its lower-ranked siblings, so every prefix is a valid tree; ties go to
-    the shallower, then the earlier node."""
-    t = np.asarray(table, float)
+    the shallower, then the earlier node. Cached (the last 256 tables; the arrays are read-only)."""
+    return _best_order(np.asarray(table, float).tobytes(), int(max_nodes), int(max_depth))
+
+
+@functools.lru_cache(maxsize=256)
+def _best_order(key: bytes, max_nodes: int, max_depth: int) -> Order:
+    t = np.frombuffer(key, float)
     R = t.size
     parent, rank, depth, prob = [], [], [], []
     heap = [(-t[0], 1, 0, -1, 0)] if R and max_depth >= 1 and t[0] > 0 else []   # (-prob, depth, seq, par, rank)
@@ -100,8 +110,11 @@ def best_order(table, max_nodes: int, max_depth: int) -> Order:
             if q > 0:
                 heapq.heappush(heap, (-q, dd, seq, pp, rr))
                 seq += 1
-    return Order(*(np.array(a, dtype) for a, dtype in
-                   ((parent, np.int64), (rank, np.int64), (depth, np.int64), (prob, float))))
+    arrays = [np.array(a, dtype) for a, dtype in ((parent, np.int64), (rank, np.int64), (depth, np.int64),
+                                                  (prob, float))]
+    for a in arrays:
+        a.flags.writeable = False
+    return Order(*arrays)
 
 
 def best_tree(table, nodes: int, max_depth: int) -> Tree:
@@ -116,20 +129,21 @@ class RankEstimate:
     each the ratio of hits (the accepted path took rank r) to trials (R >= r was known, and whether R = r). A
     path of length a gives an accepted node at depths 1..a and, past it, a miss of every child rank of its last
     node. Which path of length a it was is not seen: EM weighs each by its probability under the table. The
-    observations are kept as counts per (tree shape, a), decayed (`memory`: observed rows remembered), and one
-    EM iteration over all of them runs every `every` observe calls (a chain's path is exact). The prior, worth
+    observations are kept as row counts per (tree shape, a), decayed (`memory`: observed rows remembered), and one
+    EM iteration over all of them runs once the rows observed since the last grew by `every` x the rows kept
+    (at least one step apart; a chain's path is exact). The prior, worth
     `strength` trials per rank: a rate (the geometric table of it: hazard `prior` at every rank) or a table
     (e.g. the draft's mean confidence per rank, `RankConfidence`). The table is made non-increasing over ranks.
     Path lengths tell ranks apart only where the tree tries different widths: under a product tree of width w
     at every level only P(R < w) is learnt (the prior keeps the split)."""
 
     def __init__(self, ranks: int = 8, prior: float = 0.7, strength: float = 10.0, memory: float = 5000.0,
-                 every: int = 1):
-        self.ranks, self.strength, self.memory, self.every = int(ranks), float(strength), float(memory), int(every)
+                 every: float = 0.0):
+        self.ranks, self.strength, self.memory, self.every = int(ranks), float(strength), float(memory), float(every)
+        self._new = self._kept = 0.0   # rows observed since the last EM iteration; rows kept
         self.hits = np.zeros(self.ranks)
         self.trials = np.zeros(self.ranks)
-        self._groups: dict[tuple, list] = {}   # (parents, a) -> [tree, decayed count]
-        self._calls = 0
+        self._groups: dict[bytes, list] = {}   # tree shape (parents) -> [tree, decayed rows per path length]
         self.start(prior)
 
     def start(self, prior) -> None:
@@ -153,52 +167,51 @@ class RankEstimate:
         keep = np.exp(-acc.size / self.memory)
         for g in self._groups.values():
             g[1] *= keep
-        seen: dict[tuple[int, int], tuple] = {}
+        seen: dict[int, list] = {}
         for t, a in zip(rows(trees, acc.size), acc.tolist()):
             if t.nodes:   # nothing drafted, nothing learnt
-                key = seen.get((id(t), a))
-                if key is None:
-                    key = seen[(id(t), a)] = (t.parent.tobytes(), a)
-                self._groups.setdefault(key, [t, 0.0])[1] += 1.0
-        self._calls += 1
-        if self._calls % self.every == 0:
+                g = seen.get(id(t))
+                if g is None:
+                    g = seen[id(t)] = self._groups.setdefault(t.parent.tobytes(), [t, np.zeros(t.max_depth + 1)])
+                g[1][a] += 1.0
+        self._new += acc.size
+        self._kept = self._kept * keep + acc.size
+        if self._new >= self.every * self._kept:
             self.refresh()
 
     def refresh(self) -> None:
-        """One EM iteration over the kept observations (groups that decayed below 1e-3 rows are dropped)."""
-        self._groups = {k: g for k, g in self._groups.items() if g[1] >= 1e-3}
+        """One EM iteration over the kept observations (tree shapes that decayed below 1e-3 rows are dropped)."""
+        self._new = 0.0
+        self._groups = {k: g for k, g in self._groups.items() if g[1].sum() >= 1e-3}
         table = self.table
         hits, trials = np.zeros(self.ranks), np.zeros(self.ranks)
-        for (_, a), (t, count) in self._groups.items():
-            h, tr = self._expected_counts(t, a, table)
-            hits += count * h
-            trials += count * tr
+        for t, counts in self._groups.values():
+            h, tr = self._expected_counts(t, counts, table)
+            hits += h
+            trials += tr
         self.hits, self.trials = hits, trials
 
-    def _expected_counts(self, tree: Tree, a: int, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Expected hits and trials per rank of one row whose path on `tree` accepted `a` nodes."""
+    def _expected_counts(self, tree: Tree, counts: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Expected hits and trials per rank of the rows whose paths on `tree` accepted a nodes (counts[a] rows)."""
         R = self.ranks
         kids = np.bincount(tree.parent + 1, minlength=tree.nodes + 1)   # [root, node 0, ...]
         reach = path_probs(tree, table)
         t = np.concatenate([table, [0.0]])
         miss = 1.0 - np.bincount(tree.parent + 1, weights=t[np.minimum(tree.rank, table.size)],
                                  minlength=tree.nodes + 1)   # P(no child rank matches), per [root, node 0, ...]
-        if a == 0:
-            ends, w = np.array([0]), np.array([1.0])
-        else:
-            at = np.flatnonzero(tree.depth == a)
-            ends, w = at + 1, reach[at] * np.maximum(miss[at + 1], 0.0)
-            w = w / w.sum() if w.sum() > 0 else np.full(at.size, 1.0 / max(at.size, 1))
-        mass = np.zeros(tree.nodes + 1)
-        mass[ends] = w
-        for d in range(a, 1, -1):   # a path through a node: the mass of its path's end below it
+        end = reach * np.maximum(miss[1:], 0.0)                  # a path ends at the node: its weight
+        level = np.bincount(tree.depth, weights=end, minlength=counts.size)
+        size = np.bincount(tree.depth, minlength=counts.size)
+        post = np.where(level[tree.depth] > 0, end / np.where(level > 0, level, 1.0)[tree.depth], 1.0 / size[tree.depth])
+        W = np.concatenate([[counts[0]], counts[tree.depth] * post])   # rows ending at [root, node 0, ...]
+        mass = W.copy()
+        for d in range(tree.max_depth, 1, -1):   # a path through a node: the rows ending below it
             at = np.flatnonzero(tree.depth == d)
             np.add.at(mass, tree.parent[at] + 1, mass[at + 1])
-        on = mass[1:]
-        full = np.bincount(np.minimum(tree.rank, R), weights=on, minlength=R + 1).astype(float)   # [R]: past it
+        full = np.bincount(np.minimum(tree.rank, R), weights=mass[1:], minlength=R + 1)   # [R]: past the table
         hits, trials = full[:R], np.cumsum(full[::-1])[::-1][:R]   # an accepted rank r: a trial at ranks 0..r
-        k = np.minimum(kids[ends], R)          # a miss of ranks 0..k-1 at the path's end
-        trials += np.cumsum(np.bincount(k, weights=w, minlength=R + 1)[::-1])[::-1][1:]
+        k = np.minimum(kids, R)                                      # a miss of ranks 0..k-1 where a path ends
+        trials = trials + np.cumsum(np.bincount(k, weights=W, minlength=R + 1)[::-1])[::-1][1:]
         return hits, trials
 
 
@@ -239,7 +252,8 @@ class RankConfidence:
 class TreePrice:
     """A tree step's predicted seconds for the current batch, from a cost model (view.cost), as
     specdepth.tree.tree_step_time prices it: one draft forward per level over the rows' parent tokens there,
-    then the verify with the nodes as drafts. Priced at the batch's mean context, every row alike (rows may have
+    then the verify with the nodes as drafts (plus `cost.position_overhead_s` a level where the cost has one, as
+    the simulator's true cost does). Priced at the batch's mean context, every row alike (rows may have
     fractional token counts: a fraction of the rows one token more), in tables cached per batch size and mean
     context (2% buckets). `calibration` (a kit.CostCalibration, optional): its fitted scale and fixed part per
     phase correct the model (draft: a fixed part per forward; verify: per step)."""
@@ -283,6 +297,7 @@ class TreePrice:
         verify = np.interp(nodes, np.arange(v.size), v)
         draft = np.interp(levels, np.arange(dr.size), dr)
         forwards = (levels > 0).sum(axis=1)
+        draft = draft + (levels > 0) * float(getattr(self.cost, "position_overhead_s", 0.0))   # the clock's a level
         if self.calibration is not None:
             (sd, cd), (sv, cv) = self.calibration.params("draft"), self.calibration.params("verify")
             return sd * draft.sum(axis=1) + cd * forwards + sv * verify + cv
