@@ -14,8 +14,8 @@ class TreeFixed(Policy):
     cap binds: when batch_size x (1 + nodes) exceeds engine.max_num_batched_tokens, every row drafts the
     tree's first (cap - batch_size) // batch_size nodes in node order (by depth, then rank path: still a
     tree, the likeliest nodes kept), which is nothing when the batch alone fills the cap.
-    Runs where the backend runs tree plans (backend=sim with acceptance=ranked or iid); a chain shape
-    (widths [1, 1, ...]) runs everywhere, as `fixed`.
+    Runs where the backend runs tree plans (backend=sim with acceptance=ranked or iid; backend=hf, lossless,
+    or in timing mode with those models); a chain shape (widths [1, 1, ...]) runs everywhere, as `fixed`.
     """
 
     name = "tree_fixed"
