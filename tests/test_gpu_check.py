@@ -25,16 +25,21 @@ def test_gpu_check_smoke(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     res = json.loads((tmp_path / "results.json").read_text())
     status = {r["part"]: r["status"] for r in res["parts"]}
-    assert set(status) == {"setup", "roofline", "crossover", "lossless", "overhead"}
+    assert set(status) == {"setup", "roofline", "crossover", "trees", "lossless", "overhead"}
     assert "error" not in status.values(), res["parts"]
     assert p.stdout.rstrip().splitlines()[-1].startswith("parts: ")   # the headlines come last
     for f in ("summary.md", "profile.csv", "roofline.csv", "roofline.png", "crossover.csv", "crossover.png",
-              "lossless.csv", "overhead.csv"):
+              "lossless.csv", "overhead.csv", "trees.csv"):
         assert (tmp_path / f).is_file(), f
     lossless = list(csv.DictReader((tmp_path / "lossless.csv").open()))
     ran = [r for r in lossless if r["equal"]]
     assert {r["pair"] for r in ran} == {"tiny_pair", "random_pair"}
     assert all(r["equal"] == "True" for r in ran)
+    assert {"tree_fixed", "fixed"} <= {r["policy"] for r in ran}   # trees on the static path too
+    # trees in timing mode: each cell's tokens per step are the simulator's (the same keyed per-rank outcomes)
+    trees = [r for r in csv.DictReader((tmp_path / "trees.csv").open()) if r["real_tokens_per_step"]]
+    assert {r["policy"] for r in trees} >= {"tree_eagle", "tree_2211"}
+    assert all(r["real_tokens_per_step"] == r["roofline_tokens_per_step"] for r in trees)
     # timing mode follows the acceptance model: the real runs' tokens per step are the simulator's, cell by cell
     cross = [r for r in csv.DictReader((tmp_path / "crossover.csv").open()) if r["real_tokens_per_step"]]
     assert cross and all(r["real_tokens_per_step"] == r["roofline_tokens_per_step"]
@@ -54,7 +59,7 @@ def test_gpu_check_smoke(tmp_path):
     for r in full:   # a reported speed-up never exceeds its tokens-per-step bound; one that would is flagged
         assert (r["real_speedup"] == "" and r["flag"]) or not r["real_speedup"] or \
             float(r["real_speedup"]) <= float(r["bound"]) * 1.03
-    summ = json.loads(next((tmp_path / "runs" / "real").rglob("summary.json")).read_text())
+    summ = json.loads(next((tmp_path / "runs" / "crossover" / "real").rglob("summary.json")).read_text())
     assert summ["static_shapes"]["mode"] == "graphs"
     assert {"spread", "model_s", "warmup", "path"} <= set(next(csv.DictReader((tmp_path / "roofline.csv").open())))
     from specdepth.cost import TableCost

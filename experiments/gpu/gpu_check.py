@@ -12,6 +12,9 @@ Parts, each with its own time budget and guarded (a part that fails records its 
              roofline (crossover.csv/.png)
   lossless   the shipped tiny pair and a random pair, greedy, every non-oracle policy: outputs equal to the
              target's own greedy output (HF generate) (lossless.csv)
+  trees      timing mode, acceptance=iid (its geometric per-rank table): draft trees (tree_fixed: EAGLE's tree and
+             a small product tree) against the chain fixed4 and no speculation at a few batch sizes, the same
+             protocol and simulator predictions as the crossover (trees.csv)
   overhead   the real backend's framework overhead per step, and its throughput against HF generate (k = 0)
              and HF assisted generation (batch 1, same pair, same depth) (overhead.csv)
 The 8B/1B-shaped models are random bf16 weights built on the device from their config (model.init=random):
@@ -50,16 +53,20 @@ FULL = dict(
     grid=([1, 4, 16, 64, 256], [1, 2, 4, 7, 128], [0, 128, 256]), warmup=1, repeats=3,
     batches=[1, 2, 4, 8, 16, 32, 64, 128, 256], depths=[0, 1, 2, 4, 6], alphas=[0.6, 0.8], prompt_len=128,
     output_len=32, lossless=dict(batch=4, prompt_len=32, output_len=32, pair=dict()), overhead_len=32, k=4, reps=3,
-    budgets=dict(roofline=60, crossover=255, lossless=35, overhead=70), sim_reserve_s=45, compile_s=45)
+    trees=dict(batches=[1, 8, 32, 128], alpha=0.8, chain="fixed4"),
+    budgets=dict(roofline=60, crossover=225, trees=30, lossless=35, overhead=70), sim_reserve_s=45, compile_s=45)
 SMOKE = dict(
     total_s=65, report_s=4, dtype="bfloat16", shapes=(SMOKE_TARGET, SMOKE_DRAFT), name="tiny_random",
     grid=([1, 2], [1, 2, 4, 16], [0, 16]), warmup=0, repeats=1,
     batches=[1, 2], depths=[0, 1, 2, 4, 6], alphas=[0.6, 0.8], prompt_len=16, output_len=8,
     lossless=dict(batch=2, prompt_len=16, output_len=8,
                   pair=dict(vocab=256, hidden=64, layers=2, heads=4, intermediate=128)),
-    overhead_len=8, k=2, reps=2, budgets=dict(roofline=8, crossover=22, lossless=12, overhead=10), sim_reserve_s=4,
+    overhead_len=8, k=2, reps=2, trees=dict(batches=[1, 2], alpha=0.8, chain="fixed2"),
+    budgets=dict(roofline=8, crossover=17, trees=8, lossless=12, overhead=10), sim_reserve_s=4,
     compile_s=1e9)
-PARTS = ("roofline", "crossover", "lossless", "overhead")
+PARTS = ("roofline", "crossover", "trees", "lossless", "overhead")
+# the trees part's tree policies: name -> tree_fixed overrides
+TREE_SHAPES = {"tree_eagle": ["policy.shape=eagle"], "tree_2211": ["policy.widths=[2,2,1,1]"]}
 
 
 # ------------------------------------------------------------------------------------------------ plumbing
@@ -296,17 +303,19 @@ def policies(ctx: Ctx) -> list[str]:
     return [f"fixed{k}" for k in ctx.plan["depths"]] + ["goodput"]
 
 
-def bases(ctx: Ctx, backend: list[str], cost: list[str]) -> dict:
-    """Composed once per (backend, cost, policy kind); cells set alpha, batch and depth on a copy."""
+def bases(ctx: Ctx, backend: list[str], cost: list[str], kinds=("fixed", "goodput")) -> dict:
+    """Composed once per (backend, cost, policy kind); cells set alpha, batch and depth on a copy. A kind of
+    TREE_SHAPES is tree_fixed with that shape."""
     p = ctx.plan
     common = [*big_pair(ctx), *backend, *cost, "acceptance=iid", f"workload.prompt_len={p['prompt_len']}",
               f"workload.output_len={p['output_len']}"]
-    return {kind: compose([*common, f"policy={kind}"]) for kind in ("fixed", "goodput")}
+    return {kind: compose([*common, *(["policy=tree_fixed", *TREE_SHAPES[kind]] if kind in TREE_SHAPES
+                                      else [f"policy={kind}"])]) for kind in kinds}
 
 
 def cell(base: dict, alpha: float, batch: int, pol: str):
-    if pol == "goodput":
-        return with_values(base["goodput"], acceptance__alpha=alpha, workload__batch_size=batch)
+    if pol == "goodput" or pol in TREE_SHAPES:
+        return with_values(base[pol], acceptance__alpha=alpha, workload__batch_size=batch)
     return with_values(base["fixed"], acceptance__alpha=alpha, workload__batch_size=batch, policy__depth=int(pol[5:]))
 
 
@@ -317,16 +326,18 @@ def crossover_cells(ctx: Ctx, batch: int) -> list[tuple]:
     return [(None, "fixed0")] + [(x, pol) for x in a for pol in policies(ctx) if pol != "fixed0"]
 
 
-def real_crossover(ctx: Ctx, budget: Budget, base: dict) -> tuple[dict, list, list]:
+def real_crossover(ctx: Ctx, budget: Budget, base: dict, batches=None, cells_of=None,
+                   tag: str = "crossover") -> tuple[dict, list, list]:
     """The measurement protocol, per batch size in increasing order: a warm-up pass (every cell once, untimed:
     first use of each shape, its graph capture; recorded in crossover_runs.csv), then `reps` timed passes over
     the same cells in the same order (A B C ... A B C ...: interleaved, so a slow spell of the GPU spreads
     over every cell). A batch size starts only when its passes fit the budget (estimated from the last one).
-    Returns ({cell: [summary of each timed pass]}, the cells not run, the run log)."""
+    Returns ({cell: [summary of each timed pass]}, the cells not run, the run log). batches / cells_of(ctx, b):
+    another grid (the trees part's); default the crossover's."""
     from specdepth.app import run
     p, done, skipped, log_rows, last = ctx.plan, {}, [], [], None
-    for b in p["batches"]:
-        cells = crossover_cells(ctx, b)
+    for b in batches or p["batches"]:
+        cells = (cells_of or crossover_cells)(ctx, b)
         need = None if last is None else last[1] * (1 + p["reps"]) * (b / last[0]) ** 0.5
         if skipped or (need is not None and budget.left() - p["sim_reserve_s"] < need):
             skipped += [(a, b, pol) for a, pol in cells]
@@ -335,7 +346,7 @@ def real_crossover(ctx: Ctx, budget: Budget, base: dict) -> tuple[dict, list, li
         for rep in range(-1, p["reps"]):   # -1: the warm-up pass
             for akey, pol in cells:
                 alpha = p["alphas"][0] if akey is None else akey
-                d = run_dir(ctx, "real" if rep >= 0 else "warmup", f"a{akey}", f"b{b}", pol, f"r{max(rep, 0)}")
+                d = run_dir(ctx, tag, "real" if rep >= 0 else "warmup", f"a{akey}", f"b{b}", pol, f"r{max(rep, 0)}")
                 t = time.monotonic()
                 s = run(with_values(cell(base, alpha, b, pol), resume=False), d)
                 log_rows.append(dict(seq=len(log_rows), pass_=("warmup" if rep < 0 else rep), batch=b, alpha=akey,
@@ -345,14 +356,14 @@ def real_crossover(ctx: Ctx, budget: Budget, base: dict) -> tuple[dict, list, li
                 if rep >= 0:
                     done.setdefault((akey, b, pol), []).append(s)
         last = (b, (time.monotonic() - t_batch) / (1 + p["reps"]))
-        ctx.say(f"crossover: batch {b}: warm-up + {p['reps']} interleaved passes of {len(cells)} cells in "
+        ctx.say(f"{tag}: batch {b}: warm-up + {p['reps']} interleaved passes of {len(cells)} cells in "
                 f"{time.monotonic() - t_batch:.1f} s")
     if skipped:
-        ctx.say(f"crossover: budget spent, {len(skipped)} cells not run (from batch {skipped[0][1]})")
+        ctx.say(f"{tag}: budget spent, {len(skipped)} cells not run (from batch {skipped[0][1]})")
     return done, skipped, log_rows
 
 
-def sim_crossover(ctx: Ctx, base: dict, done: dict, name: str) -> dict:
+def sim_crossover(ctx: Ctx, base: dict, done: dict, name: str, tag: str = "crossover") -> dict:
     """The simulator's run of every cell measured (backend=sim, the backend's padding and catch-up charged):
     deterministic, once each."""
     from specdepth.app import run
@@ -361,19 +372,26 @@ def sim_crossover(ctx: Ctx, base: dict, done: dict, name: str) -> dict:
         if time.monotonic() > ctx.deadline:
             break
         alpha = ctx.plan["alphas"][0] if akey is None else akey
-        out[(akey, b, pol)] = [run(cell(base, alpha, b, pol), run_dir(ctx, name, f"a{akey}", f"b{b}", pol))]
+        out[(akey, b, pol)] = [run(cell(base, alpha, b, pol), run_dir(ctx, tag, name, f"a{akey}", f"b{b}", pol))]
     return out
+
+
+REAL = ["backend=hf", "backend.acceptance=simulated", "backend.static_shapes=graphs"]
+SIM = ["backend=sim", "backend.pad_ragged=true", "backend.draft_catch_up=true", "engine.charge_policy_time=true"]
+
+
+def costs(ctx: Ctx) -> tuple[list, list | None]:
+    """The simulator's cost overrides: the roofline of the detected device, and the measured profile if any."""
+    return (["cost=roofline", f"hardware={ctx.info['hardware']}"],
+            ["cost=table", f"cost.path={ctx.profile}"] if ctx.profile else None)
 
 
 def part_crossover(ctx: Ctx, budget: Budget) -> dict:
     from specdepth.gpuinfo import snapshot
-    hw = ["cost=roofline", f"hardware={ctx.info['hardware']}"]
-    table = ["cost=table", f"cost.path={ctx.profile}"] if ctx.profile else None
-    sim = ["backend=sim", "backend.pad_ragged=true", "backend.draft_catch_up=true", "engine.charge_policy_time=true"]
+    hw, table = costs(ctx)
+    sim = SIM
     before = snapshot(ctx.torch_device)
-    done, skipped, log_rows = real_crossover(
-        ctx, budget, bases(ctx, ["backend=hf", "backend.acceptance=simulated", "backend.static_shapes=graphs"],
-                           table or hw))
+    done, skipped, log_rows = real_crossover(ctx, budget, bases(ctx, REAL, table or hw))
     after = snapshot(ctx.torch_device)
     preds = {"table": sim_crossover(ctx, bases(ctx, sim, table), done, "sim_table") if table else {},
              "roofline": sim_crossover(ctx, bases(ctx, sim, hw), done, "sim_roofline")}
@@ -393,15 +411,17 @@ def part_crossover(ctx: Ctx, budget: Budget) -> dict:
 BOUND_TOL = 0.03   # a measured speed-up more than 3 % above its tokens-per-step bound is a measurement error
 
 
-def crossover_rows(ctx: Ctx, done: dict, preds: dict) -> list[dict]:
+def crossover_rows(ctx: Ctx, done: dict, preds: dict, grid=None) -> list[dict]:
     """One row per (alpha, batch, policy): per source (real: the median of the timed passes, with their
     relative spread; table, roofline: the simulator) throughput, speed-up over no speculation and tokens per
     step. A real speed-up above the cell's tokens-per-step bound (no step can cost less than a step without
-    drafts) is not reported: `flag` says so and gives the figure."""
+    drafts) is not reported: `flag` says so and gives the figure. grid: (alphas, batches, policies), default the
+    crossover's."""
     rows = []
-    for a in ctx.plan["alphas"]:
-        for b in ctx.plan["batches"]:
-            for pol in policies(ctx):
+    alphas, batches, pols = grid or (ctx.plan["alphas"], ctx.plan["batches"], policies(ctx))
+    for a in alphas:
+        for b in batches:
+            for pol in pols:
                 key = (None if pol == "fixed0" else a, b, pol)
                 row = dict(alpha=a, batch=b, policy=pol)
                 for src, runs in (("real", done), *preds.items()):
@@ -534,6 +554,45 @@ def plot_crossover(ctx: Ctx, rows: list[dict], path: Path) -> None:
     fig.tight_layout()
     atomic_savefig(fig, path, dpi=100)
     plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------ trees
+def tree_cells(ctx: Ctx, batch: int) -> list[tuple]:
+    """The trees part's cells of one batch size: no speculation, the chain, each tree of TREE_SHAPES."""
+    T = ctx.plan["trees"]
+    return [(None, "fixed0"), (T["alpha"], T["chain"])] + [(T["alpha"], t) for t in TREE_SHAPES]
+
+
+def part_trees(ctx: Ctx, budget: Budget) -> dict:
+    """Draft trees against a chain in timing mode (acceptance=iid: a chain accepts as at alpha, a tree by the
+    geometric per-rank table of that alpha), with the crossover's protocol and its simulator predictions."""
+    T = ctx.plan["trees"]
+    hw, table = costs(ctx)
+    kinds = ("fixed", *TREE_SHAPES)
+    pols = [p for _, p in tree_cells(ctx, 1)]
+    done, skipped, log_rows = real_crossover(ctx, budget, bases(ctx, REAL, table or hw, kinds), T["batches"],
+                                             tree_cells, tag="trees")
+    preds = {"table": sim_crossover(ctx, bases(ctx, SIM, table, kinds), done, "sim_table", "trees") if table else {},
+             "roofline": sim_crossover(ctx, bases(ctx, SIM, hw, kinds), done, "sim_roofline", "trees")}
+    rows = crossover_rows(ctx, done, preds, ([T["alpha"]], T["batches"], pols))
+    write_csv(ctx.out / "trees.csv", rows)
+    srcs = ["real", "table", "roofline"] if table else ["real", "roofline"]
+    md = [f"Draft trees vs the chain {T['chain']}, timing mode, alpha {T['alpha']} (trees: the geometric per-rank "
+          f"table of that alpha); speed-up over no speculation, {' / '.join(srcs)}; tokens per step measured; "
+          f"spread of the {ctx.plan['reps']} interleaved passes:", "",
+          "| batch | policy | speed-up | tokens/step | spread | flag |", "|---:|---|---|---:|---:|---|"]
+    for r in rows:
+        if r["policy"] != "fixed0":
+            md.append(f"| {r['batch']} | {r['policy']} | {' / '.join(fmt(r.get(f'{x}_speedup')) for x in srcs)} | "
+                      f"{fmt(r['real_tokens_per_step'])} | {fmt(r['real_spread'], '.1%')} | {r['flag'] or ''} |")
+    if skipped:
+        md.append(f"\nBudget spent: {len(skipped)} cells not run (from batch {skipped[0][1]} on).")
+    ends = [b for b in T["batches"] if any(r["batch"] == b and r["real_speedup"] is not None for r in rows)]
+    head = "trees: " + ("; ".join(
+        f"b{b}: " + ", ".join(f"{r['policy']} {fmt(r['real_speedup'])}x" for r in rows
+                              if r["batch"] == b and r["policy"] != "fixed0") for b in sorted({ends[0], ends[-1]}))
+        if ends else "no cell measured")
+    return dict(status="partial" if skipped else "ok", markdown="\n".join(md), headline=head)
 
 
 # ------------------------------------------------------------------------------------------------ lossless
