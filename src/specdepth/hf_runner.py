@@ -225,14 +225,13 @@ class Runner:
         pos = lens[:, None] + self._q(Q)[None, :]                               # [m, Q]
         mask = self._q(kv_len)[None, None, :] <= pos[:, :, None]               # causal over each row's slots
         self.cache.bind(rows, pos, kv_len)
-        if self.cuda:
-            ev0 = torch.cuda.Event(enable_timing=True)
-            ev1 = torch.cuda.Event(enable_timing=True)
-            ev0.record()
-        else:
-            t0 = time.perf_counter()
         kw = {"input_ids": tokens, "attention_mask": mask[:, None], "position_ids": pos, self.cache_kw: self.cache,
               "use_cache": True}
+        with self._timed():
+            return self._logits(kw, want, qlens, m)
+
+    def _logits(self, kw: dict, want: str, qlens, m: int):
+        torch = self.torch
         if want == "last" and self._decoder is not None:
             h = self._decoder(**kw).last_hidden_state
             if qlens is None:
@@ -250,13 +249,22 @@ class Runner:
                        else out[self._q(m), torch.from_numpy(qlens - 1).to(self.device)])
             elif want == "none":
                 out = None
-        self.calls += 1
+        return out
+
+    @contextlib.contextmanager
+    def _timed(self):
+        """Time one forward: CUDA events (read by collect after a synchronize), or the wall clock on CPU."""
         if self.cuda:
+            ev0, ev1 = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
+            ev0.record()
+            yield
             ev1.record()
             self._events.append((ev0, ev1))
         else:
+            t0 = time.perf_counter()
+            yield
             self.forward_s += time.perf_counter() - t0
-        return out
+        self.calls += 1
 
     def forward_tree(self, rows, tokens: np.ndarray, slots: np.ndarray, pos: np.ndarray, ctx: np.ndarray,
                      anc: np.ndarray, qn: np.ndarray):
@@ -281,20 +289,9 @@ class Runner:
         tokens, slots, pos, ctx_t, anc = t(tokens), t(slots), t(pos), t(np.asarray(ctx, np.int64)), t(anc)
         mask = tree_mask(self._q(kv_len), ctx_t, slots, anc)
         self.cache.bind(rows, slots, kv_len)
-        if self.cuda:
-            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            ev0.record()
-        else:
-            t0 = time.perf_counter()
-        out = self.model(input_ids=tokens, attention_mask=mask[:, None], position_ids=pos,
-                         use_cache=True, **{self.cache_kw: self.cache}).logits
-        self.calls += 1
-        if self.cuda:
-            ev1.record()
-            self._events.append((ev0, ev1))
-        else:
-            self.forward_s += time.perf_counter() - t0
-        return out
+        with self._timed():
+            return self.model(input_ids=tokens, attention_mask=mask[:, None], position_ids=pos,
+                              use_cache=True, **{self.cache_kw: self.cache}).logits
 
     def collect(self) -> None:
         """After a synchronize: add the CUDA-event times of the forwards since the last call."""

@@ -347,28 +347,15 @@ class StaticRunner(Runner):
         return None if want == "none" else out
 
     def _run_key(self, key, body):
-        torch = self.torch
-        if self.cuda:
-            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            ev0.record()
-        else:
-            t0 = time.perf_counter()
-        if self.graphs_kind is None:
-            out = body()
-        else:
+        with self._timed():
+            if self.graphs_kind is None:
+                return body()
             g = self._graphs.get(key)
             if g is None:
                 g = self._capture(key, body)
             else:
                 g.replay()
-            out = g.out
-        if self.cuda:
-            ev1.record()
-            self._events.append((ev0, ev1))
-        else:
-            self.forward_s += time.perf_counter() - t0
-        self.calls += 1
-        return out
+            return g.out
 
     def _capture(self, key, body):
         torch = self.torch
