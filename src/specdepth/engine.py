@@ -7,12 +7,11 @@ Each step is a `Step` record filled phase by phase:
 admit: arrived requests join the batch (their prefill emits each one's first token); plan: the policy's
 depths; draft: position by position over the rows still drafting (policy.keep_drafting after each), or one
 block when nobody stops early; verify: one batched target forward, then policy.observe; commit: accepted
-drafts plus the bonus/correction token, per-row statistics; A plan may be a tree plan instead (a
-specdepth.tree.Tree, or one per row): if every row's tree is a chain it runs as those depths, else the
-executor drafts the trees level by level (draft_tree, no keep_drafting) and verifies them in one forward
-(verify_tree), and the per-row statistics count a row as drafted = its tree's depth, accepted = its accepted
-path's length; record: the step row; retire: finished requests
-leave (their request rows). The running batch's per-row state is one `RowTable` (rows.py) that the engine,
+drafts plus the bonus/correction token, per-row statistics; record: the step row; retire: finished requests
+leave (their request rows). A plan may be a tree plan instead of depths (a specdepth.tree.Tree, or one per
+row): if every row's tree is a chain it runs as those depths, else the executor drafts the trees level by
+level (draft_tree, no keep_drafting) and verifies them in one forward (verify_tree), and the per-row
+statistics count a row as drafted = its tree's depth, accepted = its accepted path's length. The running batch's per-row state is one `RowTable` (rows.py) that the engine,
 the executor and the acceptance model share; time is a `Clock` (clock.py). `metrics.summarize` turns the
 rows into summary.json. docs/architecture.md has the picture.
 """
