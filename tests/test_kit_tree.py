@@ -159,4 +159,6 @@ def test_rank_estimate_prior_table_and_confidence_means():
     conf = K.RankConfidence(ranks=3, memory=1e12)
     tree = T.from_choices([(0,), (1,), (0, 0)])                          # ranks 0, 1, 0
     conf.observe([tree, T.chain(0)], np.array([[0.8, 0.1, 0.6], [np.nan] * 3]))
-    assert conf.table(np.array([0.5, 0.3, 0.05])) == pytest.approx([0.7, 0.1, 0.05])
+    # ranks 0, 1 drafted (0.7, 0.1); rank 2 by rank 1's hazard, 0.1 / 0.3: a third of the 0.2 left
+    assert conf.table(np.array([0.5, 0.3, 0.05])) == pytest.approx([0.7, 0.1, 0.2 / 3])
+    assert K.RankConfidence(ranks=2).table(np.array([0.5, 0.3])).tolist() == [0.5, 0.3]   # nothing drafted

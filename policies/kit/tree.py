@@ -217,9 +217,9 @@ class RankEstimate:
 
 class RankConfidence:
     """The draft's mean confidence (its probability of the token it proposed) per rank, over the tree steps'
-    nodes (view.node_confidences, with each Tree's ranks), decayed (`memory`: nodes remembered per rank); where a
-    rank was never drafted, `fallback` (e.g. a geometric table). A draft that is calibrated gives the per-rank
-    table (the simulator's confidences are the table's entries); RankEstimate takes it as a prior."""
+    nodes (view.node_confidences, with each Tree's ranks), decayed (`memory`: nodes remembered per rank), extended
+    past the ranks drafted by their trend (`table`). A draft that is calibrated gives the per-rank table (the
+    simulator's confidences are the table's entries); RankEstimate takes it as a prior."""
 
     def __init__(self, ranks: int = 8, memory: float = 5000.0):
         self.ranks, self.memory = int(ranks), float(memory)
@@ -243,9 +243,18 @@ class RankConfidence:
             self.counts += np.bincount(r[ok], minlength=self.ranks + 1)[:self.ranks]
 
     def table(self, fallback: np.ndarray) -> np.ndarray:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = self.sums / self.counts
-        return np.where(self.counts > 0, mean, np.asarray(fallback, float)[:self.ranks])
+        """The mean confidence per rank over the ranks drafted so far (0..k-1: trees are rank-contiguous), and past
+        them the last one's hazard kept (each further rank takes that share of what is left): a rank never drafted
+        is priced as likely as the trend says, so that a tree may try it. `fallback` where nothing was drafted."""
+        drafted = self.counts > 0
+        k = self.ranks if drafted.all() else int(np.argmin(drafted))   # the ranks 0..k-1 drafted
+        if k == 0:
+            return np.asarray(fallback, float)[:self.ranks]
+        t = self.sums[:k] / self.counts[:k]
+        left = 1.0 - t.sum()
+        h = min(max(t[-1] / max(left + t[-1], 1e-12), 0.0), 1.0)   # the last drafted rank's hazard
+        more = left * h * (1.0 - h) ** np.arange(self.ranks - k)
+        return np.concatenate([t, more])
 
 
 # ---- a tree step's price ---------------------------------------------------------------------------------
