@@ -151,6 +151,21 @@ def test_expected_max_of_normals():
 
 # ---- search ----------------------------------------------------------------------------------------
 
+def test_expected_maxes_are_expected_max_per_row_to_the_bit():
+    from specdepth.policies.kit.drain import expected_maxes
+    rng = np.random.default_rng(3)
+    for _ in range(60):
+        D, n = int(rng.integers(1, 9)), int(rng.integers(1, 120))
+        mu = rng.choice(rng.uniform(1, 400, 6), n)[None, :] / rng.uniform(1, 5, (D, 1))
+        sd = np.sqrt(mu) * rng.choice([0.0, 1.0, 1.0], (D, n))
+        mu[:, 1:4:2], sd[:, 1:4:2] = mu[:, :3:2], sd[:, :3:2]   # counts of 2 (numpy's power has a fast path)
+        want = [kit.expected_max(mu[d], sd[d], grouped=True) for d in range(D)]
+        assert expected_maxes(mu, sd).tolist() == want
+    one = np.array([[5.0, 5.0, 1.0]])   # one pair of count 2 (power's fast path: a square) in its row
+    assert expected_maxes(one, np.array([[1.0, 1.0, 0.0]]))[0] == kit.expected_max(one[0], np.array([1.0, 1.0, 0.0]),
+                                                                                   grouped=True)
+
+
 def test_uniform_depth_drafts_where_drafts_are_cheap_and_not_where_they_are_dear():
     a = np.full(4, 0.8)
     cheap = kit.Tables(np.full(4 * 8 + 1, 10e-3), np.r_[0.0, np.full(4, 0.1e-3)])

@@ -9,6 +9,20 @@ def normal_cdf(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
 
 
+def _normal_cdf_into(z: np.ndarray) -> np.ndarray:
+    """normal_cdf(z) written over z (a float array of its own): the same operations on the same values (+ and x
+    commute exactly), without the temporaries."""
+    t = 0.044715 * z
+    t *= z
+    t *= z
+    z += t
+    z *= 0.7978845608028654
+    np.tanh(z, out=z)
+    z += 1.0
+    z *= 0.5
+    return z
+
+
 def expected_max(mu: np.ndarray, sd: np.ndarray, points: int = 256, grouped: bool = False) -> float:
     """E[max_i X_i] of independent X_i ~ normal(mu_i, sd_i^2) (sd_i = 0: the constant mu_i): lo + the integral
     of 1 - F from lo to hi, F the maximum's CDF (the product of the rows'), on `points` points; below lo =
@@ -25,13 +39,81 @@ def expected_max(mu: np.ndarray, sd: np.ndarray, points: int = 256, grouped: boo
     if grouped:
         near = spread & (mu + 6.0 * sd > lo)
         m, s, count = _groups(mu[near], sd[near])
-        F = np.prod(normal_cdf((x[None, :] - m[:, None]) / s[:, None]) ** count[:, None], axis=0)
+        z = x[None, :] - m[:, None]
+        z /= s[:, None]
+        F = np.prod(_normal_cdf_into(z) ** count[:, None], axis=0)
     else:
-        F = np.prod(normal_cdf((x[None, :] - mu[spread, None]) / sd[spread, None]), axis=0)
+        z = x[None, :] - mu[spread, None]
+        z /= sd[spread, None]
+        F = np.prod(_normal_cdf_into(z), axis=0)
     if not spread.all():
         F = F * (x >= float(mu[~spread].max()))
     y = 1.0 - F
     return lo + float((np.subtract(x[1:], x[:-1]) * (y[1:] + y[:-1]) / 2.0).sum())   # np.trapezoid's arithmetic
+
+
+def expected_maxes(mu: np.ndarray, sd: np.ndarray, points: int = 256) -> np.ndarray:
+    """expected_max(mu[d], sd[d], points, grouped=True) for every row d of [depths, rows] arrays, with the same
+    arithmetic (the same bits) in a few calls for all d: the grids, the groups (sorted by d, then mu, then sd),
+    and the trapezoid sums at once; the CDFs, powers and products per d (`_cdf_products`)."""
+    out = np.empty(mu.shape[0])
+    lo, hi = (mu - 6.0 * sd).max(axis=1), (mu + 6.0 * sd).max(axis=1)
+    step = (hi - lo) / (points - 1)
+    odd = (hi - lo <= 0.0) | (step == 0.0) | (points < 2)
+    for d in np.flatnonzero(odd):   # degenerate grids: the one-row form
+        out[d] = expected_max(mu[d], sd[d], points, grouped=True)
+    ok = np.flatnonzero(~odd)
+    if ok.size == 0:
+        return out
+    mu, sd, lo, hi = mu[ok], sd[ok], lo[ok], hi[ok]
+    x = _steps(points) * step[ok, None]
+    x += lo[:, None]
+    x[:, -1] = hi
+    spread = sd > 0.0
+    F = _cdf_products(x, mu, sd, spread & (mu + 6.0 * sd > lo[:, None]))
+    cut = ~spread.all(axis=1)
+    if cut.any():
+        top = np.where(spread, -np.inf, mu).max(axis=1)
+        F[cut] = F[cut] * (x[cut] >= top[cut, None])
+    y = 1.0 - F
+    out[ok] = lo + (np.subtract(x[:, 1:], x[:, :-1]) * (y[:, 1:] + y[:, :-1]) / 2.0).sum(axis=1)
+    return out
+
+
+def _cdf_products(x: np.ndarray, mu: np.ndarray, sd: np.ndarray, near: np.ndarray) -> np.ndarray:
+    """Per row d of the grids x: the product over row d's distinct (mu, sd) pairs among `near` (ascending) of
+    normal_cdf((x[d] - mu) / sd) ** count, expected_max's calls on each row's pairs (a [pairs, points] block
+    stays in cache; numpy's power takes a fast path that depends on the block's shape), its power left out where
+    every count is 1 (power keeps a base to the first power exactly)."""
+    d, m, s, count = _row_groups(mu, sd, near)
+    ends = np.searchsorted(d, np.arange(x.shape[0] + 1)).tolist()
+    ones = (count == 1).tolist()
+    F = np.ones(x.shape)
+    for r in range(x.shape[0]):
+        a, b = ends[r], ends[r + 1]
+        if a == b:
+            continue
+        c = x[r] - m[a:b, None]
+        c /= s[a:b, None]
+        _normal_cdf_into(c)
+        if not all(ones[a:b]):
+            c = c ** count[a:b, None]
+        F[r] = np.prod(c, axis=0)
+    return F
+
+
+def _row_groups(mu: np.ndarray, sd: np.ndarray, near: np.ndarray):
+    """The distinct (mu, sd) pairs among `near` of each row d, sorted by d, then mu, then sd: (d, mu, sd, count)."""
+    d, _ = np.nonzero(near)
+    m, s = mu[near], sd[near]
+    order = np.lexsort((s, m, d))
+    d, m, s = d[order], m[order], s[order]
+    new = np.empty(m.size, bool)
+    new[:1] = True
+    np.not_equal(m[1:], m[:-1], out=new[1:])
+    new[1:] |= (s[1:] != s[:-1]) | (d[1:] != d[:-1])
+    at = np.flatnonzero(new)
+    return d[at], m[at], s[at], np.diff(np.append(at, m.size))
 
 
 def _groups(mu: np.ndarray, sd: np.ndarray):
@@ -55,11 +137,16 @@ def _linspace(lo: float, hi: float, points: int) -> np.ndarray:
     step = (hi - lo) / (points - 1)
     if points < 2 or step == 0.0:
         return np.linspace(lo, hi, points)
+    x = _steps(points) * step
+    x += lo
+    x[-1] = hi
+    return x
+
+
+def _steps(points: int) -> np.ndarray:
+    """np.arange(points) as floats, one read-only array per `points`."""
     base = _STEPS.get(points)
     if base is None:
         base = _STEPS[points] = np.arange(points, dtype=np.float64)
         base.flags.writeable = False
-    x = base * step
-    x += lo
-    x[-1] = hi
-    return x
+    return base

@@ -7,7 +7,7 @@ import numpy as np
 
 from .acceptance import expected_tokens
 from .cost import StepCost
-from .drain import expected_max
+from .drain import expected_maxes
 
 
 def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | None = None,
@@ -258,7 +258,7 @@ def _steps_to_finish(e: np.ndarray, rem: np.ndarray, spread: bool) -> np.ndarray
     L2 = np.concatenate([np.zeros((1, e.shape[1])),
                          np.cumsum((2.0 * np.arange(e.shape[0] - 1) + 1.0)[:, None] * surv, axis=0)])
     sd = np.sqrt(rem[None, :] * np.maximum(L2 - (e - 1.0) ** 2, 0.0) / e ** 3)
-    return np.array([expected_max(rem / e[k], sd[k], grouped=True) for k in range(e.shape[0])])
+    return expected_maxes(rem[None, :] / e, sd)
 
 
 def best_prefix(n_rows: int, rows: np.ndarray, pos: np.ndarray, value: np.ndarray, costs: StepCost,
