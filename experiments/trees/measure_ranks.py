@@ -99,7 +99,8 @@ def write_preset(path: Path, table: np.ndarray, n: int, prompts: int, command: s
             f"#   {command}\n"
             f"_target_: specdepth.acceptance.Ranked\n"
             f"table: [{vals}]\n")
-    path.write_text(text)
+    from specdepth.results import atomic_write
+    atomic_write(path, text)
 
 
 def main(argv=None) -> int:
