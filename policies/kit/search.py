@@ -216,13 +216,12 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
     e.g. `draft_caps`): row i drafts min(k, ends_i), and the step pays for those drafts and for as many draft
     forwards (and padded positions) as the deepest row gets. Returns (k, predicted goodput)."""
     ks = np.arange(kmax + 1)
-    e = expected_tokens(acceptance, ks, factors, trials)   # [k, row] expected tokens per step
-    n = e.shape[1]
+    n = len(acceptance)
     got = None if ends is None else np.minimum(ks[:, None], np.asarray(ends, np.int64)[None, :])   # [k, row]
+    e = _row_tokens(np.asarray(acceptance, float), ks, factors, trials, got)   # [k, row] expected tokens per step
     if got is None:
         x, deep = n * ks, ks
     else:   # drafts row i gets at depth k
-        e = np.take_along_axis(e, got, axis=0)
         x, deep = got.sum(axis=1), got.max(axis=1, initial=0)
     T = _step_seconds(costs, x, deep, n)
     if remaining is None:
@@ -236,6 +235,17 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
         g = float(rem.sum()) / (_steps_to_finish(e, rem, spread and got is None) * T)
     k = int(np.argmax(g))
     return k, float(g[k])
+
+
+def _row_tokens(a: np.ndarray, ks: np.ndarray, factors, trials, got: np.ndarray | None) -> np.ndarray:
+    """expected_tokens(a, ks, factors, trials) [k, row], read at depth got[k, i] for row i where `got` is given.
+    Per position (factors or trials) expected_tokens computes each row on its own, so where every row has the same
+    estimate (a policy's level) one row is computed and repeated: the same numbers."""
+    if a.size > 1 and (factors is not None or trials is not None) and bool((a == a[0]).all()):
+        col = expected_tokens(a[:1], ks, factors, trials)
+        return col[:, 0][got] if got is not None else np.repeat(col, a.size, axis=1)
+    e = expected_tokens(a, ks, factors, trials)
+    return e if got is None else np.take_along_axis(e, got, axis=0)
 
 
 def _step_seconds(costs, x: np.ndarray, deep: np.ndarray, n: int) -> np.ndarray:
@@ -339,7 +349,7 @@ def _keep_one(keep: np.ndarray, i: int, v: float, dt: float, G: float, ratio) ->
 def draft_caps(view, kmax: int) -> np.ndarray:
     """Per row, the most drafts worth making: its remaining tokens - 1 (a step emits at most what the request has
     left, so a draft past its last token is never emitted), in 0..kmax."""
-    return np.clip(view.remaining - 1, 0, kmax)
+    return np.minimum(np.maximum(view.remaining - 1, 0), kmax)   # np.clip's values (integers), a third of its time
 
 
 def fit_token_cap(depths: np.ndarray, view) -> np.ndarray:
