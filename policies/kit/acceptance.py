@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy._core.umath import clip as _clip   # what np.clip calls on float arrays, without its wrapper
 
 
 class PositionFactors:
@@ -129,7 +130,7 @@ def expected_tokens(acceptance, ks: np.ndarray, factors: np.ndarray | None = Non
     tokens (a Beta(a t, (1 - a) t) belief), and the draft at position p survives, given the p before it did,
     with the posterior predictive probability (a t + p) / (t + p) (the chain gives E[a^(p+1)], not a^(p+1): a
     draft whose first guesses were accepted is likelier to be a good one). Equal to the plain a as t grows."""
-    a = np.clip(np.asarray(acceptance, float), 0.0, 0.999)
+    a = _clip(np.asarray(acceptance, float), 0.0, 0.999)
     if factors is None and trials is None:
         return (1.0 - a[None, :] ** (ks[:, None] + 1)) / (1.0 - a[None, :])
     k = int(ks[-1])
@@ -163,18 +164,24 @@ class ConfidenceCalibration:
         self.memory = float(memory)
         w = 2.0 * self.LIM / self.BINS
         self.x = -self.LIM + w * (np.arange(self.BINS) + 0.5)
+        self._xx = self.x * self.x
         self.n = np.zeros(self.BINS)   # verified tokens per bin (forgetting)
         self.acc = np.zeros(self.BINS)   # ... accepted
         self.a, self.b = 0.0, 1.0
 
     @classmethod
     def logit(cls, c: np.ndarray) -> np.ndarray:
-        c = np.clip(c, 1e-6, 1.0 - 1e-6)
-        return np.clip(np.log(c) - np.log1p(-c), -cls.LIM, cls.LIM)
+        c = _clip(c, 1e-6, 1.0 - 1e-6)
+        z = np.log(c)
+        z -= np.log1p(np.negative(c, out=c), out=c)
+        return _clip(z, -cls.LIM, cls.LIM, out=z)
 
     def __call__(self, c: np.ndarray) -> np.ndarray:
         """The acceptance probability of tokens drafted with confidence c (NaN stays NaN)."""
-        return _sigmoid(self.a + self.b * self.logit(c))
+        z = self.logit(c)
+        z *= self.b
+        z += self.a
+        return _sigmoid(z, out=z)
 
     def add(self, confidences: np.ndarray | None, drafted: np.ndarray, accepted: np.ndarray) -> None:
         """A step's verified drafts: row i's positions below min(drafted, accepted + 1), accepted below
@@ -201,11 +208,12 @@ class ConfidenceCalibration:
         some confidence, all accepted above) can overshoot to where the sigmoid saturates, where plain Newton runs
         away to a step function of the confidence."""
         lam = self.prior / 8.0
-        a, b, x, n, acc = self.a, self.b, self.x, self.n, self.acc
+        a, b, x, xx, n, acc = self.a, self.b, self.x, self._xx, self.n, self.acc
+        rej = n - acc
 
         def objective(a, b):
             z = a + b * x
-            return float(acc @ -np.logaddexp(0.0, -z) + (n - acc) @ -np.logaddexp(0.0, z)) \
+            return float(acc @ -np.logaddexp(0.0, -z) + rej @ -np.logaddexp(0.0, z)) \
                 - 0.5 * lam * (a * a + (b - 1.0) ** 2)
 
         f = objective(a, b)
@@ -214,7 +222,7 @@ class ConfidenceCalibration:
             r = acc - n * p
             w = n * p * (1.0 - p)
             g0, g1 = float(r.sum()) - lam * a, float(r @ x) - lam * (b - 1.0)
-            h00, h01, h11 = float(w.sum()) + lam, float(w @ x), float(w @ (x * x)) + lam
+            h00, h01, h11 = float(w.sum()) + lam, float(w @ x), float(w @ xx) + lam
             det = h00 * h11 - h01 * h01
             da, db = (h11 * g0 - h01 * g1) / det, (h00 * g1 - h01 * g0) / det
             for _ in range(30):   # concave objective: a short enough step along the Newton direction gains
@@ -228,7 +236,12 @@ class ConfidenceCalibration:
         self.a, self.b = a, b
 
 
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    """1 / (1 + exp(-z)); exp's overflow for z below about -709 is the exact limit 0, not a warning."""
+def _sigmoid(z: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """1 / (1 + exp(-z)); exp's overflow for z below about -709 is the exact limit 0, not a warning. `out` (z
+    itself, say): the same operations written there."""
     with np.errstate(over="ignore"):
-        return 1.0 / (1.0 + np.exp(-z))
+        if out is None:
+            return 1.0 / (1.0 + np.exp(-z))
+        e = np.exp(np.negative(z, out=out), out=out)
+        e += 1.0
+        return np.divide(1.0, e, out=e)
