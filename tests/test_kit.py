@@ -182,6 +182,27 @@ def test_plan_by_position_drafts_the_better_rows_deeper():
     assert depths[0] > depths[1] and g > 2 / 10e-3
 
 
+def test_the_compiled_search_plans_what_the_numpy_loop_plans(monkeypatch):
+    from specdepth.policies.kit import search
+    rng = np.random.default_rng(2)
+    cases = []
+    for _ in range(60):
+        n, K = int(rng.integers(17, 120)), int(rng.integers(1, 9))
+        S = np.cumprod(rng.uniform(0.2, 1, (n, K)), axis=1) * (rng.random((n, K)) < 0.9)
+        S *= rng.uniform(0.1, 3, n)[:, None]   # weighted rows: rankings that differ by position
+        ver = np.cumsum(rng.uniform(0, 1e-4, n * K + 1)) + 0.01
+        dr = np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1e-4, n)) + 0.002])
+        costs = kit.Tables(ver, dr, rng.uniform(0, 1e-3, K) if rng.random() < 0.3 else None)
+        for nested in (True, False):
+            cases.append((S, costs, float(rng.uniform(0, 3) * n / ver[0]), rng.integers(1, 100, n), nested))
+    compiled = [kit.plan_by_position(S, c, G0, tie=t, nested=nd, base=float(S[:, 0].sum()))
+                for S, c, G0, t, nd in cases]
+    monkeypatch.setattr(search, "_floats", lambda *a: False)   # the numpy loop
+    for (S, c, G0, t, nd), (depths, G) in zip(cases, compiled):
+        want_depths, want_G = kit.plan_by_position(S, c, G0, tie=t, nested=nd, base=float(S[:, 0].sum()))
+        assert np.array_equal(depths, want_depths) and G == want_G
+
+
 def test_fit_token_cap_and_draft_caps_bound_a_plan():
     view = make_view(4, remaining=[1, 3, 50, 50], cap=4 + 6)
     assert kit.draft_caps(view, 8).tolist() == [0, 2, 8, 8]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import kernels
 from .acceptance import expected_tokens
 from .cost import StepCost
 from .drain import expected_maxes
@@ -50,6 +51,8 @@ def _depths(ms: list, column, order: np.ndarray, by_column: bool) -> np.ndarray:
     """The depths of a plan that drafts the best m_p rows at each position p (`ms`), ranked by `order` (or by
     the nested columns' own choice, `by_column`)."""
     n = order.shape[0]
+    if isinstance(column, _NestedColumns):   # compiled, the same rows
+        return kernels.nested_depths(order, np.array(ms, np.int64), n)
     depths = np.zeros(n, np.int64)
     rows = np.arange(n)
     for p, m in enumerate(ms):
@@ -68,9 +71,21 @@ def _columns(S: np.ndarray, order: np.ndarray, nested: bool):
         return _NestedColumns(S, order)
     C = np.zeros((n + 1, K))
     np.cumsum(np.take_along_axis(S, order, 0), axis=0, out=C[1:])
-    return lambda p, prev: C[:prev + 1, p]
+    return _Table(C)
 
 
+class _Table:
+    """The plain column p: C[:prev + 1, p], C the cumulative values of the best rows per position (searched by the
+    compiled `kernels.by_position`)."""
+
+    def __init__(self, C):
+        self.C = C
+
+    def __call__(self, p, prev):
+        return self.C[:prev + 1, p]
+
+
+_NO_PAD = np.zeros(0)
 _SMALL = 16   # batches up to this many rows search in plain floats (_SmallColumns)
 
 
@@ -152,6 +167,13 @@ def _by_position(column, K, G, costs, n, base):
     ms, x, e, tdraft, prev = [], 0, base, 0.0, n
     ver, dr, pad = costs.verify, costs.draft, costs.pad
     nested = isinstance(column, _NestedColumns)
+    if ver.size > n * K and dr.size > n and (pad is None or pad.size >= K) and _floats(column, ver, dr, pad):
+        args = (K, float(G), ver, dr, _NO_PAD if pad is None else pad, pad is not None, n, float(base))
+        if nested:
+            got, m, e, t = kernels.nested_by_position(column.S, column.order, *args)
+        else:
+            got, m, e, t = kernels.by_position(column.C, *args)
+        return got[:m].tolist(), (np.float64(e) if m else base), np.float64(t)   # the same loop, compiled
     for p in range(K):
         c = column(p, prev)
         dp = dr[:prev + 1]
@@ -170,6 +192,12 @@ def _by_position(column, K, G, costs, n, base):
         x += m
         prev = m
     return ms, e, ver[x] + tdraft
+
+
+def _floats(column, *tables) -> bool:
+    """Whether the compiled search computes in the same precision: float64 tables and column values."""
+    values = column.S if isinstance(column, _NestedColumns) else getattr(column, "C", None)
+    return values is not None and all(a is None or a.dtype == np.float64 for a in (values,) + tables)
 
 
 def _by_position_small(column, K, G, costs, n, base):
