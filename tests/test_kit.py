@@ -182,7 +182,7 @@ def test_plan_by_position_drafts_the_better_rows_deeper():
     assert depths[0] > depths[1] and g > 2 / 10e-3
 
 
-def test_the_compiled_search_plans_what_the_numpy_loop_plans(monkeypatch):
+def test_the_compiled_searches_plan_what_the_numpy_loops_plan(monkeypatch):
     from specdepth.policies.kit import search
     rng = np.random.default_rng(2)
     cases = []
@@ -197,10 +197,30 @@ def test_the_compiled_search_plans_what_the_numpy_loop_plans(monkeypatch):
             cases.append((S, costs, float(rng.uniform(0, 3) * n / ver[0]), rng.integers(1, 100, n), nested))
     compiled = [kit.plan_by_position(S, c, G0, tie=t, nested=nd, base=float(S[:, 0].sum()))
                 for S, c, G0, t, nd in cases]
-    monkeypatch.setattr(search, "_floats", lambda *a: False)   # the numpy loop
+    views = [drafting_view(make_view(len(S), remaining=rng.integers(2, 50, len(S))), int(rng.integers(1, 4)))
+             for S, *_ in cases]
+    pick = np.random.default_rng(5)
+    kept = [_margins(v, S, c, pick) for v, (S, c, *_) in zip(views, cases)]
+    monkeypatch.setattr(search, "COMPILED", False)   # the numpy loops
     for (S, c, G0, t, nd), (depths, G) in zip(cases, compiled):
         want_depths, want_G = kit.plan_by_position(S, c, G0, tie=t, nested=nd, base=float(S[:, 0].sum()))
         assert np.array_equal(depths, want_depths) and G == want_G
+    pick = np.random.default_rng(5)
+    for v, (S, c, *_), got in zip(views, cases, kept):
+        assert _margins(v, S, c, pick) == got
+
+
+def _margins(view, S, costs, rng):
+    """keep_by_margin on a few random slot values of view's rows: the masks and the ratio's final [E, T]."""
+    out = []
+    for _ in range(4):
+        idx = np.flatnonzero(rng.random(len(S)) < 0.5)
+        if idx.size < 2:
+            continue
+        val, G, ratio = rng.random(idx.size), float(len(S) / costs.verify[0]), [float(len(S)), float(costs.verify[0])]
+        out.append((kit.keep_by_margin(view, 0, idx, val, costs, G).tolist(),
+                    kit.keep_by_margin(view, 1, idx, val, costs, G, ratio).tolist(), ratio))
+    return out
 
 
 def test_fit_token_cap_and_draft_caps_bound_a_plan():

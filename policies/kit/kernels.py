@@ -102,3 +102,23 @@ def nested_depths(order, ms, n):
             depths[cand[j]] += 1
         prev = m
     return depths
+
+
+@njit(cache=True, nogil=True)
+def margin_gains(vs, draft, verify, x, last, padp, has_pad, G, E, T, has_ratio):
+    """`search._best_count`: over m = 1..len(vs), the value of the first m ranked slots (np.cumsum's order) minus G
+    x their seconds (draft[m] + verify[min(x + m, last)] - verify[min(x, last)] (+ padp)), or where `has_ratio` the
+    goodput gain (E + value) / (T + seconds) - E / T; returns (the first best index, its gain, value, seconds)."""
+    vx = verify[min(x, last)]
+    base = E / T
+    acc = 0.0
+    best, bg, bv, bd = 0, 0.0, 0.0, 0.0
+    for i in range(vs.shape[0]):
+        acc = vs[0] if i == 0 else acc + vs[i]
+        dt = draft[i + 1] + verify[min(x + i + 1, last)] - vx
+        if has_pad:
+            dt = dt + padp
+        g = (E + acc) / (T + dt) - base if has_ratio else acc - G * dt
+        if i == 0 or (not math.isnan(bg) and (g > bg or math.isnan(g))):
+            best, bg, bv, bd = i, g, acc, dt
+    return best, bg, bv, bd

@@ -86,6 +86,7 @@ class _Table:
 
 
 _NO_PAD = np.zeros(0)
+COMPILED = True   # the compiled loops (kit/kernels.py); False: their numpy form, which they equal (tests compare)
 _SMALL = 16   # batches up to this many rows search in plain floats (_SmallColumns)
 
 
@@ -167,7 +168,8 @@ def _by_position(column, K, G, costs, n, base):
     ms, x, e, tdraft, prev = [], 0, base, 0.0, n
     ver, dr, pad = costs.verify, costs.draft, costs.pad
     nested = isinstance(column, _NestedColumns)
-    if ver.size > n * K and dr.size > n and (pad is None or pad.size >= K) and _floats(column, ver, dr, pad):
+    if COMPILED and ver.size > n * K and dr.size > n and (pad is None or pad.size >= K) and _floats(column, ver, dr,
+                                                                                                      pad):
         args = (K, float(G), ver, dr, _NO_PAD if pad is None else pad, pad is not None, n, float(base))
         if nested:
             got, m, e, t = kernels.nested_by_position(column.S, column.order, *args)
@@ -343,24 +345,36 @@ def keep_by_margin(view, position: int, idx: np.ndarray, v, costs, G: float, rat
             dt = dt + float(pad[min(position + 1, pad.size - 1)])
         return _keep_one(keep, int(idx[0]), v, dt, G, ratio)
     order = np.lexsort((-view.remaining[idx], -np.round(v, 6)))   # ties: more tokens left first
-    gain_v = np.cumsum(v[order])
-    mm = np.arange(1, idx.size + 1)
-    xv = np.minimum(x + mm, last)
-    dt = costs.draft[mm] + costs.verify[xv] - costs.verify[min(x, last)]
-    if pad is not None and pad.size:   # a padded verify grows by a position's worth for all rows
-        dt = dt + pad[min(position + 1, pad.size - 1)]
+    padp = float(pad[min(position + 1, pad.size - 1)]) if pad is not None and pad.size else None
+    best, gain, gain_v, dt = _best_count(v[order], costs, x, last, padp, G, ratio)
+    if gain > 0:
+        keep[idx[order[:best + 1]]] = True
+        if ratio is not None:
+            ratio[0] += float(gain_v)
+            ratio[1] += float(dt)
+    return keep
+
+
+def _best_count(vs: np.ndarray, costs, x: int, last: int, padp, G: float, ratio):
+    """keep_by_margin's choice over the ranked values vs: the m (best + 1) maximising the gain; returns (best, its
+    gain, its value, its seconds). Compiled (`kernels.margin_gains`, the same operations) for float64 tables."""
+    draft, verify = costs.draft, costs.verify
+    if COMPILED and vs.dtype == draft.dtype == verify.dtype == np.float64 and draft.size > vs.size:
+        E, T = (0.0, 1.0) if ratio is None else ratio
+        return kernels.margin_gains(vs, draft, verify, x, last, 0.0 if padp is None else padp, padp is not None,
+                                    float(G), float(E), float(T), ratio is not None)
+    gain_v = np.cumsum(vs)
+    mm = np.arange(1, vs.size + 1)
+    dt = draft[mm] + verify[np.minimum(x + mm, last)] - verify[min(x, last)]
+    if padp is not None:   # a padded verify grows by a position's worth for all rows
+        dt = dt + padp
     if ratio is None:
         gain = gain_v - G * dt
     else:
         E, T = ratio
         gain = (E + gain_v) / (T + dt) - E / T
     best = int(np.argmax(gain))
-    if gain[best] > 0:
-        keep[idx[order[:best + 1]]] = True
-        if ratio is not None:
-            ratio[0] += float(gain_v[best])
-            ratio[1] += float(dt[best])
-    return keep
+    return best, gain[best], gain_v[best], dt[best]
 
 
 def _keep_one(keep: np.ndarray, i: int, v: float, dt: float, G: float, ratio) -> np.ndarray:
