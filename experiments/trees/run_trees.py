@@ -142,8 +142,9 @@ def run_one(cfg, batch: int, seed: int, pol: dict, output_len: int) -> dict:
     s = summarize(res)
     st = np.array(res.steps, float).reshape(-1, len(STEP_COLUMNS))
     rows = st[:, _S["batch_size"]].sum()
-    return dict(throughput_tok_s=s["throughput_tok_s"], nodes_per_row=st[:, _S["drafted"]].sum() / max(rows, 1),
-                tokens_per_step=s["tokens_per_step"], wall_s=wall)
+    return dict(throughput_tok_s=round(s["throughput_tok_s"], 2),
+                nodes_per_row=round(float(st[:, _S["drafted"]].sum() / max(rows, 1)), 4),
+                tokens_per_step=round(s["tokens_per_step"], 4), wall_s=round(wall, 3))
 
 
 def sweep(args) -> list[dict]:
