@@ -6,6 +6,8 @@ import math
 import numpy as np
 from numpy._core.umath import clip as _clip   # what np.clip calls on float arrays, without its wrapper
 
+from . import kernels
+
 
 class PositionFactors:
     """Per draft position p, the accepted tokens and the sum of the rows' estimates over the tokens verified
@@ -110,15 +112,7 @@ def tie_bands(a: np.ndarray, tol: float) -> np.ndarray:
     u, inv, cnt = np.unique(a, return_inverse=True, return_counts=True)
     if u.size == 1:
         return a
-    vals = u.tolist()   # a plain loop over floats: a few microseconds per hundred values
-    band = [0] * len(vals)
-    b, floor = -1, math.inf
-    for j in range(len(vals) - 1, -1, -1):   # from the highest value down
-        v = vals[j]
-        if v < floor:
-            b, floor = b + 1, v * (1.0 - tol)
-        band[j] = b
-    band = np.array(band, np.int64)
+    band = kernels.bands(u, float(tol))   # from the highest value down (compiled: the same comparisons)
     mean = np.bincount(band, weights=u * cnt) / np.bincount(band, weights=cnt)
     return mean[band][inv]
 

@@ -122,3 +122,17 @@ def margin_gains(vs, draft, verify, x, last, padp, has_pad, G, E, T, has_ratio):
         if i == 0 or (not math.isnan(bg) and (g > bg or math.isnan(g))):
             best, bg, bv, bd = i, g, acc, dt
     return best, bg, bv, bd
+
+
+@njit(cache=True, nogil=True)
+def bands(u, tol):
+    """`acceptance.tie_bands`' bands over ascending distinct values u: from the highest down, a value below the
+    current band's floor (its highest x (1 - tol)) opens the next band."""
+    band = np.empty(u.shape[0], np.int64)
+    b, floor = -1, math.inf
+    for j in range(u.shape[0] - 1, -1, -1):
+        v = u[j]
+        if v < floor:
+            b, floor = b + 1, v * (1.0 - tol)
+        band[j] = b
+    return band
