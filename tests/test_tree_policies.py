@@ -82,3 +82,18 @@ def test_the_study_script_on_a_tiny_grid(tmp_path):
     assert (tmp_path / "trees.png").stat().st_size > 0 and "tree_goodput" in (tmp_path / "cells.md").read_text()
     runs = (tmp_path / "runs.csv").read_text().splitlines()
     assert len(runs) == 1 + len(mod.policies(np.array([0.6, 0.2])))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_tree_goodput_greedy_equals_the_target_on_backend_hf(tiny_pair, tmp_path, batch):
+    """tree_goodput (not in test_hf_lossless's list: its requires_true_cost is a property) drafts trees on the
+    real backend, and greedy outputs are the target's alone, ragged batches included."""
+    from conftest import hf_overrides
+    from specdepth.app import run
+    from test_hf_lossless import _check_greedy
+    cfg = compose(hf_overrides(tiny_pair, "policy=tree_goodput", f"workload.batch_size={batch}", "workload=closed",
+                               "workload.prompt_len={dist:uniform,low:2,high:14}",
+                               "workload.output_len={dist:uniform,low:5,high:14}", f"seed={batch}"))
+    s = run(cfg, tmp_path)
+    _check_greedy(tiny_pair, tmp_path)
+    assert s["draft_tokens"] > 0
