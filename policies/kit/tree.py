@@ -328,15 +328,16 @@ class TreePlan:
 def plan_trees(table, price: TreePrice, n: int, max_nodes: int, max_depth: int, depths=None,
                steps: int = 8) -> TreePlan:
     """The tree plan with the most expected tokens per second (n rows, each emitting 1 + its expected accepted
-    nodes) over the candidates: each depth cap D in `depths` (default 1..max_depth) and each node count per row
-    0..max_nodes in `steps` fractions (a fraction f of the rows one node more than the rest, whose trees are
-    the next in the best-first order). Every row shares `table`; `TreePlan.trees` truncates rows that end
-    early."""
+    nodes) over the candidates: each depth cap D in `depths` (default 1..max_depth; caps deeper than the best
+    max_nodes nodes reach give the same trees and are skipped) and each node count per row 0..max_nodes in
+    `steps` fractions (a fraction f of the rows one node more than the rest, whose trees are the next in the
+    best-first order). Every row shares `table`; `plan_rows` cuts the trees of rows that end early."""
     best = TreePlan(0, 0.0, float(n), float(n) / float(price.seconds(np.zeros(1), np.zeros((1, 1)))[0]), None)
     steps = max(1, min(int(steps), n))
     if max_nodes <= 0 or max_depth <= 0:
         return best
-    for D in (range(1, max_depth + 1) if depths is None else [d for d in depths if 1 <= d <= max_depth]):
+    deepest = int(best_order(table, max_nodes, max_depth).depth.max(initial=0))   # caps past it: the same order
+    for D in (range(1, deepest + 1) if depths is None else [d for d in depths if 1 <= d <= deepest]):
         order = best_order(table, max_nodes, D)
         N = order.parent.size
         if N == 0:
