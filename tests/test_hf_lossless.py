@@ -24,19 +24,26 @@ from specdepth.workload import Request  # noqa: E402
 
 
 def _policies():
-    """Every policy config in conf/policy, except the simulator-only ones (oracles)."""
-    from hydra.utils import get_class
+    """Every policy config in conf/policy, except the simulator-only ones (oracles). The flags are read from
+    an instance of each preset: a policy may set them per instance (goodput's requires_true_cost is a property
+    of its `cost` parameter)."""
+    from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
     out = []
     for f in sorted(Path(CONF_DIR, "policy").glob("*.yaml")):
-        cls = get_class(OmegaConf.load(f)["_target_"])
-        if not any(getattr(cls, k, False) for k in ("requires_oracle", "requires_accept_prob", "requires_true_cost")):
+        pol = instantiate(OmegaConf.load(f))
+        if not any(getattr(pol, k, False) for k in ("requires_oracle", "requires_accept_prob", "requires_true_cost")):
             out.append(f.stem)
     return out
 
 
 POLICIES = _policies()
+
+
+def test_every_non_oracle_preset_is_checked():
+    assert {"goodput", "tree_goodput", "confidence", "batch_scaled", "tree_fixed"} <= set(POLICIES)
+    assert not {"oracle", "oracle_expected", "oracle_causal", "tree_oracle"} & set(POLICIES)
 
 
 @lru_cache(maxsize=None)

@@ -598,13 +598,14 @@ def part_trees(ctx: Ctx, budget: Budget) -> dict:
 # ------------------------------------------------------------------------------------------------ lossless
 def lossless_policies() -> list[str]:
     """Every policy config of conf/policy but those that need the simulator's knowledge (oracle: outcomes;
-    oracle_expected: acceptance probabilities and the clock's cost)."""
-    from hydra.utils import get_class
+    oracle_expected: acceptance probabilities and the clock's cost), read from an instance of each preset (a
+    policy may set them per instance: goodput's requires_true_cost follows its `cost`)."""
+    from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
     from specdepth.app import CONF_DIR
     return [f.stem for f in sorted(Path(CONF_DIR, "policy").glob("*.yaml"))
-            if not any(getattr(get_class(OmegaConf.load(f)["_target_"]), a, False)
+            if not any(getattr(instantiate(OmegaConf.load(f)), a, False)
                        for a in ("requires_oracle", "requires_accept_prob", "requires_true_cost"))]
 
 
