@@ -86,8 +86,7 @@ def test_the_study_script_on_a_tiny_grid(tmp_path):
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_tree_goodput_greedy_equals_the_target_on_backend_hf(tiny_pair, tmp_path, batch):
-    """tree_goodput (not in test_hf_lossless's list: its requires_true_cost is a property) drafts trees on the
-    real backend, and greedy outputs are the target's alone, ragged batches included."""
+    """tree_goodput drafts trees on the real backend, and greedy outputs are the target's alone, ragged batches included."""
     from conftest import hf_overrides
     from specdepth.app import run
     from test_hf_lossless import _check_greedy
