@@ -223,6 +223,17 @@ def _margins(view, S, costs, rng):
     return out
 
 
+def test_uniform_depth_prices_one_row_for_a_batch_at_one_level_with_expected_tokens_bits():
+    from specdepth.policies.kit.search import _one_row
+    rng = np.random.default_rng(6)
+    for _ in range(300):
+        k, a = int(rng.integers(0, 16)), float(rng.uniform(-0.1, 1.1))
+        f = rng.uniform(0.5, 1.3, 16) if rng.random() < 0.8 else None
+        trials = float(rng.uniform(1, 500)) if f is None or rng.random() < 0.3 else None
+        want = kit.expected_tokens(np.array([a]), np.arange(k + 1), f, trials)[:, 0]
+        assert _one_row(a, k, f, trials).tolist() == want.tolist()
+
+
 def test_fit_token_cap_and_draft_caps_bound_a_plan():
     view = make_view(4, remaining=[1, 3, 50, 50], cap=4 + 6)
     assert kit.draft_caps(view, 8).tolist() == [0, 2, 8, 8]

@@ -272,10 +272,27 @@ def _row_tokens(a: np.ndarray, ks: np.ndarray, factors, trials, got: np.ndarray 
     Per position (factors or trials) expected_tokens computes each row on its own, so where every row has the same
     estimate (a policy's level) one row is computed and repeated: the same numbers."""
     if a.size > 1 and (factors is not None or trials is not None) and bool((a == a[0]).all()):
-        col = expected_tokens(a[:1], ks, factors, trials)
-        return col[:, 0][got] if got is not None else np.repeat(col, a.size, axis=1)
+        col = _one_row(float(a[0]), int(ks[-1]), factors, trials)[ks]
+        return col[got] if got is not None else np.repeat(col[:, None], a.size, axis=1)
     e = expected_tokens(a, ks, factors, trials)
     return e if got is None else np.take_along_axis(e, got, axis=0)
+
+
+def _one_row(a: float, k: int, factors, trials) -> np.ndarray:
+    """expected_tokens([a], arange(k + 1), factors, trials)[:, 0] in floats: the same operations in the same order
+    (the clip, each position's survival, its product and its sum running down the positions)."""
+    a = 0.999 if a > 0.999 else (a if a > 0.0 else 0.0)
+    f = None if factors is None else np.asarray(factors, float)[:k].tolist()
+    out, surv, total = [1.0], 1.0, 0.0
+    for p in range(k):
+        step = a if trials is None else (a * trials + float(p)) / (trials + float(p))
+        if f is not None:
+            step = step * f[p]
+        step = min(step, 0.999)
+        surv = step if p == 0 else surv * step
+        total = surv if p == 0 else total + surv
+        out.append(1.0 + total)
+    return np.array(out)
 
 
 def _step_seconds(costs, x: np.ndarray, deep: np.ndarray, n: int) -> np.ndarray:
