@@ -87,7 +87,7 @@ def shrunk_rates(accepted: np.ndarray, rejected: np.ndarray, level: np.ndarray) 
     tau^2 / (tau^2 + sigma_i^2): tau^2 the spread between rows beyond what the counts' binomial noise sigma_i^2
     explains (by two standard errors of the spread's estimate, which few rows make loose). Rows that differ
     only by chance (and a single row) all get the level."""
-    level = float(np.mean(level))
+    level = float(np.asarray(level).mean())
     n = accepted + rejected
     seen = n > 0
     if seen.sum() < 2:
@@ -96,9 +96,9 @@ def shrunk_rates(accepted: np.ndarray, rejected: np.ndarray, level: np.ndarray) 
     rate = np.where(seen, accepted / np.maximum(n, 1.0), pooled)
     noise = pooled * (1.0 - pooled) / np.maximum(n, 1.0)
     m = int(seen.sum())   # the spread must exceed the noise by two standard errors of a variance of m rows
-    tau2 = max(float(np.var(rate[seen]) - noise[seen].mean() * (1.0 + 2.0 * math.sqrt(2.0 / (m - 1)))), 0.0)
+    tau2 = max(float(rate[seen].var() - noise[seen].mean() * (1.0 + 2.0 * math.sqrt(2.0 / (m - 1)))), 0.0)
     shrink = np.where(seen, tau2 / (tau2 + noise + 1e-12), 0.0)
-    return np.clip(level + shrink * (rate - pooled), 0.0, 0.999)
+    return _clip(level + shrink * (rate - pooled), 0.0, 0.999)
 
 
 def tie_bands(a: np.ndarray, tol: float) -> np.ndarray:
