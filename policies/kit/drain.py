@@ -55,7 +55,7 @@ def expected_max(mu: np.ndarray, sd: np.ndarray, points: int = 256, grouped: boo
 def expected_maxes(mu: np.ndarray, sd: np.ndarray, points: int = 256) -> np.ndarray:
     """expected_max(mu[d], sd[d], points, grouped=True) for every row d of [depths, rows] arrays, with the same
     arithmetic (the same bits) in a few calls for all d: the grids, the groups (sorted by d, then mu, then sd),
-    and the trapezoid sums at once; the CDFs, powers and products per d (`_cdf_products`)."""
+    and the trapezoid sums at once; the powers and products per d (`_cdf_products`)."""
     out = np.empty(mu.shape[0])
     lo, hi = (mu - 6.0 * sd).max(axis=1), (mu + 6.0 * sd).max(axis=1)
     step = (hi - lo) / (points - 1)
@@ -82,23 +82,25 @@ def expected_maxes(mu: np.ndarray, sd: np.ndarray, points: int = 256) -> np.ndar
 
 def _cdf_products(x: np.ndarray, mu: np.ndarray, sd: np.ndarray, near: np.ndarray) -> np.ndarray:
     """Per row d of the grids x: the product over row d's distinct (mu, sd) pairs among `near` (ascending) of
-    normal_cdf((x[d] - mu) / sd) ** count, expected_max's calls on each row's pairs (a [pairs, points] block
-    stays in cache; numpy's power takes a fast path that depends on the block's shape), its power left out where
-    every count is 1 (power keeps a base to the first power exactly)."""
+    normal_cdf((x[d] - mu) / sd) ** count. The CDFs of all pairs at once, in place (elementwise: the same values);
+    the powers and products as expected_max's calls on each row's pairs (numpy's power takes a fast path that
+    depends on the block's shape), the power left out where every count is 1 (it keeps a base exactly)."""
     d, m, s, count = _row_groups(mu, sd, near)
     ends = np.searchsorted(d, np.arange(x.shape[0] + 1)).tolist()
     ones = (count == 1).tolist()
+    c = x[d]
+    c -= m[:, None]
+    c /= s[:, None]
+    _normal_cdf_into(c)
     F = np.ones(x.shape)
     for r in range(x.shape[0]):
         a, b = ends[r], ends[r + 1]
         if a == b:
             continue
-        c = x[r] - m[a:b, None]
-        c /= s[a:b, None]
-        _normal_cdf_into(c)
+        block = c[a:b]
         if not all(ones[a:b]):
-            c = c ** count[a:b, None]
-        F[r] = np.prod(c, axis=0)
+            block = block ** count[a:b, None]
+        F[r] = np.prod(block, axis=0)
     return F
 
 
