@@ -19,6 +19,7 @@ and the ratios the README reports) and trees.png.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -37,9 +38,8 @@ from specdepth.policy import Policy
 from specdepth.results import atomic_write, csv_text
 
 HERE = Path(__file__).resolve().parent
-DEPLOYMENTS = {f"{m}_{hw}": (m, tp, hw, ov) for m, tp, ov in (("llama3_8b", 1, ("model=llama3_8b",)),
-                                                             ("llama3_70b", 4, ("experiment=llama3_70b_tp4",)))
-               for hw in ("h100_sxm", "h200", "b200")}
+MODELS = (("llama3_8b", 1, ("model=llama3_8b",)), ("llama3_70b", 4, ("experiment=llama3_70b_tp4",)))
+DEPLOYMENTS = {f"{m}_{hw}": (m, tp, hw, ov) for m, tp, ov in MODELS for hw in ("h100_sxm", "h200", "b200")}
 PROFILES = {"sharp": dict(alpha=0.8, decay=0.1), "mid": dict(alpha=0.6, decay=0.3), "flat": dict(alpha=0.4, decay=0.6)}
 CHAINS = (1, 2, 3, 4, 6, 8)
 TREES = (2, 4, 8, 16, 32)
@@ -105,9 +105,31 @@ def profiles(names) -> dict:
                 continue
             node = OmegaConf.to_container(OmegaConf.load(path))
         else:
-            node = {"_target_": "specdepth.acceptance.Ranked", "table": None, "ranks": 8, **PROFILES[name]}
+            node = {"_target_": "specdepth.acceptance.Ranked", "table": None, "ranks": 8, **profile_params(name)}
         out[name] = (node, table_of(node))
     return out
+
+
+def profile_params(name: str) -> dict:
+    """A named profile of PROFILES, or `a<alpha>d<decay>` (a held-out draw: a0.7d0.25)."""
+    if name in PROFILES:
+        return PROFILES[name]
+    m = re.fullmatch(r"a([0-9.]+)d([0-9.]+)", name)
+    if m is None:
+        raise SystemExit(f"run_trees.py: --profiles: unknown profile {name!r}; known: {', '.join(PROFILES)}, "
+                         f"tiny_pair, or a<alpha>d<decay>")
+    return dict(alpha=float(m.group(1)), decay=float(m.group(2)))
+
+
+def deployment(name: str) -> tuple:
+    """A deployment of DEPLOYMENTS, or <model>_<hardware> for another hardware entry (llama3_8b_a100_80g)."""
+    if name in DEPLOYMENTS:
+        return DEPLOYMENTS[name]
+    for model, tp, ov in MODELS:
+        if name.startswith(model + "_") and (Path(CONF_DIR) / "hardware" / f"{name[len(model) + 1:]}.yaml").is_file():
+            return model, tp, name[len(model) + 1:], ov
+    raise SystemExit(f"run_trees.py: --deployments: unknown deployment {name!r}; known: {', '.join(DEPLOYMENTS)} "
+                     f"or <model>_<hardware> of conf/hardware")
 
 
 def table_of(node: dict) -> np.ndarray:
@@ -150,7 +172,7 @@ def run_one(cfg, batch: int, seed: int, pol: dict, output_len: int) -> dict:
 def sweep(args) -> list[dict]:
     rows: list[dict] = []
     for dep in args.deployments:
-        model, tp, hw, ov = DEPLOYMENTS[dep]
+        model, tp, hw, ov = deployment(dep)
         cfg0 = base([*ov, f"hardware={hw}"])
         for prof, (node, table) in profiles(args.profiles).items():
             cfg = cfg0.copy()
@@ -158,7 +180,7 @@ def sweep(args) -> list[dict]:
             pols = policies(table)
             for b in args.batches:
                 for label, family, nodes, pol in pols:
-                    for seed in range(args.seeds):
+                    for seed in range(args.seed_base, args.seed_base + args.seeds):
                         r = dict(deployment=dep, model=model, tp=tp, hardware=hw, profile=prof, batch=b,
                                  requests=max(2 * b, 16), policy=label, family=family, nodes=nodes, seed=seed)
                         r.update(run_one(cfg, b, seed, pol, args.output_len))
@@ -171,6 +193,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=HERE)
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seed-base", type=int, default=0, help="the first seed (a held-out draw: another base)")
     ap.add_argument("--batches", default="1,4,16,64,256")
     ap.add_argument("--profiles", default="sharp,mid,flat,tiny_pair")
     ap.add_argument("--deployments", default="all")
