@@ -38,12 +38,12 @@ class TreeGoodput(Policy):
         self.cost = as_choice(cost, "policy.cost", {"model", "calibrated", "clock"})
         self.fractions = as_int(fractions, "policy.fractions", min=1)
         e = node(estimate, "policy.estimate", ESTIMATE)
-        self.est = (as_int(e.ranks, "policy.estimate.ranks", min=1),
+        self._est = (as_int(e.ranks, "policy.estimate.ranks", min=1),
                     as_float(e.prior_strength, "policy.estimate.prior_strength", min=0, min_open=True),
                     as_float(e.memory, "policy.estimate.memory", min=1), as_float(e.every, "policy.estimate.every", min=0))
-        self.use_confidence = as_bool(e.confidence, "policy.estimate.confidence")
+        self._use_confidence = as_bool(e.confidence, "policy.estimate.confidence")
         c = node(calibration, "policy.calibration", {"memory": 200.0})
-        self.cal_memory = as_float(c.memory, "policy.calibration.memory", min=1)
+        self._cal_memory = as_float(c.memory, "policy.calibration.memory", min=1)
         self.reset()
 
     @property
@@ -51,10 +51,10 @@ class TreeGoodput(Policy):
         return self.cost == "clock"
 
     def reset(self):
-        ranks, strength, memory, every = self.est
+        ranks, strength, memory, every = self._est
         self._table = RankEstimate(ranks=ranks, strength=strength, memory=memory, every=every)
         self._conf = RankConfidence(ranks=ranks, memory=memory)
-        self._calib = CostCalibration(memory=self.cal_memory)
+        self._calib = CostCalibration(memory=self._cal_memory)
         self._price = TreePrice(self._calib if self.cost == "calibrated" else None)
         self._trees, self._chains = {}, {}
 
@@ -62,7 +62,7 @@ class TreeGoodput(Policy):
         """The per-rank table the plan values trees by."""
         a, R = view.acceptance_prior, self._table.ranks
         geometric = a * (1.0 - a) ** np.arange(R)
-        self._table.start(self._conf.table(geometric) if self.use_confidence else a)
+        self._table.start(self._conf.table(geometric) if self._use_confidence else a)
         return self._table.table
 
     def plan(self, view):
@@ -88,6 +88,6 @@ class TreeGoodput(Policy):
             if not view.drafted.any():
                 return
             trees = [self._chains.setdefault(k, chain(k)) for k in view.drafted.tolist()]
-        elif self.use_confidence:
+        elif self._use_confidence:
             self._conf.observe(trees, view.node_confidences)
         self._table.observe(trees, accepted)
