@@ -5,6 +5,8 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# setuptools' notice on every editable install of a package mapped from several directories (src/specdepth,
+# policies, conf) says nothing about this project: the install step silences that one warning.
 # torch is pinned to the CPU build that this project's machines hold (see constraints.txt).
 # GPU users: install their CUDA torch into the venv first, then `make CONSTRAINTS= test`.
 CONSTRAINTS ?= constraints.txt
@@ -21,7 +23,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q $(PIP_C) -e ".[all]"
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q $(PIP_C) -e ".[all]"
 	touch $@
 
 run: setup
