@@ -12,7 +12,7 @@
   budget       first_drafts, best_survivors: the shared token budget as a hard limit on drafts
   options      node: a nested config node with its keys checked
   tree         best_order / best_tree, RankEstimate, TreePrice, plan_trees / plan_rows: draft trees under a per-rank
-               table (kit.tree.path_probs, expected_accepted)
+               table (expected_accepted over specdepth.tree.path_probs)
 """
 from .acceptance import ConfidenceCalibration, PositionFactors, expected_tokens, shrunk_rates, tie_bands
 from .budget import best_survivors, first_drafts

@@ -21,22 +21,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specdepth.tree import Tree, chain, from_parents, rows
+from specdepth.tree import Tree, chain, from_parents, path_probs, rows
 
 
 # ---- a tree's expected accepted nodes -------------------------------------------------------------------------
-def path_probs(tree: Tree, table: np.ndarray) -> np.ndarray:
-    """float [N]: each node's path probability (the product of table[rank] along its path; 0 past the table)."""
-    t = np.asarray(table, float)
-    pr = np.where(tree.rank < t.size, t[np.minimum(tree.rank, t.size - 1)], 0.0)
-    reach = np.zeros(tree.nodes)
-    for d in range(1, tree.max_depth + 1):   # parents sit one level up: one vector step per level
-        at = tree.depth == d
-        par = tree.parent[at]
-        reach[at] = pr[at] * np.where(par >= 0, reach[np.maximum(par, 0)], 1.0)
-    return reach
-
-
 def expected_accepted(trees, table: np.ndarray, n: int | None = None) -> np.ndarray:
     """float [n]: each row's expected accepted nodes (tree_acceptance.expected_accepted's rule; a Tree shared by
     rows is computed once)."""

@@ -332,3 +332,16 @@ def tree_step_time(cost, ctx: np.ndarray, trees: Tree | Sequence[Tree]) -> float
     the same (SimExecutor.draft_tree, verify_tree)."""
     ctx = np.asarray(ctx, np.int64)
     return tree_draft_time(cost, ctx, trees) + float(cost.verify_time(ctx, tree_nodes(trees, ctx.shape[0])))
+
+
+def path_probs(tree: Tree, table) -> np.ndarray:
+    """float [N]: each node's path probability under a per-rank table (tree_acceptance.py): the product of
+    table[rank] along its path, 0 past the table. A tree's expected accepted nodes is their sum."""
+    t = np.asarray(table, float)
+    pr = np.where(tree.rank < t.size, t[np.minimum(tree.rank, t.size - 1)], 0.0)
+    reach = np.zeros(tree.nodes)
+    for d in range(1, tree.max_depth + 1):   # parents sit one level up: one vector step per level
+        at = tree.depth == d
+        par = tree.parent[at]
+        reach[at] = pr[at] * np.where(par >= 0, reach[np.maximum(par, 0)], 1.0)
+    return reach

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .tree import Tree, children_table, rows
+from .tree import Tree, children_table, path_probs, rows
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -99,13 +99,7 @@ def walk(trees: Tree | Sequence[Tree], ranks: np.ndarray) -> np.ndarray:
 
 def expected_accepted(tree: Tree, table: Sequence[float]) -> float:
     """The expected accepted nodes: sum over nodes of the product of table[rank] along the node's path."""
-    t = check_table(table)
-    reach = np.zeros(tree.nodes)
-    for i in range(tree.nodes):
-        r = int(tree.rank[i])
-        pr = t[r] if r < t.size else 0.0
-        reach[i] = pr * (reach[tree.parent[i]] if tree.parent[i] >= 0 else 1.0)
-    return float(reach.sum())
+    return float(path_probs(tree, check_table(table)).sum())
 
 
 class TreeAcceptance:
