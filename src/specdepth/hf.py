@@ -488,9 +488,7 @@ class HFExecutor(Executor):
                     qn[dev(prow[pi]), dev(node), :q.shape[-1]] = q[dev(pi)]
             self._sync()
         if self._tree_acc is not None:   # timing mode: policies see the rank table's confidences (sim.py's)
-            padded = np.append(self._tree_acc.table, 0.0)
-            for i, t in enumerate(trees):
-                conf[i, :t.nodes] = padded[np.minimum(t.rank, self._tree_acc.table.size)]
+            conf = self._tree_acc.confidences(trees)
         self.tree_step = (trees, N, par, depth, anc, fed, tokens, qn)
         return conf, time.perf_counter() - t0, flops, D
 
@@ -550,22 +548,7 @@ class HFExecutor(Executor):
         node's children or the table: the path ends), then the target's argmax (or a sample of its
         distribution) after the path's end; the acceptance model advances as the simulator's does."""
         r, n = self.rows, self.rows.n
-        Q = logits.shape[1]
-        kids = children_table(trees, Q)
-        W = kids.shape[2]
-        D = max((t.max_depth for t in trees), default=0)
-        ranks = self._tree_acc.ranks(r.acc_request, r.acc_pos, D)
-        ar = np.arange(n)
-        cur = np.zeros(n, np.int64)
-        alive = np.ones(n, bool)
-        path = np.full((n, D), -1, np.int64)
-        for d in range(D):
-            rk = ranks[:, d]
-            ch = np.where(alive & (rk >= 0) & (rk < W), kids[ar, cur, np.clip(rk, 0, W - 1)], -1)
-            alive = ch > 0
-            path[alive, d] = ch[alive] - 1
-            cur = np.where(alive, ch, cur)
-        a = (path >= 0).sum(axis=1).astype(np.int64)
+        a, path, cur = self._tree_acc.accepted(trees, r.acc_request, r.acc_pos, path=True)
         dev = logits.device
         at = logits[self.torch.arange(n, device=dev), self.torch.from_numpy(cur).to(dev)]
         if self.greedy:

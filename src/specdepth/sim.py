@@ -201,7 +201,7 @@ class SimExecutor(Executor):
         table's entry of its rank (0 past the table)."""
         if self._table is None:
             raise ConfigError(f"backend 'sim': {self.tree_refusal()}")
-        r, n = self.rows, len(trees)
+        r = self.rows
         lag = r.sim_lag[np.flatnonzero(tree_nodes(trees) > 0)] if self.catch_up else None
 
         def forward(ctx, q, lvl):
@@ -209,12 +209,7 @@ class SimExecutor(Executor):
             return t + self.position_overhead_s, f
 
         t, f, forwards = tree_draft(forward, r.sim_ctx, trees)
-        width = max((tr.nodes for tr in trees), default=0)
-        conf = np.full((n, width), np.nan)
-        padded = np.append(self._table, 0.0)
-        for i, tr in enumerate(trees):
-            conf[i, :tr.nodes] = padded[np.minimum(tr.rank, self._table.size)]
-        return conf, t, f, forwards
+        return self._tree_acc.confidences(trees), t, f, forwards
 
     def verify_tree(self, trees):
         """One target forward over 1 + nodes tokens a row; the accepted path by TreeAcceptance at each row's

@@ -75,10 +75,11 @@ def ranks_of(u: np.ndarray, table: np.ndarray) -> np.ndarray:
     return np.where(r < table.size, r, -1)
 
 
-def walk(trees: Tree | Sequence[Tree], ranks: np.ndarray) -> np.ndarray:
+def walk(trees: Tree | Sequence[Tree], ranks: np.ndarray, path: bool = False):
     """Accepted nodes per row of its tree (one Tree: the same for every row), given ranks [n, D] (the
     target token's rank at depths 1..D; D >= the deepest tree): the path follows the child of each depth's
-    rank while there is one."""
+    rank while there is one. path=True: (accepted, the path's node indices int64 [n, D] with -1 past its end,
+    each row's last accepted query: 0 the root, 1 + i node i)."""
     n = ranks.shape[0]
     if isinstance(trees, Tree):
         kids, sel, D = trees.children()[None], np.zeros(n, np.int64), trees.max_depth
@@ -88,13 +89,16 @@ def walk(trees: Tree | Sequence[Tree], ranks: np.ndarray) -> np.ndarray:
     cur = np.zeros(n, np.int64)   # the current query (0: the root)
     alive = np.ones(n, bool)
     a = np.zeros(n, np.int64)
+    nodes = np.full((n, D), -1, np.int64) if path else None
     for d in range(D):
         r = ranks[:, d]
         ch = np.where((r >= 0) & (r < W), kids[sel, cur, np.clip(r, 0, W - 1)], -1)
         alive &= ch > 0
         cur = np.where(alive, ch, cur)
         a += alive
-    return a
+        if path:
+            nodes[alive, d] = cur[alive] - 1
+    return (a, nodes, cur) if path else a
 
 
 def expected_accepted(tree: Tree, table: Sequence[float]) -> float:
@@ -117,10 +121,21 @@ class TreeAcceptance:
         pos = np.asarray(positions, np.int64)[:, None] + np.arange(depth)[None, :]
         return ranks_of(keyed_uniforms(self.key, np.asarray(request_ids, np.int64)[:, None], pos), self.table)
 
-    def accepted(self, trees: Tree | Sequence[Tree], request_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Accepted nodes per row for its tree (one Tree: every row's) drafted at its next output position."""
+    def accepted(self, trees: Tree | Sequence[Tree], request_ids: np.ndarray, positions: np.ndarray,
+                 path: bool = False):
+        """Accepted nodes per row for its tree (one Tree: every row's) drafted at its next output position;
+        path=True: walk's (accepted, path, last query)."""
         ids = np.asarray(request_ids, np.int64)
         if not isinstance(trees, Tree):
             trees = rows(trees, ids.size)
         depth = trees.max_depth if isinstance(trees, Tree) else max((t.max_depth for t in trees), default=0)
-        return walk(trees, self.ranks(ids, positions, depth))
+        return walk(trees, self.ranks(ids, positions, depth), path)
+
+    def confidences(self, trees: Sequence[Tree]) -> np.ndarray:
+        """float [n, most nodes]: each node's table entry of its rank (0 past the table), NaN padding: the
+        confidence a simulated draft reports for a node."""
+        conf = np.full((len(trees), max((t.nodes for t in trees), default=0)), np.nan)
+        padded = np.append(self.table, 0.0)
+        for i, t in enumerate(trees):
+            conf[i, :t.nodes] = padded[np.minimum(t.rank, self.table.size)]
+        return conf
