@@ -386,15 +386,20 @@ def costs(ctx: Ctx) -> tuple[list, list | None]:
             ["cost=table", f"cost.path={ctx.profile}"] if ctx.profile else None)
 
 
+def predictions(ctx: Ctx, done: dict, kinds=("fixed", "goodput"), tag: str = "crossover") -> dict:
+    """The simulator's prediction of every measured cell, from the measured profile (if any) and the roofline."""
+    hw, table = costs(ctx)
+    return {"table": sim_crossover(ctx, bases(ctx, SIM, table, kinds), done, "sim_table", tag) if table else {},
+            "roofline": sim_crossover(ctx, bases(ctx, SIM, hw, kinds), done, "sim_roofline", tag)}
+
+
 def part_crossover(ctx: Ctx, budget: Budget) -> dict:
     from specdepth.gpuinfo import snapshot
     hw, table = costs(ctx)
-    sim = SIM
     before = snapshot(ctx.torch_device)
     done, skipped, log_rows = real_crossover(ctx, budget, bases(ctx, REAL, table or hw))
     after = snapshot(ctx.torch_device)
-    preds = {"table": sim_crossover(ctx, bases(ctx, sim, table), done, "sim_table") if table else {},
-             "roofline": sim_crossover(ctx, bases(ctx, sim, hw), done, "sim_roofline")}
+    preds = predictions(ctx, done)
     rows = crossover_rows(ctx, done, preds)
     write_csv(ctx.out / "crossover.csv", rows)
     write_csv(ctx.out / "crossover_runs.csv", [{("pass" if k == "pass_" else k): v for k, v in r.items()}
@@ -572,8 +577,7 @@ def part_trees(ctx: Ctx, budget: Budget) -> dict:
     pols = [p for _, p in tree_cells(ctx, 1)]
     done, skipped, log_rows = real_crossover(ctx, budget, bases(ctx, REAL, table or hw, kinds), T["batches"],
                                              tree_cells, tag="trees")
-    preds = {"table": sim_crossover(ctx, bases(ctx, SIM, table, kinds), done, "sim_table", "trees") if table else {},
-             "roofline": sim_crossover(ctx, bases(ctx, SIM, hw, kinds), done, "sim_roofline", "trees")}
+    preds = predictions(ctx, done, kinds, "trees")
     rows = crossover_rows(ctx, done, preds, ([T["alpha"]], T["batches"], pols))
     write_csv(ctx.out / "trees.csv", rows)
     srcs = ["real", "table", "roofline"] if table else ["real", "roofline"]
