@@ -36,6 +36,9 @@ CASES = [
     ("batch_scaled, batch 256", ["policy=batch_scaled", "workload.batch_size=256"]),
     ("goodput, batch 256", ["policy=goodput", "workload.batch_size=256"]),
     ("none, batch 256", ["policy=none", "workload.batch_size=256"]),
+    ("tree_goodput, batch 64 (steady)", ["policy=tree_goodput", "acceptance=ranked"] + STEADY),
+    ("tree_goodput, batch 64", ["policy=tree_goodput", "acceptance=ranked", "workload.batch_size=64"]),
+    ("tree_goodput, batch 256", ["policy=tree_goodput", "acceptance=ranked", "workload.batch_size=256"]),
 ]
 
 
