@@ -166,6 +166,36 @@ def test_expected_maxes_are_expected_max_per_row_to_the_bit():
                                                                                    grouped=True)
 
 
+def test_the_compiled_drain_gives_the_numpy_form_to_the_bit(monkeypatch):
+    from specdepth.policies.kit import drain, kernels, search
+    rng = np.random.default_rng(4)
+    cases = []
+    for t in range(200):
+        D, n = int(rng.integers(1, 10)), int(rng.integers(1, 80))
+        levels = int(rng.integers(1, 6))   # few distinct (mu, sd): groups with counts
+        mu = rng.choice(rng.uniform(10, 300, levels), (D, n)) * rng.uniform(0.5, 1.5, (D, 1))
+        sd = rng.choice(rng.uniform(0.0 if t % 3 == 0 else 0.5, 20, levels), (D, n))
+        if t % 5 == 0:
+            sd[:, :int(rng.integers(0, n + 1))] = 0.0   # constant rows (the cut)
+        if t % 7 == 0:   # one group of count 2 per row (numpy's power squares)
+            mu, sd = np.repeat(mu[:, :1], 2, axis=1), np.repeat(sd[:, :1], 2, axis=1)
+        if t % 11 == 0:   # degenerate and non-finite grids
+            mu[0], sd[0] = 5.0, 0.0
+            mu[-1, 0] = [np.nan, np.inf][t % 2]
+        cases.append((mu, sd))
+    with np.errstate(all="ignore"):
+        got = [drain.expected_maxes(mu, sd) for mu, sd in cases]
+        monkeypatch.setattr(search, "COMPILED", False)
+        for (mu, sd), g in zip(cases, got):
+            assert np.array_equal(g, drain.expected_maxes(mu, sd), equal_nan=True)
+    # the premises: numpy's tanh is exactly 1 from the saturation point up, the pairwise sum is np.sum's
+    u = np.concatenate([np.linspace(kernels.SATURATED, 1e3, 100_001), np.logspace(3, 300, 1000)])
+    assert (np.tanh(u) == 1.0).all()
+    for n in [0, 1, 7, 8, 9, 127, 128, 129, 255, 256, 1000]:
+        v = rng.normal(0, 1, n) * 10 ** rng.uniform(-3, 3, n)
+        assert kernels.pairwise_sum(np.r_[7.0, v], 1, n) == v.sum()
+
+
 def test_uniform_depth_drafts_where_drafts_are_cheap_and_not_where_they_are_dear():
     a = np.full(4, 0.8)
     cheap = kit.Tables(np.full(4 * 8 + 1, 10e-3), np.r_[0.0, np.full(4, 0.1e-3)])

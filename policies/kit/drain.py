@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import kernels
+
 
 def normal_cdf(x: np.ndarray) -> np.ndarray:
     """The standard normal CDF to ~2e-4 (tanh form; numpy has no erf)."""
@@ -55,7 +57,12 @@ def expected_max(mu: np.ndarray, sd: np.ndarray, points: int = 256, grouped: boo
 def expected_maxes(mu: np.ndarray, sd: np.ndarray, points: int = 256) -> np.ndarray:
     """expected_max(mu[d], sd[d], points, grouped=True) for every row d of [depths, rows] arrays, with the same
     arithmetic (the same bits) in a few calls for all d: the grids, the groups (sorted by d, then mu, then sd),
-    and the trapezoid sums at once; the powers and products per d (`_cdf_products`)."""
+    and the trapezoid sums at once; the powers and products per d (`_cdf_products`). Compiled
+    (`kit.search.COMPILED`, float64 arrays): the same operations in kernels, with numpy's tanh and power between
+    them on the arguments that are not saturated (`kernels.drain_setup`)."""
+    from . import search
+    if search.COMPILED and mu.dtype == sd.dtype == np.float64 and points >= 2 and mu.ndim == 2 and mu.shape[1]:
+        return _compiled(mu, sd, points)
     out = np.empty(mu.shape[0])
     lo, hi = (mu - 6.0 * sd).max(axis=1), (mu + 6.0 * sd).max(axis=1)
     step = (hi - lo) / (points - 1)
@@ -77,6 +84,19 @@ def expected_maxes(mu: np.ndarray, sd: np.ndarray, points: int = 256) -> np.ndar
         F[cut] = F[cut] * (x[cut] >= top[cut, None])
     y = 1.0 - F
     out[ok] = lo + (np.subtract(x[:, 1:], x[:, :-1]) * (y[:, 1:] + y[:, :-1]) / 2.0).sum(axis=1)
+    return out
+
+
+def _compiled(mu: np.ndarray, sd: np.ndarray, points: int) -> np.ndarray:
+    """expected_maxes in kernels (the same operations), tanh and power as numpy's calls between them."""
+    mu, sd = np.ascontiguousarray(mu), np.ascontiguousarray(sd)
+    lo, hi, x, odd, gd, gc, off, size, c = kernels.drain_setup(mu, sd, points)
+    np.tanh(c, out=c)
+    raised, ex, at = kernels.drain_cdfs(c, gd, gc, off, size, lo.size)
+    np.power(raised, ex, out=raised)
+    out = kernels.drain_sums(x, lo, hi, c, gd, off, size, mu, sd, odd, raised, at)
+    for d in np.flatnonzero(np.isnan(out)).tolist():   # other degenerate grids: the one-row form
+        out[d] = expected_max(mu[d], sd[d], points, grouped=True)
     return out
 
 

@@ -136,3 +136,218 @@ def bands(u, tol):
             b, floor = b + 1, v * (1.0 - tol)
         band[j] = b
     return band
+
+
+# ---- the drain's expected maxima (drain.expected_maxes) --------------------------------------------------
+# numpy's tanh and power (vector code whose last bits differ from libm's) run between these kernels on the
+# gathered arguments. A CDF argument above SATURATED has tanh exactly 1, so its CDF, its power and its factor in
+# the product are exactly 1: the arguments rise along the grid, and each group's are cut where they pass it.
+SATURATED = 22.0
+
+
+@njit(cache=True, nogil=True)
+def drain_setup(mu, sd, points):
+    """expected_maxes' grids and CDF arguments for rows d of [D, n] arrays (the same operations): lo, hi, x [D,
+    points] (i x step + lo, the last point hi), `odd` (a degenerate or non-finite grid: the caller's one-row form),
+    the groups (`drain._row_groups` over the rows with sd > 0 and mu + 6 sd > lo: d, mu, sd, count, ascending),
+    and per group the tanh arguments of its grid points below saturation (`args[off[g]:off[g] + size[g]]`)."""
+    D, n = mu.shape
+    lo, hi = np.empty(D), np.empty(D)
+    odd = np.zeros(D, np.bool_)
+    x = np.empty((D, points))
+    for d in range(D):
+        a, b = mu[d, 0] - 6.0 * sd[d, 0], mu[d, 0] + 6.0 * sd[d, 0]
+        for r in range(1, n):
+            a = max(a, mu[d, r] - 6.0 * sd[d, r])
+            b = max(b, mu[d, r] + 6.0 * sd[d, r])
+        step = (b - a) / (points - 1)
+        lo[d], hi[d] = a, b
+        odd[d] = not (math.isfinite(a) and math.isfinite(b) and b - a > 0.0 and step != 0.0)
+        for i in range(points):
+            x[d, i] = float(i) * step + a
+        x[d, points - 1] = b
+    gd, gm, gs, gc = _groups(mu, sd, lo, odd)
+    off = np.empty(gd.shape[0], np.int64)
+    size = np.empty(gd.shape[0], np.int64)
+    args = np.empty(gd.shape[0] * points)
+    k = 0
+    for g in range(gd.shape[0]):
+        d, m, s = gd[g], gm[g], gs[g]
+        a, b = 0, points   # the first saturated point, by bisection (the arguments do not fall along the grid)
+        while a < b:
+            h = (a + b) // 2
+            if _cdf_argument(x[d, h], m, s) > SATURATED:
+                b = h
+            else:
+                a = h + 1
+        off[g], size[g] = k, a
+        for i in range(a):
+            args[k + i] = _cdf_argument(x[d, i], m, s)
+        k += a
+    return lo, hi, x, odd, gd, gc, off, size, args[:k]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _cdf_argument(x, m, s):
+    """The argument of tanh in `drain.normal_cdf((x - m) / s)`, in its operations' order."""
+    z = (x - m) / s
+    return (z + 0.044715 * z * z * z) * 0.7978845608028654
+
+
+@njit(cache=True, nogil=True)
+def _groups(mu, sd, lo, odd):
+    """`drain._row_groups` over the rows d not `odd`, with near = sd > 0 and mu + 6 sd > lo[d]."""
+    D, n = mu.shape
+    gd, gm = np.empty(D * n, np.int64), np.empty(D * n)
+    gs, gc = np.empty(D * n), np.empty(D * n)
+    g = 0
+    key, idx = np.empty(n), np.empty(n, np.int64)
+    for d in range(D):
+        k = 0
+        for i in range(n):
+            if not odd[d] and sd[d, i] > 0.0 and mu[d, i] + 6.0 * sd[d, i] > lo[d]:
+                idx[k] = i
+                k += 1
+        rows = idx[:k].copy()
+        for i in range(k):
+            key[i] = sd[d, rows[i]]
+        rows = rows[np.argsort(key[:k], kind="mergesort")]
+        for i in range(k):
+            key[i] = mu[d, rows[i]]
+        rows = rows[np.argsort(key[:k], kind="mergesort")]
+        for i in range(k):
+            m, s = mu[d, rows[i]], sd[d, rows[i]]
+            if i > 0 and m == gm[g - 1] and s == gs[g - 1]:
+                gc[g - 1] += 1.0
+            else:
+                gd[g], gm[g], gs[g], gc[g] = d, m, s, 1.0
+                g += 1
+    return gd[:g], gm[:g], gs[:g], gc[:g]
+
+
+@njit(cache=True, nogil=True)
+def drain_cdfs(t, gd, gc, off, size, D):
+    """The CDFs (t + 1) x 0.5 from t = tanh(argument), in place, raised as numpy's `block ** count` raises them:
+    in a row whose groups do not all count 1, each group with count > 1 (x ** 1 is x exactly); a row of one group
+    of count 2 squares (numpy's fast path for a size-1 exponent of 2) here. Returns the bases numpy's power
+    raises, their exponents and their positions in t."""
+    groups = np.zeros(D, np.int64)
+    high = np.zeros(D, np.bool_)
+    for g in range(gd.shape[0]):
+        groups[gd[g]] += 1
+        high[gd[g]] |= gc[g] != 1.0
+    for j in range(t.shape[0]):
+        t[j] = (t[j] + 1.0) * 0.5
+    total = 0
+    for g in range(gd.shape[0]):
+        if high[gd[g]] and gc[g] != 1.0:
+            total += size[g]
+    base, ex, at = np.empty(total), np.empty(total), np.empty(total, np.int64)
+    k = 0
+    for g in range(gd.shape[0]):
+        d = gd[g]
+        if not high[d] or gc[g] == 1.0:
+            continue
+        if groups[d] == 1 and gc[g] == 2.0:
+            for j in range(off[g], off[g] + size[g]):
+                t[j] = t[j] * t[j]
+            continue
+        for j in range(off[g], off[g] + size[g]):
+            base[k], ex[k], at[k] = t[j], gc[g], j
+            k += 1
+    return base[:k], ex[:k], at[:k]
+
+
+@njit(cache=True, nogil=True)
+def drain_sums(x, lo, hi, c, gd, off, size, mu, sd, odd, raised, at):
+    """Per row d not `odd` (NaN for the rest, but the largest mu where hi <= lo): lo[d] + the trapezoid sum (np.sum's pairwise order) of 1 - F over the grid x[d], F the
+    product (in group order) of its groups' factors c (`raised` at positions `at`; the saturated ones are 1),
+    times (x >= the largest mu of the rows with sd <= 0) where row d has any."""
+    D, P = x.shape
+    for k in range(at.shape[0]):
+        c[at[k]] = raised[k]
+    F = np.ones((D, P))
+    for g in range(gd.shape[0]):
+        d, o = gd[g], off[g]
+        for i in range(size[g]):
+            F[d, i] = F[d, i] * c[o + i]
+    out = np.empty(D)
+    terms = np.empty(P - 1)
+    for d in range(D):
+        if odd[d]:
+            out[d] = np.nan
+            if math.isfinite(lo[d]) and math.isfinite(hi[d]) and hi[d] - lo[d] <= 0.0:
+                out[d] = mu[d].max()   # expected_max's degenerate grid: the largest mean
+            continue
+        cut, top = False, -math.inf
+        for r in range(mu.shape[1]):
+            if not sd[d, r] > 0.0:
+                cut, top = True, max(top, mu[d, r])
+        if cut:
+            for i in range(P):
+                F[d, i] = F[d, i] * (1.0 if x[d, i] >= top else 0.0)
+        for i in range(P - 1):
+            terms[i] = (x[d, i + 1] - x[d, i]) * ((1.0 - F[d, i + 1]) + (1.0 - F[d, i])) / 2.0
+        out[d] = lo[d] + (0.0 + pairwise_sum(terms, 0, P - 1))
+    return out
+
+
+@njit(cache=True, nogil=True)
+def pairwise_sum(a, start, n):
+    """numpy's pairwise sum of a[start:start + n] (float64, contiguous): above 128 terms the sum of the two halves'
+    (the first a multiple of 8), each summed so (`_block_sum` from 128 terms down); a stack, not recursion (numba's
+    cache does not reload recursive functions)."""
+    seg = np.empty((64, 3), np.int64)   # (start, length, stage: 0 new, 1 first half done, 2 both)
+    vals = np.empty(64)
+    top, nv = 0, 0
+    seg[0, 0], seg[0, 1], seg[0, 2] = start, n, 0
+    while top >= 0:
+        s, m, st = seg[top, 0], seg[top, 1], seg[top, 2]
+        half = m // 2 - (m // 2) % 8
+        if m <= 128:
+            vals[nv] = _block_sum(a, s, m)
+            nv += 1
+            top -= 1
+        elif st == 0:
+            seg[top, 2] = 1
+            top += 1
+            seg[top, 0], seg[top, 1], seg[top, 2] = s, half, 0
+        elif st == 1:
+            seg[top, 2] = 2
+            top += 1
+            seg[top, 0], seg[top, 1], seg[top, 2] = s + half, m - half, 0
+        else:
+            nv -= 1
+            vals[nv - 1] = vals[nv - 1] + vals[nv]
+            top -= 1
+    return vals[0]
+
+
+@njit(cache=True, nogil=True)
+def _block_sum(a, start, n):
+    """numpy's pairwise sum of at most 128 terms: below 8 in order; else eight running sums combined as
+    ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)), the rest added in order."""
+    if n < 8:
+        r = 0.0
+        for i in range(start, start + n):
+            r += a[i]
+        return r
+    r0, r1, r2, r3 = a[start], a[start + 1], a[start + 2], a[start + 3]
+    r4, r5, r6, r7 = a[start + 4], a[start + 5], a[start + 6], a[start + 7]
+    i = 8
+    while i < n - n % 8:
+        b = start + i
+        r0 += a[b]
+        r1 += a[b + 1]
+        r2 += a[b + 2]
+        r3 += a[b + 3]
+        r4 += a[b + 4]
+        r5 += a[b + 5]
+        r6 += a[b + 6]
+        r7 += a[b + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[start + i]
+        i += 1
+    return res
