@@ -205,6 +205,24 @@ def test_uniform_depth_drafts_where_drafts_are_cheap_and_not_where_they_are_dear
     assert kit.uniform_depth(a, dear, 8)[0] == 0
 
 
+def test_the_compiled_uniform_depth_gives_the_numpy_form_to_the_bit(monkeypatch):
+    from specdepth.policies.kit import search
+    rng = np.random.default_rng(6)
+    cases = []
+    for t in range(300):
+        n, K = int(rng.integers(1, 300)), int(rng.integers(0, 9))
+        ver = np.cumsum(rng.uniform(0, 1e-4, max(n * K + 1 - (t % 4 == 0) * n, 1))) + 0.01   # short tables too
+        dr = np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1e-4, n)) + 0.002])
+        costs = kit.Tables(ver, dr, rng.uniform(0, 1e-3, int(rng.integers(1, 9))) if t % 3 == 0 else None)
+        f = rng.uniform(0.5, 1.2, K) if t % 2 else None
+        trials = float(rng.uniform(1, 100)) if t % 5 or f is None else None
+        ends = rng.integers(0, K + 2, n) if t % 2 == 0 else None
+        cases.append((np.full(n, rng.uniform(0, 1)), costs, K, f, trials, ends))
+    got = [kit.uniform_depth(a, c, K, factors=f, trials=tr, ends=e) for a, c, K, f, tr, e in cases]
+    monkeypatch.setattr(search, "COMPILED", False)
+    assert got == [kit.uniform_depth(a, c, K, factors=f, trials=tr, ends=e) for a, c, K, f, tr, e in cases]
+
+
 def test_plan_by_position_drafts_the_better_rows_deeper():
     S = np.cumprod(np.array([[0.9] * 4, [0.2] * 4]), axis=1)
     costs = kit.Tables(np.full(2 * 4 + 1, 10e-3), np.r_[0.0, 1e-3, 1.1e-3])

@@ -138,6 +138,52 @@ def bands(u, tol):
     return band
 
 
+# ---- one depth for the batch (search.uniform_depth) ------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def step_seconds(x, deep, verify, draft_n, pad):
+    """`search._step_seconds`: verify[min(x, last)] + deep x draft_n (+ pad's running sum over the first `deep`
+    positions where pad has any), per depth."""
+    last = verify.shape[0] - 1
+    opened = np.zeros(pad.shape[0] + 1)
+    for j in range(pad.shape[0]):
+        opened[j + 1] = pad[j] if j == 0 else opened[j] + pad[j]
+    T = np.empty(x.shape[0])
+    for k in range(x.shape[0]):
+        T[k] = verify[min(x[k], last)] + float(deep[k]) * draft_n
+        if pad.shape[0]:
+            T[k] = T[k] + opened[min(deep[k], pad.shape[0])]
+    return T
+
+
+@njit(cache=True, nogil=True)
+def uniform_best(col, ends, has_ends, n, verify, draft_n, pad):
+    """`search.uniform_depth` where every row has the same expected tokens col[k] at depth k and no row is
+    draining: per depth k the rows' tokens (col[min(k, ends_i)] where `has_ends`) summed in np.sum's order over
+    the step's seconds; returns (the first best k, its goodput)."""
+    K = col.shape[0]
+    x = np.empty(K, np.int64)
+    deep = np.empty(K, np.int64)
+    e = np.empty(K)
+    row = np.empty(n)
+    for k in range(K):
+        xs, dk = 0, 0
+        for i in range(n):
+            got = min(k, ends[i]) if has_ends else k
+            row[i] = col[got]
+            xs += got
+            dk = max(dk, got)
+        x[k], deep[k] = xs, dk
+        e[k] = 0.0 + pairwise_sum(row, 0, n)
+    T = step_seconds(x, deep, verify, draft_n, pad)
+    best, bg = 0, 0.0
+    for k in range(K):
+        g = e[k] / T[k]
+        if k == 0 or (not math.isnan(bg) and (g > bg or math.isnan(g))):
+            best, bg = k, g
+    return best, bg
+
+
 # ---- the drain's expected maxima (drain.expected_maxes) --------------------------------------------------
 # numpy's tanh and power (vector code whose last bits differ from libm's) run between these kernels on the
 # gathered arguments. A CDF argument above SATURATED has tanh exactly 1, so its CDF, its power and its factor in

@@ -86,6 +86,7 @@ class _Table:
 
 
 _NO_PAD = np.zeros(0)
+_NO_ENDS = np.zeros(0, np.int64)
 COMPILED = True   # the compiled loops (kit/kernels.py); False: their numpy form, which they equal (tests compare)
 _SMALL = 16   # batches up to this many rows search in plain floats (_SmallColumns)
 
@@ -245,8 +246,15 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
     drafted tokens an estimate rests on): price by its posterior predictive (`expected_tokens`). `ends` (per row,
     e.g. `draft_caps`): row i drafts min(k, ends_i), and the step pays for those drafts and for as many draft
     forwards (and padded positions) as the deepest row gets. Returns (k, predicted goodput)."""
-    ks = np.arange(kmax + 1)
     n = len(acceptance)
+    if remaining is None and COMPILED:
+        col = _level_column(acceptance, kmax, factors, trials)
+        if col is not None and _float_tables(costs, n):
+            pad = _NO_PAD if costs.pad is None else np.asarray(costs.pad)
+            k, g = kernels.uniform_best(col, _NO_ENDS if ends is None else np.asarray(ends, np.int64), ends is not None,
+                                        n, costs.verify, float(costs.draft[n]), pad)
+            return k, float(g)
+    ks = np.arange(kmax + 1)
     got = None if ends is None else np.minimum(ks[:, None], np.asarray(ends, np.int64)[None, :])   # [k, row]
     e = _row_tokens(np.asarray(acceptance, float), ks, factors, trials, got)   # [k, row] expected tokens per step
     if got is None:
@@ -265,6 +273,22 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
         g = float(rem.sum()) / (_steps_to_finish(e, rem, spread and got is None) * T)
     k = int(np.argmax(g))
     return k, float(g[k])
+
+
+def _level_column(a, kmax: int, factors, trials) -> np.ndarray | None:
+    """Where every row has the same estimate and `_row_tokens` computes one row: that row (expected tokens at
+    depths 0..kmax), else None."""
+    a = np.asarray(a, float)
+    if a.size > 1 and (factors is not None or trials is not None) and bool((a == a[0]).all()):
+        return _one_row(float(a[0]), kmax, factors, trials)
+    return None
+
+
+def _float_tables(costs, n: int) -> bool:
+    """Whether the compiled loops read these cost tables (float64 verify and draft, draft has row n)."""
+    pad = costs.pad
+    return (costs.verify.dtype == costs.draft.dtype == np.float64 and costs.draft.size > n and costs.verify.size > 0
+            and (pad is None or np.asarray(pad).dtype == np.float64))
 
 
 def _row_tokens(a: np.ndarray, ks: np.ndarray, factors, trials, got: np.ndarray | None) -> np.ndarray:
