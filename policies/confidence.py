@@ -3,6 +3,8 @@ import numpy as np
 from specdepth.errors import as_bool, as_float, as_int
 
 from .kit import ConfidenceCalibration, CostAwarePolicy, as_padded, best_survivors, first_drafts, keep_by_margin
+from .kit import search
+from .kit.kernels import confidence_keep
 
 
 class ConfidenceThreshold(CostAwarePolicy):
@@ -58,19 +60,30 @@ class ConfidenceThreshold(CostAwarePolicy):
         self._k, self._margin = 0, None
 
     def keep_drafting(self, view, position, confidence):
-        drafting = ~np.isnan(confidence)
-        if self._cal is not None:   # the acceptance the confidence stands for, learnt from the verified drafts
-            confidence = self._cal(confidence)
-        self._cum = np.where(drafting, self._cum * np.where(drafting, confidence, 1.0), 0.0)
-        keep = drafting & (confidence >= self.threshold)
-        if self._margin is not None and position + 1 >= self._k:   # past the cost rule's depth: only where it pays
-            idx = np.flatnonzero(keep & (view.depths > position + 1))
+        # the acceptance the confidence stands for, learnt from the verified drafts
+        conf = confidence if self._cal is None else self._cal(confidence)
+        past = self._margin is not None and position + 1 >= self._k   # past the cost rule's depth: where it pays
+        rate = float(self._margin[2][min(position + 1, self._margin[2].size - 1)]) if past else 0.0
+        keep, idx, v = self._survivors(view, position, confidence, conf, past, rate)
+        if past:
             if idx.size == 0:
                 return np.zeros(view.batch_size, bool)
-            costs, G, rate = self._margin
-            v = self._cum[idx] * float(rate[min(position + 1, rate.size - 1)])
+            costs, G, _ = self._margin
             return keep_by_margin(view, position, idx, float(v[0]) if idx.size == 1 else v, costs, G)
         return best_survivors(keep, self._cum, view) if self.use_budget else keep
+
+    def _survivors(self, view, position, raw, conf, past, rate):
+        """The rows that keep drafting at the threshold (and the running products `_cum`); `past`: those of them
+        planned deeper than position + 1 and their values _cum x rate. Compiled for float64 confidences."""
+        if search.COMPILED and raw.dtype == conf.dtype == np.float64:
+            return confidence_keep(raw, conf, self._cum, self.threshold, view.depths, position, past, rate)
+        drafting = ~np.isnan(raw)
+        self._cum = np.where(drafting, self._cum * np.where(drafting, conf, 1.0), 0.0)
+        keep = drafting & (conf >= self.threshold)
+        if not past:
+            return keep, None, None
+        idx = np.flatnonzero(keep & (view.depths > position + 1))
+        return keep, idx, self._cum[idx] * rate
 
     def observe(self, view, accepted):
         super().observe(view, accepted)

@@ -184,6 +184,32 @@ def uniform_best(col, ends, has_ends, n, verify, draft_n, pad):
     return best, bg
 
 
+# ---- confidence's keep_drafting ---------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def confidence_keep(raw, conf, cum, threshold, depths, position, past, rate):
+    """`confidence.keep_drafting`'s elementwise part: drafting where raw is not NaN; cum x conf where drafting,
+    else 0 (in place); keep where drafting and conf >= threshold. `past` (past the cost rule's depth): also the
+    kept rows planned deeper than position + 1 and their cum x rate. Returns (keep, those rows, values)."""
+    n = raw.shape[0]
+    keep = np.zeros(n, np.bool_)
+    idx = np.empty(n, np.int64)
+    k = 0
+    for i in range(n):
+        if math.isnan(raw[i]):
+            cum[i] = 0.0
+            continue
+        cum[i] = cum[i] * conf[i]
+        keep[i] = conf[i] >= threshold
+        if keep[i] and past and depths[i] > position + 1:
+            idx[k] = i
+            k += 1
+    v = np.empty(k)
+    for j in range(k):
+        v[j] = cum[idx[j]] * rate
+    return keep, idx[:k], v
+
+
 # ---- the drain's expected maxima (drain.expected_maxes) --------------------------------------------------
 # numpy's tanh and power (vector code whose last bits differ from libm's) run between these kernels on the
 # gathered arguments. A CDF argument above SATURATED has tanh exactly 1, so its CDF, its power and its factor in
