@@ -273,26 +273,26 @@ def _groups(mu, sd, lo, odd):
     gd, gm = np.empty(D * n, np.int64), np.empty(D * n)
     gs, gc = np.empty(D * n), np.empty(D * n)
     g = 0
-    key, idx = np.empty(n), np.empty(n, np.int64)
+    m, s = np.empty(n), np.empty(n)
     for d in range(D):
         k = 0
         for i in range(n):
             if not odd[d] and sd[d, i] > 0.0 and mu[d, i] + 6.0 * sd[d, i] > lo[d]:
-                idx[k] = i
+                m[k], s[k] = mu[d, i], sd[d, i]
                 k += 1
-        rows = idx[:k].copy()
+        order = np.argsort(m[:k])
+        for i in range(1, k):   # ties of mu by sd (insertion: the runs of equal mu are short)
+            j, o = i, order[i]
+            while j > 0 and m[order[j - 1]] == m[o] and s[order[j - 1]] > s[o]:
+                order[j] = order[j - 1]
+                j -= 1
+            order[j] = o
         for i in range(k):
-            key[i] = sd[d, rows[i]]
-        rows = rows[np.argsort(key[:k], kind="mergesort")]
-        for i in range(k):
-            key[i] = mu[d, rows[i]]
-        rows = rows[np.argsort(key[:k], kind="mergesort")]
-        for i in range(k):
-            m, s = mu[d, rows[i]], sd[d, rows[i]]
-            if i > 0 and m == gm[g - 1] and s == gs[g - 1]:
+            a, b = m[order[i]], s[order[i]]
+            if i > 0 and a == gm[g - 1] and b == gs[g - 1]:
                 gc[g - 1] += 1.0
             else:
-                gd[g], gm[g], gs[g], gc[g] = d, m, s, 1.0
+                gd[g], gm[g], gs[g], gc[g] = d, a, b, 1.0
                 g += 1
     return gd[:g], gm[:g], gs[:g], gc[:g]
 
