@@ -10,6 +10,7 @@ import numpy as np
 from specdepth.errors import as_bool, as_float, as_int
 from specdepth.policy import Policy
 
+from . import kernels, search
 from .acceptance import PositionFactors, expected_tokens, shrunk_rates
 from .calibration import CostCalibration
 from .cost import PolicyTime, StepCost
@@ -171,18 +172,28 @@ class CostAwareDepth:
             return
         drafted = view.drafted
         st = self._seq.align(view.request_ids)
-        rejected = accepted < drafted
-        st.accepted += accepted
-        st.rejected += rejected
-        if drafted.any():
-            keep = math.exp(-float(drafted.sum()) / self.memory)
+        total, acc, rej, deep = self._tally(accepted, drafted, st)
+        if total:
+            keep = math.exp(-float(total) / self.memory)
             self._start(view)
-            self._pool = self._pool * keep + [accepted.sum(), rejected.sum()]
+            self._pool = self._pool * keep + [acc, rej]
             if self.positions and self._level is not None:
-                cols = np.arange(int(drafted.max()))[None, :]
+                cols = np.arange(deep)[None, :]
                 self._pos.forget(keep)
                 self._pos.add(cols < np.minimum(drafted, accepted + 1)[:, None], cols < accepted[:, None],
                               np.full(drafted.size, self._level))
+
+
+    @staticmethod
+    def _tally(accepted, drafted, st):
+        """st.accepted += accepted, st.rejected += (accepted < drafted); the step's drafted, accepted and rejected
+        totals and its deepest draft (compiled for integer counts: `kernels.tally`)."""
+        if search.COMPILED and accepted.dtype.kind == drafted.dtype.kind == "i":
+            return kernels.tally(accepted, drafted, st.accepted, st.rejected)
+        rejected = accepted < drafted
+        st.accepted += accepted
+        st.rejected += rejected
+        return int(drafted.sum()), accepted.sum(), rejected.sum(), int(drafted.max(initial=0))
 
 
 LEVEL = {"probe": 2.0, "positions": True, "position_prior": 20.0, "position_optimism": 2.0}   # the `level` node

@@ -184,6 +184,24 @@ def uniform_best(col, ends, has_ends, n, verify, draft_n, pad):
     return best, bg
 
 
+# ---- CostAwareDepth's observe ------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def tally(accepted, drafted, acc, rej):
+    """A step's verified drafts into the rows' counts (in place): acc += accepted, rej += (accepted < drafted).
+    Returns the step's (drafted, accepted, rejected) totals and its deepest draft."""
+    td, ta, tr, deep = 0, 0, 0, 0
+    for i in range(accepted.shape[0]):
+        r = 1 if accepted[i] < drafted[i] else 0
+        acc[i] += accepted[i]
+        rej[i] += r
+        td += drafted[i]
+        ta += accepted[i]
+        tr += r
+        deep = max(deep, drafted[i])
+    return td, ta, tr, deep
+
+
 # ---- confidence's keep_drafting ---------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True)
