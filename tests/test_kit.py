@@ -205,6 +205,19 @@ def test_uniform_depth_drafts_where_drafts_are_cheap_and_not_where_they_are_dear
     assert kit.uniform_depth(a, dear, 8)[0] == 0
 
 
+def test_the_compiled_steps_to_finish_give_the_numpy_form_to_the_bit(monkeypatch):
+    from specdepth.policies.kit import search
+    rng = np.random.default_rng(8)
+    cases = []
+    for _ in range(200):
+        K, n = int(rng.integers(1, 10)), int(rng.integers(2, 100))
+        steps = np.cumprod(np.vstack([np.ones(n), np.tile(rng.uniform(0, 0.99, n), (K - 1, 1))]), axis=0)
+        cases.append((np.cumsum(steps, axis=0), rng.integers(1, 500, n).astype(float)))
+    got = [search._steps_to_finish(e, rem, True) for e, rem in cases]
+    monkeypatch.setattr(search, "COMPILED", False)
+    assert all(np.array_equal(g, search._steps_to_finish(e, rem, True)) for g, (e, rem) in zip(got, cases))
+
+
 def test_the_compiled_uniform_depth_gives_the_numpy_form_to_the_bit(monkeypatch):
     from specdepth.policies.kit import search
     rng = np.random.default_rng(6)

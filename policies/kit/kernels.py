@@ -228,6 +228,26 @@ def confidence_keep(raw, conf, cum, threshold, depths, position, past, rate):
     return keep, idx[:k], v
 
 
+@njit(cache=True, nogil=True)
+def finish_moments(e, e3, rem):
+    """`search._steps_to_finish`'s normal approximation: per depth k and row i, the mean rem_i / e[k, i] steps and
+    its sd, sqrt(rem_i x max(L2 - (e - 1)^2, 0) / e3), L2[k] the running sum over p < k of (2p + 1) x
+    (e[p + 1] - e[p]) (np.cumsum's order); e3 = e ** 3 (numpy's power)."""
+    K, n = e.shape
+    mu, sd = np.empty((K, n)), np.empty((K, n))
+    for i in range(n):
+        L = 0.0
+        for k in range(K):
+            if k > 0:
+                t = (2.0 * (k - 1) + 1.0) * (e[k, i] - e[k - 1, i])
+                L = t if k == 1 else L + t
+            w = e[k, i] - 1.0
+            v = L - w * w
+            mu[k, i] = rem[i] / e[k, i]
+            sd[k, i] = math.sqrt(rem[i] * (v if v >= 0.0 or math.isnan(v) else 0.0) / e3[k, i])   # np.maximum
+    return mu, sd
+
+
 # ---- the drain's expected maxima (drain.expected_maxes) --------------------------------------------------
 # numpy's tanh and power (vector code whose last bits differ from libm's) run between these kernels on the
 # gathered arguments. A CDF argument above SATURATED has tanh exactly 1, so its CDF, its power and its factor in

@@ -335,6 +335,8 @@ def _steps_to_finish(e: np.ndarray, rem: np.ndarray, spread: bool) -> np.ndarray
     (`spread`, more than one row) the expected maximum of the rows' about normal finishing steps."""
     if not spread or rem.size == 1:   # (one row: its mean, exactly)
         return (rem[None, :] / e).max(axis=1)
+    if COMPILED and e.dtype == rem.dtype == np.float64:
+        return expected_maxes(*kernels.finish_moments(e, e ** 3, rem))
     surv = np.diff(e, axis=0)   # [p, row]: P(drafts 0..p survive)
     L2 = np.concatenate([np.zeros((1, e.shape[1])),
                          np.cumsum((2.0 * np.arange(e.shape[0] - 1) + 1.0)[:, None] * surv, axis=0)])
