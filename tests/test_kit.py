@@ -230,10 +230,12 @@ def test_the_compiled_uniform_depth_gives_the_numpy_form_to_the_bit(monkeypatch)
         f = rng.uniform(0.5, 1.2, K) if t % 2 else None
         trials = float(rng.uniform(1, 100)) if t % 5 or f is None else None
         ends = rng.integers(0, K + 2, n) if t % 2 == 0 else None
-        cases.append((np.full(n, rng.uniform(0, 1)), costs, K, f, trials, ends))
-    got = [kit.uniform_depth(a, c, K, factors=f, trials=tr, ends=e) for a, c, K, f, tr, e in cases]
+        drain = {} if t % 3 else dict(remaining=rng.integers(1, 300, n), rates=rng.uniform(0, 0.99, n),
+                                      spread=bool(t % 2))   # draining rows (with ends: the numpy form)
+        cases.append((np.full(n, rng.uniform(0, 1)), costs, K, dict(factors=f, trials=trials, ends=ends, **drain)))
+    got = [kit.uniform_depth(a, c, K, **kw) for a, c, K, kw in cases]
     monkeypatch.setattr(search, "COMPILED", False)
-    assert got == [kit.uniform_depth(a, c, K, factors=f, trials=tr, ends=e) for a, c, K, f, tr, e in cases]
+    assert got == [kit.uniform_depth(a, c, K, **kw) for a, c, K, kw in cases]
 
 
 def test_plan_by_position_drafts_the_better_rows_deeper():

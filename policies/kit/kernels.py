@@ -229,6 +229,33 @@ def confidence_keep(raw, conf, cum, threshold, depths, position, past, rate):
 
 
 @njit(cache=True, nogil=True)
+def scaled_tokens(col, f):
+    """`search.uniform_depth`'s draining rows at the batch's level: e[k, i] = mean_k(col[k] over the n rows) x
+    f[k, i] / mean_k(f[k]), the means as np.mean's (np.sum's order, then / n)."""
+    K, n = f.shape
+    e = np.empty((K, n))
+    row = np.empty(n)
+    for k in range(K):
+        row[:] = col[k]
+        m = (0.0 + pairwise_sum(row, 0, n)) / n
+        fm = (0.0 + pairwise_sum(f[k], 0, n)) / n
+        for i in range(n):
+            e[k, i] = m * f[k, i] / fm
+    return e
+
+
+@njit(cache=True, nogil=True)
+def ratio_best(num, S, T):
+    """The first k maximising num / (S[k] x T[k]) (np.argmax's rule), and that value."""
+    best, bg = 0, 0.0
+    for k in range(S.shape[0]):
+        g = num / (S[k] * T[k])
+        if k == 0 or (not math.isnan(bg) and (g > bg or math.isnan(g))):
+            best, bg = k, g
+    return best, bg
+
+
+@njit(cache=True, nogil=True)
 def finish_moments(e, e3, rem):
     """`search._steps_to_finish`'s normal approximation: per depth k and row i, the mean rem_i / e[k, i] steps and
     its sd, sqrt(rem_i x max(L2 - (e - 1)^2, 0) / e3), L2[k] the running sum over p < k of (2p + 1) x

@@ -247,13 +247,10 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
     e.g. `draft_caps`): row i drafts min(k, ends_i), and the step pays for those drafts and for as many draft
     forwards (and padded positions) as the deepest row gets. Returns (k, predicted goodput)."""
     n = len(acceptance)
-    if remaining is None and COMPILED:
-        col = _level_column(acceptance, kmax, factors, trials)
-        if col is not None and _float_tables(costs, n):
-            pad = _NO_PAD if costs.pad is None else np.asarray(costs.pad)
-            k, g = kernels.uniform_best(col, _NO_ENDS if ends is None else np.asarray(ends, np.int64), ends is not None,
-                                        n, costs.verify, float(costs.draft[n]), pad)
-            return k, float(g)
+    best = _uniform_compiled(acceptance, costs, kmax, remaining, rates, factors, trials, ends, spread) \
+        if COMPILED else None
+    if best is not None:
+        return best
     ks = np.arange(kmax + 1)
     got = None if ends is None else np.minimum(ks[:, None], np.asarray(ends, np.int64)[None, :])   # [k, row]
     e = _row_tokens(np.asarray(acceptance, float), ks, factors, trials, got)   # [k, row] expected tokens per step
@@ -273,6 +270,30 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
         g = float(rem.sum()) / (_steps_to_finish(e, rem, spread and got is None) * T)
     k = int(np.argmax(g))
     return k, float(g[k])
+
+
+def _uniform_compiled(a, costs, kmax, remaining, rates, factors, trials, ends, spread):
+    """uniform_depth's answer from the compiled loops where every row has the level (`_level_column`) and the cost
+    tables are float64: not draining (`kernels.uniform_best`), or draining at per-row `rates` without `ends`
+    (`kernels.scaled_tokens`, `_steps_to_finish`, `kernels.ratio_best`); None elsewhere."""
+    n = len(a)
+    col = _level_column(a, kmax, factors, trials)
+    if col is None or not _float_tables(costs, n) or (remaining is not None and (rates is None or ends is not None)):
+        return None
+    pad = _NO_PAD if costs.pad is None else np.asarray(costs.pad)
+    if remaining is None:
+        k, g = kernels.uniform_best(col, _NO_ENDS if ends is None else np.asarray(ends, np.int64), ends is not None,
+                                    n, costs.verify, float(costs.draft[n]), pad)
+        return k, float(g)
+    ks = np.arange(kmax + 1)
+    f = expected_tokens(rates, ks, factors)
+    if f.dtype != np.float64 or not f.flags.c_contiguous:   # (np.mean's order is np.sum's on rows in memory order)
+        return None
+    rem = np.asarray(remaining, float)
+    S = _steps_to_finish(kernels.scaled_tokens(col, f), rem, spread)
+    T = kernels.step_seconds(n * ks, ks, costs.verify, float(costs.draft[n]), pad)
+    k, g = kernels.ratio_best(float(rem.sum()), S, T)
+    return k, float(g)
 
 
 def _level_column(a, kmax: int, factors, trials) -> np.ndarray | None:
