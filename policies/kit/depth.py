@@ -71,8 +71,9 @@ class CostAwareDepth:
         self._start(view)
         st = self._seq.align(view.request_ids)
         P = self.prior_tokens
-        trials = float(st.array.sum()) + P
-        return min((float(st.accepted.sum()) + P * self._pool[0] / self._pool.sum()) / trials, 0.999), trials
+        trials = float(st.array.sum()) + P   # (sums of counts: exact in any order)
+        pool = self._pool.tolist()
+        return min((float(st.accepted.sum()) + P * pool[0] / (pool[0] + pool[1])) / trials, 0.999), trials
 
     def depth(self, view, kmax: int) -> int:
         self.held = None
@@ -229,6 +230,10 @@ class CostAwarePolicy(Policy):
     def finish(self, depths: np.ndarray, view) -> np.ndarray:
         """A plan's last step: no row past its request's end (`draft_caps`), then within the engine's token cap
         (`fit_token_cap`)."""
+        if search.COMPILED and depths.dtype == np.int64:
+            out, fits = kernels.capped(depths, view.remaining, self.cap(view),
+                                       view.max_num_batched_tokens - view.batch_size)
+            return out if fits else fit_token_cap(out, view)
         return fit_token_cap(np.minimum(depths, draft_caps(view, self.cap(view))), view)
 
     def reset(self):
