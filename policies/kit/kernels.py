@@ -203,6 +203,22 @@ def tally(accepted, drafted, acc, rej):
 
 
 @njit(cache=True, nogil=True)
+def verified_masks(drafted, accepted, deep):
+    """Per row and draft position p < deep: whether p was verified (p < min(drafted, accepted + 1)) and whether it
+    was accepted (p < accepted)."""
+    n = drafted.shape[0]
+    ver = np.zeros((n, deep), np.bool_)
+    acc = np.zeros((n, deep), np.bool_)
+    for i in range(n):
+        v = min(drafted[i], accepted[i] + 1)
+        for p in range(min(v, deep)):
+            ver[i, p] = True
+        for p in range(min(max(accepted[i], 0), deep)):
+            acc[i, p] = True
+    return ver, acc
+
+
+@njit(cache=True, nogil=True)
 def capped(depths, remaining, kmax, room):
     """`CostAwarePolicy.finish`'s first part: min(depths, `search.draft_caps`) per row, and whether their sum fits
     in `room` (then `search.fit_token_cap` keeps them)."""
