@@ -100,10 +100,9 @@ class Goodput(Policy):
         return depths
 
     def keep_drafting(self, view, position, confidence):
-        drafting = ~np.isnan(confidence)
         if not self.use_confidence:
-            return drafting
-        return self._step.drafting.keep(view, position, drafting, confidence, self._pool.positions)
+            return ~np.isnan(confidence)
+        return self._step.drafting.keep(view, position, confidence, self._pool.positions)
 
     def observe(self, view, accepted):
         if self.policy_time:

@@ -1,11 +1,12 @@
 """goodput's evidence: the batch-wide decayed sums its estimates rest on, and each row's acceptance estimate."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
-from .kit import PositionFactors, tie_bands
+from .kit import PositionFactors, kernels_goodput, search, tie_bands
 
 MIXTURE_PRIOR = ((0.9, 0.3), (0.1, 1.5))   # (weight, sd of log c) of each normal of _Pool._mixture's prior
 _MIX_GRID = np.linspace(-5.0, 5.0, 201)   # log c
@@ -95,10 +96,11 @@ class Evidence:
     def observe(self, view, accepted: np.ndarray, rows, estimate: np.ndarray, memory: float) -> None:
         """A verified step's counts: into each row's sums (`rows`, goodput's PerRequest fields) and, forgetting with
         a memory of `memory` drafted tokens, the batch's, and the position factors (at the rows' `estimate`)."""
-        drafted = view.drafted
+        drafted, conf = view.drafted, view.confidences
+        if search.COMPILED and accepted.dtype == drafted.dtype == np.int64 and (conf is None or conf.dtype == float):
+            return self._observe_compiled(drafted, accepted, conf, rows, estimate, memory)
         rej = (accepted < drafted).astype(float)
         ver = np.minimum(drafted, accepted + 1)   # verified drafts: the accepted ones and the first rejected
-        conf = view.confidences
         if conf is not None and conf.shape[1]:
             cols = np.arange(conf.shape[1])[None, :]
             c = np.where(np.isnan(conf), 0.0, conf)
@@ -120,6 +122,24 @@ class Evidence:
                  ver.sum())
         if conf is not None and conf.shape[1]:
             self.positions.add(verified, cols < accepted[:, None], estimate, drafted)
+
+    def _observe_compiled(self, drafted, accepted, conf, rows, estimate, memory) -> None:
+        """`observe` with its counts from one compiled pass (`kernels_goodput.evidence_counts`, the same sums)."""
+        some = conf is not None and conf.shape[1] > 0
+        verified, acc_mask, *sums, self.dbar = kernels_goodput.evidence_counts(
+            drafted, accepted, conf if some else np.zeros((drafted.size, 0)), rows.array, _columns(rows.fields))
+        self.add(np.exp(-float(sums[3]) / memory), *sums)
+        if some:
+            self.positions.add(verified, acc_mask, estimate, drafted)
+
+
+_FIELDS = ("accepted", "rejected", "conf_sum", "drafted", "verified_conf", "verified")
+
+
+@functools.lru_cache(maxsize=8)
+def _columns(fields: tuple) -> np.ndarray:
+    """The per-request table's columns of `_FIELDS` (Evidence.observe's sums, in its order)."""
+    return np.array([fields.index(f) for f in _FIELDS], np.int64)
 
 
 def row_calibration(rows, cal: float, z: float) -> np.ndarray:

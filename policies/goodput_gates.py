@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from .kit import kernels_goodput, search
 from .kit import (best_prefix, catch_up_rows, expected_max, keep_by_margin, may_probe, plan_by_position,
                   plan_pays_catch_up, thin_evidence)
 
@@ -144,12 +145,16 @@ class Drafting:
         self.a, self.cal, self.w, self.costs, self.G = a, cal, w, costs, G
         self.planned, self.ratio = planned, ratio
 
-    def keep(self, view, position, drafting, confidence, positions) -> np.ndarray:
+    def keep(self, view, position, confidence, positions) -> np.ndarray:
+        f = float(positions.factor(position + 2)[-1])
+        c = self.costs
+        if search.COMPILED and c.draft.dtype == c.verify.dtype == np.float64 and c.draft.size > view.batch_size:
+            return self._keep_compiled(view, position, confidence, f)
+        drafting = ~np.isnan(confidence)
         self.s = self.s * np.minimum(np.where(drafting, confidence, 0.0) * self.cal, 1.0)
         idx = np.flatnonzero(drafting & (view.depths > position + 1))
         if idx.size == 0:
             return np.zeros(view.batch_size, bool)
-        f = float(positions.factor(position + 2)[-1])
         if idx.size == 1:   # one row left to decide (batch 1, a drained tail): the same arithmetic, in floats
             i = int(idx[0])
             v = float(self.s[i]) * min(float(self.a[i]) * f, 0.999)
@@ -161,3 +166,19 @@ class Drafting:
                 v = v * self.w[idx]
         past = self.ratio is not None and bool((self.planned[idx] <= position + 1).all())
         return keep_by_margin(view, position, idx, v, self.costs, self.G, self.ratio if past else None)
+
+    def _keep_compiled(self, view, position, confidence, f) -> np.ndarray:
+        """`keep` in one compiled pass (`kernels_goodput.drafting_keep`: the same operations; s updated in place)."""
+        c, r, w = self.costs, self.ratio, self.w
+        pad = c.pad
+        padp = float(pad[min(position + 1, pad.size - 1)]) if pad is not None and pad.size else None
+        E, T = (0.0, 1.0) if r is None else r
+        depths = view.depths
+        keep, grow, gv, dt = kernels_goodput.drafting_keep(
+            self.s, confidence, self.cal, depths, position, self.a, f, self.a if w is None else w, w is not None,
+            depths if r is None else self.planned, r is not None, view.remaining, view.drafted, c.draft, c.verify,
+            0.0 if padp is None else padp, padp is not None, float(self.G), float(E), float(T))
+        if grow:
+            r[0] += float(gv)
+            r[1] += float(dt)
+        return keep

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import kernels
+from . import kernels, kernels_goodput
 from .acceptance import expected_tokens
 from .cost import StepCost
 from .drain import expected_maxes
@@ -361,14 +361,29 @@ def keep_by_margin(view, position: int, idx: np.ndarray, v, costs, G: float, rat
         if pad is not None and pad.size:
             dt = dt + float(pad[min(position + 1, pad.size - 1)])
         return _keep_one(keep, int(idx[0]), v, dt, G, ratio)
-    order = np.lexsort((-view.remaining[idx], -np.round(v, 6)))   # ties: more tokens left first
     padp = float(pad[min(position + 1, pad.size - 1)]) if pad is not None and pad.size else None
+    if COMPILED and v.dtype == costs.draft.dtype == costs.verify.dtype == np.float64 and costs.draft.size > idx.size:
+        return _keep_ranked(keep, view.remaining, idx, v, costs, x, padp, G, ratio)   # the same, compiled
+    order = np.lexsort((-view.remaining[idx], -np.round(v, 6)))   # ties: more tokens left first
     best, gain, gain_v, dt = _best_count(v[order], costs, x, last, padp, G, ratio)
     if gain > 0:
         keep[idx[order[:best + 1]]] = True
         if ratio is not None:
             ratio[0] += float(gain_v)
             ratio[1] += float(dt)
+    return keep
+
+
+def _keep_ranked(keep, remaining, idx, v, costs, x: int, padp, G: float, ratio) -> np.ndarray:
+    """keep_by_margin's ranking and count for two or more rows, compiled (`kernels_goodput.keep_margin`: np.lexsort's
+    order, `kernels.margin_gains`' count), for float64 values and tables."""
+    E, T = (0.0, 1.0) if ratio is None else ratio
+    got, gain_v, dt = kernels_goodput.keep_margin(keep, idx, v, remaining, x, costs.draft, costs.verify,
+                                                  0.0 if padp is None else padp, padp is not None, float(G), float(E),
+                                                  float(T), ratio is not None)
+    if got and ratio is not None:
+        ratio[0] += float(gain_v)
+        ratio[1] += float(dt)
     return keep
 
 

@@ -1,0 +1,241 @@
+"""Compiled loops of goodput's per-step work (numba, cached on disk): its estimates, weights, position search,
+keep gate and evidence. Each computes what the numpy code it stands for computes: the same IEEE operations in the
+same order (numpy's pairwise sums as `pairwise`, its sorts' order as `argsort2`, np.round as `round_to`), and the
+transcendental functions (exp, log) stay numpy calls between kernels, so a decision does not depend on it."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from .kernels import margin_gains
+
+
+@njit(cache=True, nogil=True)
+def _block(a, lo, n):
+    """numpy's pairwise sum of at most 128 values: a plain loop below 8, else 8 accumulators."""
+    if n < 8:
+        res = 0.0
+        for i in range(n):
+            res += a[lo + i]
+        return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = 8
+    while i < n - n % 8:
+        j = lo + i
+        r0 += a[j]
+        r1 += a[j + 1]
+        r2 += a[j + 2]
+        r3 += a[j + 3]
+        r4 += a[j + 4]
+        r5 += a[j + 5]
+        r6 += a[j + 6]
+        r7 += a[j + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@njit(cache=True, nogil=True)
+def pairwise(a, lo, n):
+    """numpy's float sum of a[lo:lo + n] (np.sum over a contiguous axis): `_block` up to 128 values, above that
+    the sum of two halves (the first a multiple of 8), evaluated with an explicit stack (no recursion)."""
+    if n <= 128:
+        return _block(a, lo, n)
+    los, ns, state = np.empty(64, np.int64), np.empty(64, np.int64), np.empty(64, np.int64)
+    vals = np.empty(64)
+    top, nv = 0, 0
+    los[0], ns[0], state[0] = lo, n, 0
+    while top >= 0:
+        b, m, st = los[top], ns[top], state[top]
+        top -= 1
+        if m <= 128:
+            vals[nv] = _block(a, b, m)
+            nv += 1
+        elif st == 1:   # both halves done: left below right
+            vals[nv - 2] = vals[nv - 2] + vals[nv - 1]
+            nv -= 1
+        else:
+            h = m // 2
+            h -= h % 8
+            los[top + 1], ns[top + 1], state[top + 1] = b, m, 1
+            los[top + 2], ns[top + 2], state[top + 2] = b + h, m - h, 0
+            los[top + 3], ns[top + 3], state[top + 3] = b, h, 0
+            top += 3
+    return vals[0]
+
+
+@njit(cache=True, nogil=True)
+def _less(a, b):
+    """numpy's sort order: a before b (NaN last)."""
+    return a < b or (b != b and a == a)
+
+
+@njit(cache=True, nogil=True)
+def _before(k1, k2, x, y):
+    """Row x sorts before row y by (k1, k2) (np.lexsort((k2, k1)) without its stability tie-break)."""
+    return _less(k1[x], k1[y]) or (not _less(k1[y], k1[x]) and _less(k2[x], k2[y]))
+
+
+@njit(cache=True, nogil=True)
+def argsort2(k1, k2):
+    """np.lexsort((k2, k1)): the stable order by k1, then k2 (a bottom-up merge sort)."""
+    n = k1.shape[0]
+    a = np.arange(n)
+    b = np.empty(n, np.int64)
+    width = 1
+    while width < n:
+        for lo in range(0, n, 2 * width):
+            mid, hi = min(lo + width, n), min(lo + 2 * width, n)
+            i, j, k = lo, mid, lo
+            while i < mid and j < hi:
+                if _before(k1, k2, a[j], a[i]):
+                    b[k] = a[j]
+                    j += 1
+                else:
+                    b[k] = a[i]
+                    i += 1
+                k += 1
+            while i < mid:
+                b[k] = a[i]
+                i += 1
+                k += 1
+            while j < hi:
+                b[k] = a[j]
+                j += 1
+                k += 1
+        a, b = b, a
+        width *= 2
+    return a
+
+
+@njit(cache=True, nogil=True)
+def round_to(x, scale):
+    """np.round(x, d) for scale = 10.0 ** d: x x scale, rounded half to even, / scale."""
+    return np.rint(x * scale) / scale
+
+
+@njit(cache=True, nogil=True)
+def minimum(a, b):
+    """np.minimum's rule for floats (NaN in a wins)."""
+    return a if (a <= b or a != a) else b
+
+
+@njit(cache=True, nogil=True)
+def maximum(a, b):
+    """np.maximum's rule for floats (NaN in a wins)."""
+    return a if (a >= b or a != a) else b
+
+
+@njit(cache=True, nogil=True)
+def keep_margin(keep, idx, v, remaining, x, draft, verify, padp, has_pad, G, E, T, has_ratio):
+    """`search.keep_by_margin` over two or more rows idx (values v): ranked by (-round(v, 6), -remaining) as
+    np.lexsort, the best count by `margin_gains` (x: the tokens drafted so far); the rows kept set in `keep`. Returns (kept any, their value,
+    their seconds)."""
+    m = idx.shape[0]
+    k1 = np.empty(m)
+    for j in range(m):
+        k1[j] = -round_to(v[j], 1e6)
+    k2 = -remaining[idx]
+    order = argsort2(k1, k2)
+    vs = np.empty(m)
+    for j in range(m):
+        vs[j] = v[order[j]]
+    best, gain, gain_v, dt = margin_gains(vs, draft, verify, x, verify.shape[0] - 1, padp, has_pad, G, E, T,
+                                          has_ratio)
+    if gain > 0:
+        for j in range(best + 1):
+            keep[idx[order[j]]] = True
+        return True, gain_v, dt
+    return False, gain_v, dt
+
+
+@njit(cache=True, nogil=True)
+def drafting_keep(s, conf, cal, depths, position, a, f, w, has_w, planned, has_ratio, remaining, drafted, draft,
+                  verify, padp, has_pad, G, E, T):
+    """`goodput_gates.Drafting.keep` in one pass: s <- s x min(confidence (0 where not drafting) x cal, 1); the rows
+    drafting that planned past position + 1 valued s x min(a x f, 0.999) (x w); one row by `_keep_one`'s floats,
+    more by `keep_margin`; `has_ratio` and every row at its plan's end: against the ratio [E, T]. Returns (the keep
+    mask, whether the ratio grows, by what value and seconds)."""
+    n = s.shape[0]
+    idx = np.empty(n, np.int64)
+    m = 0
+    for i in range(n):
+        c = conf[i]
+        on = not math.isnan(c)
+        s[i] = s[i] * minimum((c if on else 0.0) * cal[i], 1.0)
+        if on and depths[i] > position + 1:
+            idx[m] = i
+            m += 1
+    keep = np.zeros(n, np.bool_)
+    if m == 0:
+        return keep, False, 0.0, 0.0
+    v = np.empty(m)
+    past = has_ratio
+    for j in range(m):
+        i = idx[j]
+        v[j] = s[i] * minimum(a[i] * f, 0.999)
+        if has_w:
+            v[j] = v[j] * w[i]
+        past = past and planned[i] <= position + 1
+    x = 0
+    for i in range(drafted.shape[0]):
+        x += drafted[i]
+    last = verify.shape[0] - 1
+    if m > 1:
+        got, gv, dt = keep_margin(keep, idx[:m], v, remaining, x, draft, verify, padp, has_pad, G, E, T, past)
+        return keep, got and past, gv, dt
+    i = idx[0]
+    dt = draft[1] + verify[min(x + 1, last)] - verify[min(x, last)]
+    if has_pad:
+        dt = dt + padp
+    g = E / T if past else G
+    ok = v[0] - g * dt > 0
+    keep[i] = ok
+    return keep, ok and past, v[0], dt
+
+
+@njit(cache=True, nogil=True)
+def evidence_counts(drafted, accepted, conf, table, cols):
+    """`goodput_evidence.Evidence.observe`'s counts: per row the rejection (accepted < drafted), the verified drafts
+    min(drafted, accepted + 1), the confidence sum over the drafted positions and over the verified ones (NaN as
+    0, each np.sum's pairwise order), added to the per-request `table`'s columns `cols` (accepted, rejected,
+    conf_sum, drafted, verified_conf, verified). Returns (the verified and the accepted positions' masks, the
+    batch's sums of accepted, rejected, confidence, drafted, verified confidence and verified, the drafted rows'
+    mean depth)."""
+    n, K = conf.shape
+    verified = np.zeros((n, K), np.bool_)
+    acc_mask = np.zeros((n, K), np.bool_)
+    csum, vrow = np.empty(n), np.empty(n)
+    row_c, row_v = np.empty(K), np.empty(K)
+    acc_sum, dr_sum, ver_sum, rej_sum, dr_rows = 0, 0, 0, 0.0, 0
+    for i in range(n):
+        d, a = drafted[i], accepted[i]
+        ver = min(d, a + 1)
+        for j in range(K):
+            c = conf[i, j]
+            c = 0.0 if math.isnan(c) else c
+            row_c[j] = c * (1.0 if j < d else 0.0)
+            row_v[j] = c * (1.0 if j < ver else 0.0)
+            verified[i, j] = j < ver
+            acc_mask[i, j] = j < a
+        csum[i], vrow[i] = pairwise(row_c, 0, K), pairwise(row_v, 0, K)
+        rej = 1.0 if a < d else 0.0
+        table[i, cols[0]] += a
+        table[i, cols[1]] += rej
+        table[i, cols[2]] += csum[i]
+        table[i, cols[3]] += d
+        table[i, cols[4]] += vrow[i]
+        table[i, cols[5]] += ver
+        acc_sum += a
+        rej_sum += rej
+        dr_sum += d
+        ver_sum += ver
+        dr_rows += d > 0
+    return (verified, acc_mask, acc_sum, rej_sum, pairwise(csum, 0, n), dr_sum, pairwise(vrow, 0, n), ver_sum,
+            dr_sum / dr_rows if dr_rows else np.nan)
