@@ -9,7 +9,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .kernels import margin_gains
+from .kernels import margin_gains, nested_by_position, nested_depths
 
 
 @njit(cache=True, nogil=True)
@@ -186,18 +186,23 @@ def drafting_keep(s, conf, cal, depths, position, a, f, w, has_w, planned, has_r
     x = 0
     for i in range(drafted.shape[0]):
         x += drafted[i]
-    last = verify.shape[0] - 1
     if m > 1:
         got, gv, dt = keep_margin(keep, idx[:m], v, remaining, x, draft, verify, padp, has_pad, G, E, T, past)
         return keep, got and past, gv, dt
-    i = idx[0]
+    ok, dt = keep_one(v[0], x, draft, verify, padp, has_pad, E / T if past else G)
+    keep[idx[0]] = ok
+    return keep, ok and past, v[0], dt
+
+
+@njit(cache=True, nogil=True)
+def keep_one(v, x, draft, verify, padp, has_pad, G):
+    """`search._keep_one`'s test for one row worth v: v - G x (draft[1] + the verify's growth past x tokens (+
+    padp)) > 0. Returns (kept, the seconds)."""
+    last = verify.shape[0] - 1
     dt = draft[1] + verify[min(x + 1, last)] - verify[min(x, last)]
     if has_pad:
         dt = dt + padp
-    g = E / T if past else G
-    ok = v[0] - g * dt > 0
-    keep[i] = ok
-    return keep, ok and past, v[0], dt
+    return v - G * dt > 0, dt
 
 
 @njit(cache=True, nogil=True)
@@ -239,3 +244,66 @@ def evidence_counts(drafted, accepted, conf, table, cols):
         dr_rows += d > 0
     return (verified, acc_mask, acc_sum, rej_sum, pairwise(csum, 0, n), dr_sum, pairwise(vrow, 0, n), ver_sum,
             dr_sum / dr_rows if dr_rows else np.nan)
+
+
+@njit(cache=True, nogil=True)
+def _after(k1, k2, x, y):
+    """Row x sorts after row y by (k1, k2, row): a strict total order (np.lexsort's, stable)."""
+    if _less(k1[y], k1[x]):
+        return True
+    if _less(k1[x], k1[y]):
+        return False
+    if _less(k2[y], k2[x]):
+        return True
+    if _less(k2[x], k2[y]):
+        return False
+    return x > y
+
+
+@njit(cache=True, nogil=True)
+def rank_columns(S, key):
+    """np.lexsort((key[:, None] broadcast, -S), axis=0): per position, the rows by -S, then key, then row. Column 0
+    by `argsort2`; each later one by insertion from the column before (nearly its order: few moves)."""
+    n, K = S.shape
+    order = np.empty((n, K), np.int64)
+    k1 = np.empty(n)
+    for p in range(K):
+        for i in range(n):
+            k1[i] = -S[i, p]
+        if p == 0:
+            order[:, 0] = argsort2(k1, key)
+            continue
+        for j in range(n):
+            r = order[j, p - 1]
+            q = j
+            while q > 0 and _after(k1, key, order[q - 1, p], r):
+                order[q, p] = order[q - 1, p]
+                q -= 1
+            order[q, p] = r
+    return order
+
+
+@njit(cache=True, nogil=True)
+def plan_nested(S, key, G0, ver, dr, pad, has_pad, base):
+    """`search.plan_by_position(..., nested=True)` for batches past `search._SMALL`: the ranking (`rank_columns`),
+    Dinkelbach's at most 5 searches (`kernels.nested_by_position`) from max(base / verify[0], G0), the best plan's
+    depths (`kernels.nested_depths`). Returns (depths, its goodput)."""
+    n, K = S.shape
+    order = rank_columns(S, key)
+    g_none = base / ver[0]
+    G = G0 if G0 > g_none else g_none
+    best_g, best = g_none, np.zeros(0, np.int64)
+    for _ in range(5):
+        ms, m, e, t = nested_by_position(S, order, K, G, ver, dr, pad, has_pad, n, base)
+        if m == 0:
+            if G <= g_none:
+                break
+            G = g_none
+            continue
+        g = e / t
+        if g > best_g:
+            best_g, best = g, ms[:m].copy()
+        if abs(g - G) <= 1e-3 * G:
+            break
+        G = g
+    return nested_depths(order, best, n), best_g

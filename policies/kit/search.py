@@ -24,9 +24,12 @@ def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | No
     without drafts (default: one token per row). Returns (depths, G)."""
     n, K = S.shape
     key = np.zeros(n) if tie is None else -np.asarray(tie, float)
+    base = float(n) if base is None else base
+    if nested and n > _SMALL and COMPILED and _compiled_tables(S, costs, n, K):   # the same search, compiled
+        return kernels_goodput.plan_nested(S, key, float(G0), costs.verify, costs.draft,
+                                           _NO_PAD if costs.pad is None else costs.pad, costs.pad is not None, base)
     order = np.lexsort((np.broadcast_to(key[:, None], S.shape), -S), axis=0)   # rows ranked per position
     column = _columns(S, order, nested)
-    base = float(n) if base is None else base
     g_none = base / costs.verify[0]
     G = max(g_none, G0)
     best_g, ms = g_none, []
@@ -194,6 +197,13 @@ def _by_position(column, K, G, costs, n, base):
         x += m
         prev = m
     return ms, e, ver[x] + tdraft
+
+
+def _compiled_tables(S, costs, n: int, K: int) -> bool:
+    """Whether `_by_position`'s compiled loop applies: tables long enough and float64 values throughout."""
+    ver, dr, pad = costs.verify, costs.draft, costs.pad
+    return (ver.size > n * K and dr.size > n and (pad is None or pad.size >= K)
+            and all(a is None or a.dtype == np.float64 for a in (S, ver, dr, pad)))
 
 
 def _floats(column, *tables) -> bool:
