@@ -67,6 +67,12 @@ class Evidence:
         A, E = self.cal_accepted, self.cal_conf
         if self._mix is not None and self._mix[0] == A and self._mix[1] == E:
             return self._mix[2]
+        if search.COMPILED:   # the same operations, compiled around numpy's exp
+            w = np.exp(kernels_goodput.mixture_log(float(A), float(E), _MIX_GRID, _MIX_EXP, _MIX_LOGPRIOR))
+            lc, ok = kernels_goodput.mixture_median(w, _MIX_GRID)
+            if ok:
+                self._mix = (A, E, math.exp(lc))
+                return self._mix[2]
         ll = _MIX_LOGPRIOR + A * _MIX_GRID - E * _MIX_EXP
         w = np.exp(ll - ll.max())
         cdf = np.cumsum(w) - 0.5 * w   # at the grid points (each holds half its own mass)
@@ -148,9 +154,11 @@ def row_calibration(rows, cal: float, z: float) -> np.ndarray:
     row's own, shrunk toward `cal` by its precision (method of moments: the between-row variance is the spread of
     accepted - expected beyond its binomial variance). A draft can be confident and wrong on one prompt and right
     on another."""
-    out = np.full(len(rows), cal)
     if not z or len(rows) < 2:
-        return out
+        return np.full(len(rows), cal)
+    if search.COMPILED:   # the same operations, compiled
+        return kernels_goodput.row_calibration(rows.accepted, rows.verified_conf, rows.verified, float(cal), float(z))
+    out = np.full(len(rows), cal)
     acc, vc, ver = rows.accepted, rows.verified_conf, rows.verified
     at = np.flatnonzero((ver > 0) & (vc > 0))
     if at.size < 2:
@@ -171,10 +179,16 @@ def row_estimates(rows, pool: Evidence, cal: np.ndarray, estimator: str, k: floa
     """Each row's acceptance estimate: `counts`, accepted / (accepted + rejections), or `confidence`, the mean of
     its drafts' confidences times its calibration `cal`; either shrunk toward the batch's with `k` pseudo-trials,
     rounded to 1e-4 (rows with the same evidence tie exactly) and tied within `tol` (`kit.tie_bands`)."""
-    if estimator == "counts":
+    counts = estimator == "counts"
+    if counts:
         base = pool.accepted / (pool.accepted + pool.rejected)
-        a = (rows.accepted + k * base) / (rows.accepted + rows.rejected + k)
+        num, den, cap = rows.accepted, rows.rejected, 0.0
     else:
         base = pool.conf_sum / pool.drafted
-        a = (rows.conf_sum + k * base) / (rows.drafted + k) * np.minimum(cal, 1 / max(base, 1e-6))
+        num, den, cap = rows.conf_sum, rows.drafted, 1 / max(base, 1e-6)
+    if search.COMPILED:   # the same operations, compiled (NaN: the numpy form's unique)
+        a, ok = kernels_goodput.row_estimates(num, den, cal, k * base, k, cap, not counts, float(tol))
+        if ok:
+            return a
+    a = (num + k * base) / (num + den + k) if counts else (num + k * base) / (den + k) * np.minimum(cal, cap)
     return tie_bands(np.round(np.clip(a, 1e-3, 0.999), 4), tol)

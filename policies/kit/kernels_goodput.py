@@ -9,7 +9,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .kernels import margin_gains, nested_by_position, nested_depths
+from .kernels import bands, margin_gains, nested_by_position, nested_depths
 
 
 @njit(cache=True, nogil=True)
@@ -307,3 +307,172 @@ def plan_nested(S, key, G0, ver, dr, pad, has_pad, base):
             break
         G = g
     return nested_depths(order, best, n), best_g
+
+
+@njit(cache=True, nogil=True)
+def tie_bands(a, tol):
+    """`acceptance.tie_bands` (a copy of `a` where that returns it): np.unique's sorted distinct values and counts,
+    `kernels.bands`, each band's mean as np.bincount sums it (in ascending order of the values), per row. Returns
+    (the values, False) where `a` holds NaN (np.unique's NaN rule is not copied: the caller's numpy form decides)."""
+    n = a.shape[0]
+    if tol <= 0.0 or n < 2:
+        return a.copy(), True
+    srt = np.sort(a)
+    if math.isnan(srt[n - 1]):
+        return a.copy(), False
+    u = np.empty(n)
+    cnt = np.empty(n)
+    k = 0
+    for i in range(n):
+        if i == 0 or srt[i] != srt[i - 1]:
+            u[k] = srt[i]
+            cnt[k] = 0.0
+            k += 1
+        cnt[k - 1] += 1.0
+    if k == 1:
+        return a.copy(), True
+    band = bands(u[:k], tol)
+    nb = band[0] + 1
+    sw, sc = np.zeros(nb), np.zeros(nb)
+    for j in range(k):
+        sw[band[j]] += u[j] * cnt[j]
+        sc[band[j]] += cnt[j]
+    out = np.empty(n)
+    for i in range(n):
+        j = np.searchsorted(u[:k], a[i])
+        out[i] = sw[band[j]] / sc[band[j]]
+    return out, True
+
+
+@njit(cache=True, nogil=True)
+def row_estimates(num, den, cal, kb, k, cap, confidence, tol):
+    """`goodput_evidence.row_estimates` per row: confidence, (num + kb) / (den + k) x min(cal, cap) (num, den: the
+    conf_sum and drafted), else counts, (num + kb) / (num + den + k) (num, den: accepted, rejected); clipped to
+    [1e-3, 0.999], rounded to 4 decimals and tied (`tie_bands`). Returns (a, False) on NaN."""
+    n = num.shape[0]
+    a = np.empty(n)
+    for i in range(n):
+        x = (num[i] + kb) / ((den[i] if confidence else num[i] + den[i]) + k)
+        if confidence:
+            x = x * minimum(cal[i], cap)
+        x = minimum(maximum(x, 1e-3), 0.999) if x == x else x
+        a[i] = round_to(x, 1e4)
+    return tie_bands(a, tol)
+
+
+@njit(cache=True, nogil=True)
+def row_calibration(acc, vc, ver, cal, z):
+    """`goodput_evidence.row_calibration` past its early outs for z and the batch: the rows with verified drafts
+    and confidence (two or more, else every row at `cal`), their binomial variance and excess spread (np.sum's
+    pairwise order), and where the spread beats z standard errors, each row shrunk toward `cal`."""
+    n = acc.shape[0]
+    out = np.full(n, cal)
+    at = np.empty(n, np.int64)
+    m = 0
+    for i in range(n):
+        if ver[i] > 0 and vc[i] > 0:
+            at[m] = i
+            m += 1
+    if m < 2:
+        return out
+    sq, var, vv, cc = np.empty(m), np.empty(m), np.empty(m), np.empty(m)
+    for j in range(m):
+        i = at[j]
+        e = cal * vc[i]
+        var[j] = maximum(e * (1.0 - minimum(e / ver[i], 1.0)), 0.25)
+        d = acc[i] - e
+        sq[j] = d * d
+        vv[j] = var[j] * var[j]
+        cc[j] = vc[i] * vc[i]
+    excess = pairwise(sq, 0, m) - pairwise(var, 0, m)
+    if excess <= z * math.sqrt(2.0 * pairwise(vv, 0, m)):
+        return out
+    tau2 = excess / pairwise(cc, 0, m)
+    for j in range(m):
+        i = at[j]
+        t = tau2 * vc[i] * vc[i]
+        w = t / (t + var[j])
+        out[i] = maximum(cal + w * (acc[i] / vc[i] - cal), 0.0)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def mixture_log(A, E, grid, ex, logprior):
+    """`Evidence._mixture`'s log posterior on the grid, logprior + A grid - E exp(grid), less its maximum (NaN
+    propagates as in ndarray.max)."""
+    ll = np.empty(grid.shape[0])
+    top = -math.inf
+    for i in range(grid.shape[0]):
+        ll[i] = logprior[i] + A * grid[i] - E * ex[i]
+        if not (ll[i] <= top) and not math.isnan(top):
+            top = ll[i]
+    for i in range(grid.shape[0]):
+        ll[i] = ll[i] - top
+    return ll
+
+
+@njit(cache=True, nogil=True)
+def mixture_median(w, grid):
+    """`Evidence._mixture`'s median of log c: np.interp of half the mass (np.sum's order) on the cdf
+    cumsum(w) - w / 2 at the grid (numpy's binary search from guess 0 and its slope rule). Returns (log c,
+    False) where w holds NaN (the numpy form decides)."""
+    n = w.shape[0]
+    cdf = np.empty(n)
+    acc = 0.0
+    for i in range(n):
+        if math.isnan(w[i]):
+            return 0.0, False
+        acc = w[0] if i == 0 else acc + w[i]
+        cdf[i] = acc - 0.5 * w[i]
+    x = 0.5 * pairwise(w, 0, n)
+    if math.isnan(x):
+        return x, True
+    j = _search_with_guess(x, cdf, n, 0)
+    if j == -1:
+        return grid[0], True
+    if j == n or j == n - 1 or cdf[j] == x:
+        return grid[n - 1] if j == n else grid[j], True
+    slope = (grid[j + 1] - grid[j]) / (cdf[j + 1] - cdf[j])
+    res = slope * (x - cdf[j]) + grid[j]
+    if math.isnan(res):
+        res = slope * (x - cdf[j + 1]) + grid[j + 1]
+        if math.isnan(res) and grid[j] == grid[j + 1]:
+            res = grid[j]
+    return res, True
+
+
+@njit(cache=True, nogil=True)
+def _search_with_guess(key, arr, n, guess):
+    """numpy's binary_search_with_guess (np.interp's): i with arr[i] <= key < arr[i + 1], -1 below, n above."""
+    if key > arr[n - 1]:
+        return n
+    if key < arr[0]:
+        return -1
+    if n <= 4:
+        i = 1
+        while i < n and key >= arr[i]:
+            i += 1
+        return i - 1
+    guess = max(min(guess, n - 3), 1)
+    imin, imax = 0, n
+    if key < arr[guess]:
+        if key >= arr[guess - 1]:
+            return guess - 1
+        imax = guess - 1
+        if guess > 8 and key >= arr[guess - 8]:
+            imin = guess - 8
+    else:
+        if key < arr[guess + 1]:
+            return guess
+        if key < arr[guess + 2]:
+            return guess + 1
+        imin = guess + 2
+        if guess < n - 8 - 1 and key < arr[guess + 8]:
+            imax = guess + 8
+    while imin < imax:
+        imid = imin + ((imax - imin) >> 1)
+        if key >= arr[imid]:
+            imin = imid + 1
+        else:
+            imax = imid
+    return imin - 1
