@@ -9,9 +9,9 @@ from specdepth.errors import ConfigError, as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
 from . import goodput_gates as gates
-from .goodput_evidence import Evidence, row_calibration, row_estimates
+from .goodput_evidence import Evidence, row_calibration, row_estimates, survivals
 from .goodput_weights import RowCost, Stream, drain_weights
-from .kit import CatchUpPadding, CostCalibration, IdleReplan, PerRequest, PolicyTime, StepCost, draft_caps, pad_extra
+from .kit import CatchUpPadding, CostCalibration, IdleReplan, PerRequest, PolicyTime, StepCost, pad_extra
 from .kit.options import node
 
 ESTIMATE = {"prior_strength": 8.0, "pool_memory": 20000.0, "calibration_prior": 8.0, "row_calibration": 5.0,
@@ -120,9 +120,7 @@ class Goodput(Policy):
         rows = self._seq.align(view.request_ids)
         cal = row_calibration(rows, self._pool.calibration, self.est.row_calibration)
         a = self._alpha(rows, cal)
-        rowcap = draft_caps(view, K)
-        S0 = np.cumprod(np.minimum(a[:, None] * self._pool.positions.factor(K), 0.999), axis=1)
-        S = np.where(np.arange(K)[None, :] >= rowcap[:, None], 0.0, S0)
+        S0, S, rowcap = survivals(a, self._pool.positions.factor(K), view, K)
         return SimpleNamespace(a=a, cal=cal, S0=S0, S=S, rowcap=rowcap)
 
     def _alpha(self, rows, cal) -> np.ndarray:
@@ -184,7 +182,7 @@ class Goodput(Policy):
         drafting = gates.Drafting(view.batch_size, r.est.a, r.est.cal, w, r.costs, G, depths, ratio)
         if r.probed:
             return drafting, depths
-        return drafting, np.where(depths > 0, np.minimum(depths + self.extend, r.est.rowcap), 0)
+        return drafting, gates.extended(depths, self.extend, r.est.rowcap)
 
 
 def _options(max_depth, estimator, ranking, cost, drain, use_confidence, extend, probe, idle_replan, policy_time,

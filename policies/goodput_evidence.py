@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .kit import PositionFactors, kernels_goodput, search, tie_bands
+from .kit import PositionFactors, draft_caps, kernels_goodput, search, tie_bands
 
 MIXTURE_PRIOR = ((0.9, 0.3), (0.1, 1.5))   # (weight, sd of log c) of each normal of _Pool._mixture's prior
 _MIX_GRID = np.linspace(-5.0, 5.0, 201)   # log c
@@ -192,3 +192,13 @@ def row_estimates(rows, pool: Evidence, cal: np.ndarray, estimator: str, k: floa
             return a
     a = (num + k * base) / (num + den + k) if counts else (num + k * base) / (den + k) * np.minimum(cal, cap)
     return tie_bands(np.round(np.clip(a, 1e-3, 0.999), 4), tol)
+
+
+def survivals(a: np.ndarray, f: np.ndarray, view, K: int):
+    """Each row's slot survivals: slot p survives with prod over q <= p of min(a_i f_q, 0.999) (S0), and S, the
+    same with 0 past the row's cap (`kit.draft_caps`). Returns (S0, S, the caps)."""
+    if search.COMPILED and a.dtype == f.dtype == np.float64:
+        return kernels_goodput.survivals(a, f, view.remaining, K)   # the same operations, compiled
+    rowcap = draft_caps(view, K)
+    S0 = np.cumprod(np.minimum(a[:, None] * f, 0.999), axis=1)
+    return S0, np.where(np.arange(K)[None, :] >= rowcap[:, None], 0.0, S0), rowcap

@@ -37,9 +37,18 @@ def plan_global(S, costs, w):
 def plan_value(S, depths, w) -> float:
     """The plan's expected tokens as its goodput G counts them: one a row (`w`'s where given) plus the planned
     slots' survivals, weighted alike; E / G is the plan's predicted seconds."""
+    if search.COMPILED and S.dtype == np.float64 and (w is None or w.dtype == np.float64):
+        return kernels_goodput.plan_value(S, S[:, 0] if w is None else w, w is not None, depths)   # compiled
     Sw = S if w is None else S * w[:, None]
     return (float(S.shape[0]) if w is None else float(w.sum())) + float(
         (Sw * (np.arange(S.shape[1])[None, :] < depths[:, None])).sum())
+
+
+def extended(depths, extend: int, rowcap) -> np.ndarray:
+    """The depths past the plan: min(depth + extend, the row's cap) where the plan drafts, else 0."""
+    if search.COMPILED:
+        return kernels_goodput.extend_depths(depths, extend, rowcap)   # the same, compiled
+    return np.where(depths > 0, np.minimum(depths + extend, rowcap), 0)
 
 
 def ratio(S, depths, w, G) -> list:

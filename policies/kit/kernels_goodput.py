@@ -476,3 +476,127 @@ def _search_with_guess(key, arr, n, guess):
         else:
             imax = imid
     return imin - 1
+
+
+@njit(cache=True, nogil=True)
+def survivals(a, f, remaining, K):
+    """`Goodput._estimate`'s slot survivals: S0[i, p] = prod over q <= p of min(a_i f_q, 0.999) (np.cumprod's
+    order), S the same with 0 from row i's cap on (`search.draft_caps`: min(max(remaining - 1, 0), K)).
+    Returns (S0, S, the caps)."""
+    n = a.shape[0]
+    S0, S = np.empty((n, K)), np.empty((n, K))
+    cap = np.empty(n, np.int64)
+    for i in range(n):
+        cap[i] = min(max(remaining[i] - 1, 0), K)
+        acc = 1.0
+        for p in range(K):
+            x = minimum(a[i] * f[p], 0.999)
+            acc = x if p == 0 else acc * x
+            S0[i, p] = acc
+            S[i, p] = 0.0 if p >= cap[i] else acc
+    return S0, S, cap
+
+
+@njit(cache=True, nogil=True)
+def tokens_per_step(S, lo, frac):
+    """`goodput_weights.tokens_per_step` at depth d = lo + frac: 1 + C[lo] + frac x (C[min(lo + 1, K)] - C[lo]),
+    C[j] the sum of a row's first j survivals (np.cumsum's order)."""
+    n, K = S.shape
+    hi = min(lo + 1, K)
+    e = np.empty(n)
+    for i in range(n):
+        acc, c_lo, c_hi = 0.0, 0.0, 0.0
+        for j in range(hi):
+            acc = S[i, 0] if j == 0 else acc + S[i, j]
+            if j + 1 == lo:
+                c_lo = acc
+            if j + 1 == hi:
+                c_hi = acc
+        e[i] = 1.0 + c_lo + frac * (c_hi - c_lo)
+    return e
+
+
+@njit(cache=True, nogil=True)
+def _top(x):
+    """ndarray.max's value (NaN propagates)."""
+    top = x[0]
+    for i in range(1, x.shape[0]):
+        if math.isnan(top):
+            break
+        if x[i] > top or math.isnan(x[i]):
+            top = x[i]
+    return top
+
+
+@njit(cache=True, nogil=True)
+def slot_weights(S0, lo, frac):
+    """`goodput_weights.slot_weights`: 1 / e_i (`tokens_per_step`) over its maximum."""
+    w = 1.0 / tokens_per_step(S0, lo, frac)
+    return w / _top(w)
+
+
+@njit(cache=True, nogil=True)
+def time_spread(S, a, lo, frac, drafted, prior_strength, remaining):
+    """`goodput_weights.time_weights` up to its exp: e (`tokens_per_step`), de / da (the first max(ceil(d), 1)
+    slots' (j + 1) S summed in np.sum's order, / a), the steps' variance and z against the slowest row (np.argmax's
+    first). Returns (e, -0.5 z^2) for np.exp."""
+    n, K = S.shape
+    e = tokens_per_step(S, lo, frac)
+    m = min(max(lo + (1 if frac > 0.0 else 0), 1), K)
+    row = np.empty(m)
+    steps, sd2 = np.empty(n), np.empty(n)
+    last = 0
+    for i in range(n):
+        for j in range(m):
+            row[j] = (j + 1.0) * S[i, j]
+        dS = pairwise(row, 0, m) / a[i]
+        var_a = a[i] * (1.0 - a[i]) / (drafted[i] + prior_strength)
+        r = float(remaining[i])
+        steps[i] = r / e[i]
+        t = steps[i] / e[i] * dS
+        sd2[i] = r * (e[i] - 1.0) / (e[i] * e[i]) + t * t * var_a + 1.0
+        if not math.isnan(steps[last]) and (steps[i] > steps[last] or math.isnan(steps[i])):
+            last = i
+    u = np.empty(n)
+    for i in range(n):
+        z = (steps[i] - steps[last]) / math.sqrt(sd2[i] + sd2[last])
+        u[i] = -0.5 * z * z
+    return e, u
+
+
+@njit(cache=True, nogil=True)
+def time_scale(p, e, c1, c0):
+    """`goodput_weights.time_weights` past its exp: w = (c1 + c0 p / sum(p)) / e over max(max(w), 1e-300), and
+    min(p) (NaN propagates as in ndarray.min)."""
+    n = p.shape[0]
+    ps = pairwise(p, 0, n)
+    w = np.empty(n)
+    low = p[0]
+    for i in range(n):
+        w[i] = (c1 + c0 * p[i] / ps) / e[i]
+        if not math.isnan(low) and (p[i] < low or math.isnan(p[i])):
+            low = p[i]
+    top = _top(w)
+    return w / (1e-300 if 1e-300 > top else top), low
+
+
+@njit(cache=True, nogil=True)
+def plan_value(S, w, has_w, depths):
+    """`goodput_gates.plan_value`: sum(w) (np.sum's order; n without w) + the planned slots' (w x) S, summed over
+    the whole [n, K] table in np.sum's order."""
+    n, K = S.shape
+    buf = np.empty(n * K)
+    for i in range(n):
+        for j in range(K):
+            x = S[i, j] * w[i] if has_w else S[i, j]
+            buf[i * K + j] = x * (1.0 if j < depths[i] else 0.0)
+    return (pairwise(w, 0, n) if has_w else float(n)) + pairwise(buf, 0, n * K)
+
+
+@njit(cache=True, nogil=True)
+def extend_depths(depths, extend, cap):
+    """`Goodput._extend`'s depths: min(depth + extend, cap) where the plan drafts, else 0."""
+    out = np.empty(depths.shape[0], np.int64)
+    for i in range(depths.shape[0]):
+        out[i] = min(depths[i] + extend, cap[i]) if depths[i] > 0 else 0
+    return out
