@@ -70,48 +70,44 @@ def pairwise(a, lo, n):
     return vals[0]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _less(a, b):
     """numpy's sort order: a before b (NaN last)."""
     return a < b or (b != b and a == a)
 
 
 @njit(cache=True, nogil=True)
-def _before(k1, k2, x, y):
-    """Row x sorts before row y by (k1, k2) (np.lexsort((k2, k1)) without its stability tie-break)."""
-    return _less(k1[x], k1[y]) or (not _less(k1[y], k1[x]) and _less(k2[x], k2[y]))
-
-
-@njit(cache=True, nogil=True)
 def argsort2(k1, k2):
     """np.lexsort((k2, k1)): the stable order by k1, then k2 (a bottom-up merge sort)."""
     n = k1.shape[0]
-    a = np.arange(n)
-    b = np.empty(n, np.int64)
-    width = 1
+    buf = np.empty((2, n), np.int64)
+    for i in range(n):
+        buf[0, i] = i
+    src, width = 0, 1
     while width < n:
+        dst = 1 - src
         for lo in range(0, n, 2 * width):
             mid, hi = min(lo + width, n), min(lo + 2 * width, n)
             i, j, k = lo, mid, lo
             while i < mid and j < hi:
-                if _before(k1, k2, a[j], a[i]):
-                    b[k] = a[j]
+                x, y = buf[src, j], buf[src, i]
+                if _less(k1[x], k1[y]) or (not _less(k1[y], k1[x]) and _less(k2[x], k2[y])):
+                    buf[dst, k] = x
                     j += 1
                 else:
-                    b[k] = a[i]
+                    buf[dst, k] = y
                     i += 1
                 k += 1
             while i < mid:
-                b[k] = a[i]
+                buf[dst, k] = buf[src, i]
                 i += 1
                 k += 1
             while j < hi:
-                b[k] = a[j]
+                buf[dst, k] = buf[src, j]
                 j += 1
                 k += 1
-        a, b = b, a
-        width *= 2
-    return a
+        src, width = dst, 2 * width
+    return buf[src].copy()
 
 
 @njit(cache=True, nogil=True)
@@ -247,54 +243,63 @@ def evidence_counts(drafted, accepted, conf, table, cols):
 
 
 @njit(cache=True, nogil=True)
-def _after(k1, k2, x, y):
-    """Row x sorts after row y by (k1, k2, row): a strict total order (np.lexsort's, stable)."""
-    if _less(k1[y], k1[x]):
-        return True
-    if _less(k1[x], k1[y]):
-        return False
-    if _less(k2[y], k2[x]):
-        return True
-    if _less(k2[x], k2[y]):
-        return False
-    return x > y
+def _any_nan(S, key):
+    """Whether S or key hold NaN (which `rank_columns` does not rank)."""
+    for i in range(S.shape[0]):
+        if math.isnan(key[i]):
+            return True
+        for p in range(S.shape[1]):
+            if math.isnan(S[i, p]):
+                return True
+    return False
 
 
 @njit(cache=True, nogil=True)
-def rank_columns(S, key):
-    """np.lexsort((key[:, None] broadcast, -S), axis=0): per position, the rows by -S, then key, then row. Column 0
-    by `argsort2`; each later one by insertion from the column before (nearly its order: few moves)."""
-    n, K = S.shape
-    order = np.empty((n, K), np.int64)
-    k1 = np.empty(n)
-    for p in range(K):
+def rank_columns(S, key, order, done, upto):
+    """Columns done..upto-1 of np.lexsort((key[:, None] broadcast, -S), axis=0) into `order`, for S and key
+    without NaN: per position, the rows by S descending, then key, then row. Column 0 by `argsort2`; each later
+    one by insertion from the column before (nearly its order: few moves)."""
+    n = S.shape[0]
+    if done == 0 and upto > 0:
+        col = np.empty(n)
         for i in range(n):
-            k1[i] = -S[i, p]
-        if p == 0:
-            order[:, 0] = argsort2(k1, key)
-            continue
-        for j in range(n):
-            r = order[j, p - 1]
+            col[i] = -S[i, 0]
+        order[:, 0] = argsort2(col, key)
+        done = 1
+    if done >= upto:
+        return
+    cur = order[:, done - 1].copy()
+    for p in range(done, upto):
+        for j in range(1, n):
+            x = cur[j]
+            sx, kx = S[x, p], key[x]
             q = j
-            while q > 0 and _after(k1, key, order[q - 1, p], r):
-                order[q, p] = order[q - 1, p]
+            while q > 0:
+                y = cur[q - 1]
+                sy = S[y, p]
+                if sy > sx or (sy == sx and (key[y] < kx or (key[y] == kx and y < x))):
+                    break
+                cur[q] = y
                 q -= 1
-            order[q, p] = r
-    return order
+            cur[q] = x
+        order[:, p] = cur
 
 
 @njit(cache=True, nogil=True)
 def plan_nested(S, key, G0, ver, dr, pad, has_pad, base):
-    """`search.plan_by_position(..., nested=True)` for batches past `search._SMALL`: the ranking (`rank_columns`),
-    Dinkelbach's at most 5 searches (`kernels.nested_by_position`) from max(base / verify[0], G0), the best plan's
-    depths (`kernels.nested_depths`). Returns (depths, its goodput)."""
+    """`search.plan_by_position(..., nested=True)` for batches past `search._SMALL`: Dinkelbach's at most 5
+    searches (`_nested_search`) from max(base / verify[0], G0), the best plan's depths (`kernels.nested_depths`).
+    Returns (depths, its goodput); no depths where S or key hold NaN."""
     n, K = S.shape
-    order = rank_columns(S, key)
+    if _any_nan(S, key):
+        return np.zeros(0, np.int64), 0.0
+    order = np.empty((n, K), np.int64)
+    ranked = np.zeros(1, np.int64)   # the columns of order ranked so far (`rank_columns`, as the searches reach)
     g_none = base / ver[0]
     G = G0 if G0 > g_none else g_none
     best_g, best = g_none, np.zeros(0, np.int64)
     for _ in range(5):
-        ms, m, e, t = nested_by_position(S, order, K, G, ver, dr, pad, has_pad, n, base)
+        ms, m, e, t = _nested_search(S, key, order, ranked, K, G, ver, dr, pad, has_pad, n, base)
         if m == 0:
             if G <= g_none:
                 break
@@ -307,6 +312,22 @@ def plan_nested(S, key, G0, ver, dr, pad, has_pad, base):
             break
         G = g
     return nested_depths(order, best, n), best_g
+
+
+@njit(cache=True, nogil=True)
+def _nested_search(S, key, order, ranked, K, G, ver, dr, pad, has_pad, n, base):
+    """`kernels.nested_by_position` over the first D columns, the columns ranked first (D from 4, doubled while
+    the search reaches D < K): the positions past where it stops are never ranked. The same result as over all K
+    (the loop over the first D positions is the same)."""
+    D = min(K, 4)
+    while True:
+        if ranked[0] < D:
+            rank_columns(S, key, order, ranked[0], D)
+            ranked[0] = D
+        ms, m, e, t = nested_by_position(S, order, D, G, ver, dr, pad, has_pad, n, base)
+        if m < D or D == K:
+            return ms, m, e, t
+        D = min(2 * D, K)
 
 
 @njit(cache=True, nogil=True)

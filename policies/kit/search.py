@@ -26,8 +26,11 @@ def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | No
     key = np.zeros(n) if tie is None else -np.asarray(tie, float)
     base = float(n) if base is None else base
     if nested and n > _SMALL and COMPILED and _compiled_tables(S, costs, n, K):   # the same search, compiled
-        return kernels_goodput.plan_nested(S, key, float(G0), costs.verify, costs.draft,
-                                           _NO_PAD if costs.pad is None else costs.pad, costs.pad is not None, base)
+        depths, g = kernels_goodput.plan_nested(S, key, float(G0), costs.verify, costs.draft,
+                                                _NO_PAD if costs.pad is None else costs.pad, costs.pad is not None,
+                                                base)
+        if depths.size == n:   # (NaN: the numpy form below)
+            return depths, g
     order = np.lexsort((np.broadcast_to(key[:, None], S.shape), -S), axis=0)   # rows ranked per position
     column = _columns(S, order, nested)
     g_none = base / costs.verify[0]
