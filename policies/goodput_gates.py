@@ -18,6 +18,13 @@ def plan_positions(S, costs, G0, remaining, w):
     tokens left, so no row falls behind the batch. Returns (depths, goodput)."""
     if w is None:
         return plan_by_position(S, costs, G0, tie=remaining)
+    n, K = S.shape
+    if search.COMPILED and n > search._SMALL and w.dtype == np.float64 and search._compiled_tables(S, costs, n, K):
+        pad = costs.pad   # the same search, compiled: S x w, sum(w) and the tie's key with it
+        depths, g = kernels_goodput.plan_weighted(S, w, remaining, float(G0), costs.verify, costs.draft,
+                                                  search._NO_PAD if pad is None else pad, pad is not None)
+        if depths.size == n:   # (NaN: the numpy form below)
+            return depths, g
     return plan_by_position(S * w[:, None], costs, G0, tie=remaining, nested=True, base=float(w.sum()))
 
 
@@ -153,6 +160,7 @@ class Drafting:
         self.s = np.ones(n)
         self.a, self.cal, self.w, self.costs, self.G = a, cal, w, costs, G
         self.planned, self.ratio = planned, ratio
+        self._rows = None   # the step's view.depths and view.remaining, read at its first keep (compiled)
 
     def keep(self, view, position, confidence, positions) -> np.ndarray:
         f = float(positions.factor(position + 2)[-1])
@@ -179,14 +187,14 @@ class Drafting:
     def _keep_compiled(self, view, position, confidence, f) -> np.ndarray:
         """`keep` in one compiled pass (`kernels_goodput.drafting_keep`: the same operations; s updated in place)."""
         c, r, w = self.costs, self.ratio, self.w
-        pad = c.pad
-        padp = float(pad[min(position + 1, pad.size - 1)]) if pad is not None and pad.size else None
+        if self._rows is None:   # (fixed through the step's drafting)
+            self._rows = view.depths, view.remaining, search._NO_PAD if c.pad is None else c.pad
+        depths, remaining, pad = self._rows
         E, T = (0.0, 1.0) if r is None else r
-        depths = view.depths
         keep, grow, gv, dt = kernels_goodput.drafting_keep(
             self.s, confidence, self.cal, depths, position, self.a, f, self.a if w is None else w, w is not None,
-            depths if r is None else self.planned, r is not None, view.remaining, view.drafted, c.draft, c.verify,
-            0.0 if padp is None else padp, padp is not None, float(self.G), float(E), float(T))
+            depths if r is None else self.planned, r is not None, remaining, view.drafted, c.draft, c.verify, pad,
+            float(self.G), float(E), float(T))
         if grow:
             r[0] += float(gv)
             r[1] += float(dt)

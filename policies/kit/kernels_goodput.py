@@ -153,12 +153,15 @@ def keep_margin(keep, idx, v, remaining, x, draft, verify, padp, has_pad, G, E, 
 
 @njit(cache=True, nogil=True)
 def drafting_keep(s, conf, cal, depths, position, a, f, w, has_w, planned, has_ratio, remaining, drafted, draft,
-                  verify, padp, has_pad, G, E, T):
+                  verify, pad, G, E, T):
     """`goodput_gates.Drafting.keep` in one pass: s <- s x min(confidence (0 where not drafting) x cal, 1); the rows
     drafting that planned past position + 1 valued s x min(a x f, 0.999) (x w); one row by `_keep_one`'s floats,
-    more by `keep_margin`; `has_ratio` and every row at its plan's end: against the ratio [E, T]. Returns (the keep
-    mask, whether the ratio grows, by what value and seconds)."""
+    more by `keep_margin` (a padded verify: + pad[min(position + 1, size - 1)]); `has_ratio` and every row at its
+    plan's end: against the ratio [E, T]. Returns (the keep mask, whether the ratio grows, by what value and
+    seconds)."""
     n = s.shape[0]
+    has_pad = pad.shape[0] > 0
+    padp = pad[min(position + 1, pad.shape[0] - 1)] if has_pad else 0.0
     idx = np.empty(n, np.int64)
     m = 0
     for i in range(n):
@@ -621,3 +624,17 @@ def extend_depths(depths, extend, cap):
     for i in range(depths.shape[0]):
         out[i] = min(depths[i] + extend, cap[i]) if depths[i] > 0 else 0
     return out
+
+
+@njit(cache=True, nogil=True)
+def plan_weighted(S, w, tie, G0, ver, dr, pad, has_pad):
+    """`goodput_gates.plan_positions` with weights: `plan_nested` on S x w (per row), base sum(w) (np.sum's
+    order), key -tie (as float)."""
+    n, K = S.shape
+    Sw = np.empty((n, K))
+    key = np.empty(n)
+    for i in range(n):
+        key[i] = -float(tie[i])
+        for p in range(K):
+            Sw[i, p] = S[i, p] * w[i]
+    return plan_nested(Sw, key, G0, ver, dr, pad, has_pad, pairwise(w, 0, n))
