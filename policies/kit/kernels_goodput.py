@@ -263,8 +263,8 @@ def rank_columns(S, key, order, done, upto):
     without NaN: per position, the rows by S descending, then key, then row. Column 0 by `argsort2`; each later
     one by insertion from the column before (nearly its order: few moves)."""
     n = S.shape[0]
+    col = np.empty(n)
     if done == 0 and upto > 0:
-        col = np.empty(n)
         for i in range(n):
             col[i] = -S[i, 0]
         order[:, 0] = argsort2(col, key)
@@ -273,13 +273,15 @@ def rank_columns(S, key, order, done, upto):
         return
     cur = order[:, done - 1].copy()
     for p in range(done, upto):
+        for i in range(n):
+            col[i] = S[i, p]
         for j in range(1, n):
             x = cur[j]
-            sx, kx = S[x, p], key[x]
+            sx, kx = col[x], key[x]
             q = j
             while q > 0:
                 y = cur[q - 1]
-                sy = S[y, p]
+                sy = col[y]
                 if sy > sx or (sy == sx and (key[y] < kx or (key[y] == kx and y < x))):
                     break
                 cur[q] = y
@@ -293,9 +295,15 @@ def plan_nested(S, key, G0, ver, dr, pad, has_pad, base):
     """`search.plan_by_position(..., nested=True)` for batches past `search._SMALL`: Dinkelbach's at most 5
     searches (`_nested_search`) from max(base / verify[0], G0), the best plan's depths (`kernels.nested_depths`).
     Returns (depths, its goodput); no depths where S or key hold NaN."""
-    n, K = S.shape
     if _any_nan(S, key):
         return np.zeros(0, np.int64), 0.0
+    return _plan_ranked(S, key, G0, ver, dr, pad, has_pad, base)
+
+
+@njit(cache=True, nogil=True)
+def _plan_ranked(S, key, G0, ver, dr, pad, has_pad, base):
+    """`plan_nested` for S and key without NaN."""
+    n, K = S.shape
     order = np.empty((n, K), np.int64)
     ranked = np.zeros(1, np.int64)   # the columns of order ranked so far (`rank_columns`, as the searches reach)
     g_none = base / ver[0]
@@ -319,10 +327,10 @@ def plan_nested(S, key, G0, ver, dr, pad, has_pad, base):
 
 @njit(cache=True, nogil=True)
 def _nested_search(S, key, order, ranked, K, G, ver, dr, pad, has_pad, n, base):
-    """`kernels.nested_by_position` over the first D columns, the columns ranked first (D from 4, doubled while
+    """`kernels.nested_by_position` over the first D columns, the columns ranked first (D from 2, doubled while
     the search reaches D < K): the positions past where it stops are never ranked. The same result as over all K
     (the loop over the first D positions is the same)."""
-    D = min(K, 4)
+    D = min(K, 2)
     while True:
         if ranked[0] < D:
             rank_columns(S, key, order, ranked[0], D)
@@ -335,24 +343,26 @@ def _nested_search(S, key, order, ranked, K, G, ver, dr, pad, has_pad, n, base):
 
 @njit(cache=True, nogil=True)
 def tie_bands(a, tol):
-    """`acceptance.tie_bands` (a copy of `a` where that returns it): np.unique's sorted distinct values and counts,
-    `kernels.bands`, each band's mean as np.bincount sums it (in ascending order of the values), per row. Returns
-    (the values, False) where `a` holds NaN (np.unique's NaN rule is not copied: the caller's numpy form decides)."""
+    """`acceptance.tie_bands` (a copy of `a` where that returns it): the sorted distinct values and their counts
+    (np.unique's), `kernels.bands`, each band's mean as np.bincount sums it (in ascending order of the values), per
+    row. Returns (the values, False) where `a` holds NaN (np.unique's NaN rule is not copied: the numpy form
+    decides)."""
     n = a.shape[0]
     if tol <= 0.0 or n < 2:
         return a.copy(), True
-    srt = np.sort(a)
-    if math.isnan(srt[n - 1]):
+    perm = np.argsort(a)
+    if math.isnan(a[perm[n - 1]]):
         return a.copy(), False
-    u = np.empty(n)
-    cnt = np.empty(n)
+    u, cnt, group = np.empty(n), np.empty(n), np.empty(n, np.int64)
     k = 0
-    for i in range(n):
-        if i == 0 or srt[i] != srt[i - 1]:
-            u[k] = srt[i]
+    for j in range(n):
+        x = a[perm[j]]
+        if j == 0 or x != u[k - 1]:
+            u[k] = x
             cnt[k] = 0.0
             k += 1
         cnt[k - 1] += 1.0
+        group[j] = k - 1
     if k == 1:
         return a.copy(), True
     band = bands(u[:k], tol)
@@ -362,9 +372,9 @@ def tie_bands(a, tol):
         sw[band[j]] += u[j] * cnt[j]
         sc[band[j]] += cnt[j]
     out = np.empty(n)
-    for i in range(n):
-        j = np.searchsorted(u[:k], a[i])
-        out[i] = sw[band[j]] / sc[band[j]]
+    for j in range(n):
+        b = band[group[j]]
+        out[perm[j]] = sw[b] / sc[b]
     return out, True
 
 
@@ -633,8 +643,13 @@ def plan_weighted(S, w, tie, G0, ver, dr, pad, has_pad):
     n, K = S.shape
     Sw = np.empty((n, K))
     key = np.empty(n)
+    nan = False
     for i in range(n):
         key[i] = -float(tie[i])
+        nan = nan or key[i] != key[i]
         for p in range(K):
-            Sw[i, p] = S[i, p] * w[i]
-    return plan_nested(Sw, key, G0, ver, dr, pad, has_pad, pairwise(w, 0, n))
+            Sw[i, p] = x = S[i, p] * w[i]
+            nan = nan or x != x
+    if nan:
+        return np.zeros(0, np.int64), 0.0
+    return _plan_ranked(Sw, key, G0, ver, dr, pad, has_pad, pairwise(w, 0, n))
