@@ -53,8 +53,8 @@ def test_tie_bands_and_the_estimates_are_the_numpy_forms(monkeypatch):
         rows = st.align(np.arange(n))
         rows.array[:] = rng.integers(0, 30, (n, 6)) * rng.random((n, 6)) ** 2
         rows.verified[rng.random(n) < 0.2] = 0.0
-        pool = ge.Evidence(accepted=7.0, rejected=3.0, conf_sum=6.0, drafted=10.0, cal_accepted=float(rng.uniform(1, 50)),
-                           cal_conf=float(rng.uniform(1, 50)), mixture=bool(rng.random() < 0.7))
+        pool = ge.Evidence(accepted=7.0, rejected=3.0, conf_sum=6.0, drafted=10.0, mixture=bool(rng.random() < 0.7),
+                           cal_accepted=float(rng.uniform(1, 50)), cal_conf=float(rng.uniform(1, 50)))
         cal = rng.uniform(0.3, 3, n)
         for est in ("counts", "confidence"):
             z = float(rng.choice([0.0, 0.5, 3.0]))
@@ -133,6 +133,7 @@ def test_keep_by_margin_and_drafting_keep_are_the_numpy_forms(monkeypatch):
         conf = np.where(rng.random((3, n)) < 0.8, np.round(rng.random((3, n)), 1), np.nan)
         idx = np.flatnonzero(rng.random(n) < 0.6)
         vals = np.round(rng.random(idx.size), 2) + rng.choice([0.0, 1e-8, 4e-7], idx.size)   # ties at 6 decimals
+        vals *= 3.0 if rng.random() < 0.2 else 1.0   # (values past 2: the compiled ranking's general sort)
         past = rng.random() < 0.5
 
         def run():

@@ -131,14 +131,10 @@ def maximum(a, b):
 @njit(cache=True, nogil=True)
 def keep_margin(keep, idx, v, remaining, x, draft, verify, padp, has_pad, G, E, T, has_ratio):
     """`search.keep_by_margin` over two or more rows idx (values v): ranked by (-round(v, 6), -remaining) as
-    np.lexsort, the best count by `margin_gains` (x: the tokens drafted so far); the rows kept set in `keep`. Returns (kept any, their value,
-    their seconds)."""
+    np.lexsort (`_rank_values`), the best count by `margin_gains` (x: the tokens drafted so far); the rows kept
+    set in `keep`. Returns (kept any, their value, their seconds)."""
+    order = _rank_values(v, remaining, idx)
     m = idx.shape[0]
-    k1 = np.empty(m)
-    for j in range(m):
-        k1[j] = -round_to(v[j], 1e6)
-    k2 = -remaining[idx]
-    order = argsort2(k1, k2)
     vs = np.empty(m)
     for j in range(m):
         vs[j] = v[order[j]]
@@ -149,6 +145,28 @@ def keep_margin(keep, idx, v, remaining, x, draft, verify, padp, has_pad, G, E, 
             keep[idx[order[j]]] = True
         return True, gain_v, dt
     return False, gain_v, dt
+
+
+@njit(cache=True, nogil=True)
+def _rank_values(v, remaining, idx):
+    """np.lexsort((-remaining[idx], -np.round(v, 6))): one sort of distinct integer keys (rint(v 1e6) descending,
+    then remaining descending, then position: the same order, as -q / 1e6 orders alike with -q), where v is in
+    [0, 2) and remaining in [0, 2^20); else `argsort2` on those keys."""
+    m = idx.shape[0]
+    keys = np.empty(m, np.int64)
+    low = (1 << 20) - 1
+    for j in range(m):
+        q, r = np.rint(v[j] * 1e6), remaining[idx[j]]
+        if not (0.0 <= q < 2e6 and 0 <= r <= low and m <= low):
+            k1 = np.empty(m)
+            for i in range(m):
+                k1[i] = -round_to(v[i], 1e6)
+            return argsort2(k1, -remaining[idx])
+        keys[j] = ((2000000 - np.int64(q)) << 40) | ((low - np.int64(r)) << 20) | j
+    keys.sort()
+    for j in range(m):
+        keys[j] = keys[j] & low
+    return keys
 
 
 @njit(cache=True, nogil=True)
