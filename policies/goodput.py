@@ -25,7 +25,7 @@ class Step:
     """One plan's record; each field is written by one phase of `Goodput.plan`."""
     G0: float                    # the Dinkelbach start: the last plan's goodput
     kept: bool = False           # an idle plan kept (`idle_replan`): no phase ran
-    est: SimpleNamespace = None  # estimate: a, cal (per row), S0, S (slot survivals), rowcap
+    est: SimpleNamespace = None  # estimate: a, cal (per row), S0, S (slot survivals), rowcap, rows (PerRequest's)
     costs: object = None         # price: the step-time tables
     weights: SimpleNamespace = None   # weigh: w, drained, p_min, fixed
     planned: np.ndarray = None   # search: the plan's depths
@@ -121,7 +121,7 @@ class Goodput(Policy):
         cal = row_calibration(rows, self._pool.calibration, self.est.row_calibration)
         a = self._alpha(rows, cal)
         S0, S, rowcap = survivals(a, self._pool.positions.factor(K), view, K)
-        return SimpleNamespace(a=a, cal=cal, S0=S0, S=S, rowcap=rowcap)
+        return SimpleNamespace(a=a, cal=cal, S0=S0, S=S, rowcap=rowcap, rows=rows)
 
     def _alpha(self, rows, cal) -> np.ndarray:
         e = self.est
@@ -145,7 +145,7 @@ class Goodput(Policy):
         cost = view.true_cost if self.cost == "clock" else view.cost
         c1 = self._row_cost(cost, view.context_lens)
         c1 *= self._calib.verify_scale() if self.cost == "calibrated" else 1.0
-        return (r.est.a, self._pool.dbar, self._seq.align(view.request_ids).drafted, self.est.prior_strength,
+        return (r.est.a, self._pool.dbar, r.est.rows.drafted, self.est.prior_strength,
                 view.remaining, c1, float(r.costs.verify[0]))
 
     def _search(self, view, r):

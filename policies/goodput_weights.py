@@ -65,7 +65,9 @@ class RowCost:
         self.size, self._cache = size, {}
 
     def __call__(self, cost, ctx: np.ndarray) -> float:
-        key = (ctx.size, int(math.log1p(float(ctx.mean())) * 50.0), id(cost))
+        mean, ok = kernels_goodput.int_mean(ctx) if search.COMPILED and ctx.dtype == np.int64 else (0.0, False)
+        mean = mean if ok else float(ctx.mean())   # (the same value, compiled)
+        key = (ctx.size, int(math.log1p(mean) * 50.0), id(cost))
         c1 = self._cache.get(key)
         if c1 is None:
             if len(self._cache) >= self.size:

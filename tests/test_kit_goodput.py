@@ -41,6 +41,15 @@ def test_pairwise_and_argsort2_are_numpys_sum_and_lexsort():
         assert np.array_equal(kg.argsort2(k1, k2), np.lexsort((k2, k1)))
 
 
+def test_int_mean_is_numpys_mean():
+    rng = np.random.default_rng(8)
+    for n in list(range(1, 300)) + [4096]:
+        x = rng.integers(0, 10 ** int(rng.integers(1, 12)), n)
+        m, ok = kg.int_mean(x)
+        assert ok and m == float(x.mean())
+    assert not kg.int_mean(np.zeros(0, np.int64))[1] and not kg.int_mean(np.array([2 ** 41]))[1]
+
+
 def test_tie_bands_and_the_estimates_are_the_numpy_forms(monkeypatch):
     rng = np.random.default_rng(1)
     for _ in range(300):

@@ -671,3 +671,19 @@ def plan_weighted(S, w, tie, G0, ver, dr, pad, has_pad):
     if nan:
         return np.zeros(0, np.int64), 0.0
     return _plan_ranked(Sw, key, G0, ver, dr, pad, has_pad, pairwise(w, 0, n))
+
+
+@njit(cache=True, nogil=True)
+def int_mean(x):
+    """np.mean of an int64 array of values below 2^40, exactly: numpy sums the values as floats, exact integers
+    below 2^53 in any order, so the mean is float(sum) / size. Returns (the mean, False) where it does not apply
+    (an empty array, a value past 2^40, more than 2^12 values)."""
+    n = x.shape[0]
+    if n == 0 or n > 4096:
+        return 0.0, False
+    total = 0
+    for i in range(n):
+        if abs(x[i]) >= 2 ** 40:
+            return 0.0, False
+        total += x[i]
+    return float(total) / n, True
