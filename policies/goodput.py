@@ -25,7 +25,7 @@ class Step:
     """One plan's record; each field is written by one phase of `Goodput.plan`."""
     G0: float                    # the Dinkelbach start: the last plan's goodput
     kept: bool = False           # an idle plan kept (`idle_replan`): no phase ran
-    est: SimpleNamespace = None  # estimate: a, cal (per row), S0, S (slot survivals), rowcap, rows (PerRequest's)
+    est: SimpleNamespace = None  # estimate: a, cal (per row), S0, S (slot survivals), rowcap, rows, rem (tokens left)
     costs: object = None         # price: the step-time tables
     weights: SimpleNamespace = None   # weigh: w, drained, p_min, fixed
     planned: np.ndarray = None   # search: the plan's depths
@@ -120,8 +120,9 @@ class Goodput(Policy):
         rows = self._seq.align(view.request_ids)
         cal = row_calibration(rows, self._pool.calibration, self.est.row_calibration)
         a = self._alpha(rows, cal)
-        S0, S, rowcap = survivals(a, self._pool.positions.factor(K), view, K)
-        return SimpleNamespace(a=a, cal=cal, S0=S0, S=S, rowcap=rowcap, rows=rows)
+        rem = view.remaining
+        S0, S, rowcap = survivals(a, self._pool.positions.factor(K), view, K, rem)
+        return SimpleNamespace(a=a, cal=cal, S0=S0, S=S, rowcap=rowcap, rows=rows, rem=rem)
 
     def _alpha(self, rows, cal) -> np.ndarray:
         e = self.est
@@ -152,7 +153,7 @@ class Goodput(Policy):
         """The plan and its goodput, from the last plan's (Dinkelbach)."""
         if self.ranking == "global":
             return gates.plan_global(r.est.S, r.costs, r.weights.w)
-        return gates.plan_positions(r.est.S, r.costs, r.G0, view.remaining, r.weights.w)
+        return gates.plan_positions(r.est.S, r.costs, r.G0, r.est.rem, r.weights.w)
 
     def _gate(self, view, r):
         """Catch-up, then the drain's makespan, then (where nothing drafts) the probe."""
@@ -160,9 +161,9 @@ class Goodput(Policy):
         depths, G = r.planned, r.G_plan
         if self.catch_up and depths.any():
             depths, G = gates.catch_up(view, depths, S, costs, G, r.weights, self._pool, self.est.calibration_prior,
-                                       gates.catch_up_pricing(view, self.cost, self._pad, self._calib))
+                                       lambda: gates.catch_up_pricing(view, self.cost, self._pad, self._calib))
         judged = self._pool.verified >= self.est.calibration_prior + n
-        if gates.ends_later(depths, S, costs, G, r.weights, view.remaining, self._stream.closed, judged):
+        if gates.ends_later(depths, S, costs, G, r.weights, r.est.rem, self._stream.closed, judged):
             return np.zeros(n, np.int64), float(n if w is None else w.sum()) / float(costs.verify[0]), False
         if not depths.any() and self.probe:
             rows = gates.probe_rows(view, self._seq.align(view.request_ids), self._pool, self.est.calibration_prior)
@@ -179,7 +180,7 @@ class Goodput(Policy):
             return None, r.depths
         w, depths, G = r.weights.w, r.depths, r.G
         ratio = None if r.probed or not self.extend or G <= 0 else gates.ratio(r.est.S, depths, w, G)
-        drafting = gates.Drafting(view.batch_size, r.est.a, r.est.cal, w, r.costs, G, depths, ratio)
+        drafting = gates.Drafting(view.batch_size, r.est.a, r.est.cal, w, r.costs, G, depths, ratio, r.est.rem)
         if r.probed:
             return drafting, depths
         return drafting, gates.extended(depths, self.extend, r.est.rowcap)

@@ -194,11 +194,11 @@ def row_estimates(rows, pool: Evidence, cal: np.ndarray, estimator: str, k: floa
     return tie_bands(np.round(np.clip(a, 1e-3, 0.999), 4), tol)
 
 
-def survivals(a: np.ndarray, f: np.ndarray, view, K: int):
+def survivals(a: np.ndarray, f: np.ndarray, view, K: int, remaining: np.ndarray):
     """Each row's slot survivals: slot p survives with prod over q <= p of min(a_i f_q, 0.999) (S0), and S, the
-    same with 0 past the row's cap (`kit.draft_caps`). Returns (S0, S, the caps)."""
+    same with 0 past the row's cap (`kit.draft_caps`; `remaining`: view.remaining). Returns (S0, S, the caps)."""
     if search.COMPILED and a.dtype == f.dtype == np.float64:
-        return kernels_goodput.survivals(a, f, view.remaining, K)   # the same operations, compiled
+        return kernels_goodput.survivals(a, f, remaining, K)   # the same operations, compiled
     rowcap = draft_caps(view, K)
     S0 = np.cumprod(np.minimum(a[:, None] * f, 0.999), axis=1)
     return S0, np.where(np.arange(K)[None, :] >= rowcap[:, None], 0.0, S0), rowcap

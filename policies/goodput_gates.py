@@ -72,16 +72,18 @@ def catch_up_pricing(view, cost: str, pad, calib):
     return view.cost, pad.verdict(cost == "calibrated" and bool(calib.pad))
 
 
-def catch_up(view, depths, S, costs, G, weights, evidence, calibration_prior, args):
+def catch_up(view, depths, S, costs, G, weights, evidence, calibration_prior, pricing):
     """Rows whose draft lags (view.draft_lag > 2) resume only where the plan's gain over the steps it is expected
     to go on pays for their catch-up (`kit.plan_pays_catch_up`; draining, till the run ends); else no lagging row
     drafts and the others are planned again without them. On thin evidence only the rows whose catch-up costs at
-    most one idle step resume (`kit.catch_up_rows`). `args`: (cost, padded) to price it. Returns (depths, G)."""
+    most one idle step resume (`kit.catch_up_rows`). `pricing()`: (cost, padded) to price it. Returns (depths, G)."""
     lag = view.draft_lag
+    if search.COMPILED and depths.dtype == lag.dtype == np.int64 and not kernels_goodput.any_late(depths, lag):
+        return depths, G   # (compiled: no row that drafts lags)
     late = (depths > 0) & (lag > 2)
     if not late.any():
         return depths, G
-    w = weights.w
+    w, args = weights.w, pricing()
     base = float(view.batch_size) if w is None else float(w.sum())
     if not plan_pays_catch_up(view, depths, late, S, G, base, costs, weights.drained, *args):
         drop = lag > 2   # every lagging row, not only the plan's: the replan would pick others
@@ -156,11 +158,11 @@ class Drafting:
     G times its marginal time (`kit.keep_by_margin`). Past the plan (`extend`), each position must raise the step's
     goodput with the positions added so far (`ratio`: [E, T], the plan's value and seconds, grown in place)."""
 
-    def __init__(self, n, a, cal, w, costs, G, planned=None, ratio=None):
+    def __init__(self, n, a, cal, w, costs, G, planned=None, ratio=None, remaining=None):
         self.s = np.ones(n)
         self.a, self.cal, self.w, self.costs, self.G = a, cal, w, costs, G
-        self.planned, self.ratio = planned, ratio
-        self._rows = None   # the step's view.depths and view.remaining, read at its first keep (compiled)
+        self.planned, self.ratio, self.remaining = planned, ratio, remaining   # remaining: the step's, where given
+        self._rows = None   # the step's view.depths and remaining, read at its first keep (compiled)
 
     def keep(self, view, position, confidence, positions) -> np.ndarray:
         f = float(positions.factor(position + 2)[-1])
@@ -188,7 +190,8 @@ class Drafting:
         """`keep` in one compiled pass (`kernels_goodput.drafting_keep`: the same operations; s updated in place)."""
         c, r, w = self.costs, self.ratio, self.w
         if self._rows is None:   # (fixed through the step's drafting)
-            self._rows = view.depths, view.remaining, search._NO_PAD if c.pad is None else c.pad
+            rem = view.remaining if self.remaining is None else self.remaining
+            self._rows = view.depths, rem, search._NO_PAD if c.pad is None else c.pad
         depths, remaining, pad = self._rows
         E, T = (0.0, 1.0) if r is None else r
         keep, grow, gv, dt = kernels_goodput.drafting_keep(

@@ -687,3 +687,12 @@ def int_mean(x):
             return 0.0, False
         total += x[i]
     return float(total) / n, True
+
+
+@njit(cache=True, nogil=True)
+def any_late(depths, lag):
+    """Whether a row that drafts (depth > 0) lags (lag > 2): `goodput_gates.catch_up`'s test."""
+    for i in range(depths.shape[0]):
+        if depths[i] > 0 and lag[i] > 2:
+            return True
+    return False
