@@ -90,7 +90,7 @@ def test_the_estimates_weights_and_values_are_the_numpy_forms(monkeypatch):
         w = None if rng.random() < 0.3 else rng.uniform(0.1, 1, n)
 
         def run():
-            S0, S, cap = ge.survivals(a, f, view, K)
+            S0, S, cap = ge.survivals(a, f, view, K, view.remaining)
             out = [S0, S, cap, ge.row_estimates(rows, pool, cal, "counts", 8.0, 0.01), est,
                    gw.tokens_per_step(S, dbar), gw.slot_weights(S0, dbar), gg.plan_value(S, depths, w),
                    gg.extended(depths, 16, cap)]
