@@ -25,7 +25,7 @@ class Step:
     """One plan's record; each field is written by one phase of `Goodput.plan`."""
     G0: float                    # the Dinkelbach start: the last plan's goodput
     kept: bool = False           # an idle plan kept (`idle_replan`): no phase ran
-    est: SimpleNamespace = None  # estimate: a, cal (per row), S0, S (slot survivals), rowcap, rows, rem (tokens left)
+    est: SimpleNamespace = None  # estimate: a, cal (per row), S0, S (slot survivals), rowcap, rows, rem, f (factors)
     costs: object = None         # price: the step-time tables
     weights: SimpleNamespace = None   # weigh: w, drained, p_min, fixed
     planned: np.ndarray = None   # search: the plan's depths
@@ -120,9 +120,9 @@ class Goodput(Policy):
         rows = self._seq.align(view.request_ids)
         cal = row_calibration(rows, self._pool.calibration, self.est.row_calibration)
         a = self._alpha(rows, cal)
-        rem = view.remaining
-        S0, S, rowcap = survivals(a, self._pool.positions.factor(K), view, K, rem)
-        return SimpleNamespace(a=a, cal=cal, S0=S0, S=S, rowcap=rowcap, rows=rows, rem=rem)
+        rem, f = view.remaining, self._pool.positions.factor(K)
+        S0, S, rowcap = survivals(a, f, view, K, rem)
+        return SimpleNamespace(a=a, cal=cal, S0=S0, S=S, rowcap=rowcap, rows=rows, rem=rem, f=f)
 
     def _alpha(self, rows, cal) -> np.ndarray:
         e = self.est
@@ -180,7 +180,8 @@ class Goodput(Policy):
             return None, r.depths
         w, depths, G = r.weights.w, r.depths, r.G
         ratio = None if r.probed or not self.extend or G <= 0 else gates.ratio(r.est.S, depths, w, G)
-        drafting = gates.Drafting(view.batch_size, r.est.a, r.est.cal, w, r.costs, G, depths, ratio, r.est.rem)
+        drafting = gates.Drafting(view.batch_size, r.est.a, r.est.cal, w, r.costs, G, depths, ratio, r.est.rem,
+                                  r.est.f)
         if r.probed:
             return drafting, depths
         return drafting, gates.extended(depths, self.extend, r.est.rowcap)

@@ -158,14 +158,16 @@ class Drafting:
     G times its marginal time (`kit.keep_by_margin`). Past the plan (`extend`), each position must raise the step's
     goodput with the positions added so far (`ratio`: [E, T], the plan's value and seconds, grown in place)."""
 
-    def __init__(self, n, a, cal, w, costs, G, planned=None, ratio=None, remaining=None):
+    def __init__(self, n, a, cal, w, costs, G, planned=None, ratio=None, remaining=None, factors=None):
         self.s = np.ones(n)
         self.a, self.cal, self.w, self.costs, self.G = a, cal, w, costs, G
         self.planned, self.ratio, self.remaining = planned, ratio, remaining   # remaining: the step's, where given
+        self.factors = factors   # the step's position factors (PositionFactors.factor at the plan), where given
         self._rows = None   # the step's view.depths and remaining, read at its first keep (compiled)
 
     def keep(self, view, position, confidence, positions) -> np.ndarray:
-        f = float(positions.factor(position + 2)[-1])
+        fs = self.factors if self.factors is not None and position + 2 <= self.factors.size else None
+        f = float(positions.factor(position + 2)[-1] if fs is None else fs[position + 1])
         c = self.costs
         if search.COMPILED and c.draft.dtype == c.verify.dtype == np.float64 and c.draft.size > view.batch_size:
             return self._keep_compiled(view, position, confidence, f)

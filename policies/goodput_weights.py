@@ -22,7 +22,8 @@ class Stream:
     def update(self, view) -> None:
         if self.closed is None:
             self.closed = view.requests_left == 0
-        top = int(view.request_ids.max(initial=-1))
+        ids = view.request_ids
+        top = kernels_goodput.max_id(ids) if search.COMPILED and ids.dtype == np.int64 else int(ids.max(initial=-1))
         if top > self.max_id:
             self.max_id, self.quiet = top, 0
         else:

@@ -696,3 +696,13 @@ def any_late(depths, lag):
         if depths[i] > 0 and lag[i] > 2:
             return True
     return False
+
+
+@njit(cache=True, nogil=True)
+def max_id(ids):
+    """int(ids.max(initial=-1)) of int64 ids."""
+    top = -1
+    for i in range(ids.shape[0]):
+        if ids[i] > top:
+            top = ids[i]
+    return top
