@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .kit import PositionFactors, draft_caps, kernels_goodput, search, tie_bands
+from .kit import PositionFactors, draft_caps, kernels, search, tie_bands
 
 MIXTURE_PRIOR = ((0.9, 0.3), (0.1, 1.5))   # (weight, sd of log c) of each normal of _Pool._mixture's prior
 _MIX_GRID = np.linspace(-5.0, 5.0, 201)   # log c
@@ -68,8 +68,8 @@ class Evidence:
         if self._mix is not None and self._mix[0] == A and self._mix[1] == E:
             return self._mix[2]
         if search.COMPILED:   # the same operations, compiled around numpy's exp
-            w = np.exp(kernels_goodput.mixture_log(float(A), float(E), _MIX_GRID, _MIX_EXP, _MIX_LOGPRIOR))
-            lc, ok = kernels_goodput.mixture_median(w, _MIX_GRID)
+            w = np.exp(kernels.mixture_log(float(A), float(E), _MIX_GRID, _MIX_EXP, _MIX_LOGPRIOR))
+            lc, ok = kernels.mixture_median(w, _MIX_GRID)
             if ok:
                 self._mix = (A, E, math.exp(lc))
                 return self._mix[2]
@@ -130,9 +130,9 @@ class Evidence:
             self.positions.add(verified, cols < accepted[:, None], estimate, drafted)
 
     def _observe_compiled(self, drafted, accepted, conf, rows, estimate, memory) -> None:
-        """`observe` with its counts from one compiled pass (`kernels_goodput.evidence_counts`, the same sums)."""
+        """`observe` with its counts from one compiled pass (`kernels.evidence_counts`, the same sums)."""
         some = conf is not None and conf.shape[1] > 0
-        verified, acc_mask, *sums, self.dbar = kernels_goodput.evidence_counts(
+        verified, acc_mask, *sums, self.dbar = kernels.evidence_counts(
             drafted, accepted, conf if some else np.zeros((drafted.size, 0)), rows.array, _columns(rows.fields))
         self.add(np.exp(-float(sums[3]) / memory), *sums)
         if some:
@@ -157,7 +157,7 @@ def row_calibration(rows, cal: float, z: float) -> np.ndarray:
     if not z or len(rows) < 2:
         return np.full(len(rows), cal)
     if search.COMPILED:   # the same operations, compiled
-        return kernels_goodput.row_calibration(rows.accepted, rows.verified_conf, rows.verified, float(cal), float(z))
+        return kernels.row_calibration(rows.accepted, rows.verified_conf, rows.verified, float(cal), float(z))
     out = np.full(len(rows), cal)
     acc, vc, ver = rows.accepted, rows.verified_conf, rows.verified
     at = np.flatnonzero((ver > 0) & (vc > 0))
@@ -187,7 +187,7 @@ def row_estimates(rows, pool: Evidence, cal: np.ndarray, estimator: str, k: floa
         base = pool.conf_sum / pool.drafted
         num, den, cap = rows.conf_sum, rows.drafted, 1 / max(base, 1e-6)
     if search.COMPILED:   # the same operations, compiled (NaN: the numpy form's unique)
-        a, ok = kernels_goodput.row_estimates(num, den, cal, k * base, k, cap, not counts, float(tol))
+        a, ok = kernels.row_estimates(num, den, cal, k * base, k, cap, not counts, float(tol))
         if ok:
             return a
     a = (num + k * base) / (num + den + k) if counts else (num + k * base) / (den + k) * np.minimum(cal, cap)
@@ -198,7 +198,7 @@ def survivals(a: np.ndarray, f: np.ndarray, view, K: int, remaining: np.ndarray)
     """Each row's slot survivals: slot p survives with prod over q <= p of min(a_i f_q, 0.999) (S0), and S, the
     same with 0 past the row's cap (`kit.draft_caps`; `remaining`: view.remaining). Returns (S0, S, the caps)."""
     if search.COMPILED and a.dtype == f.dtype == np.float64:
-        return kernels_goodput.survivals(a, f, remaining, K)   # the same operations, compiled
+        return kernels.survivals(a, f, remaining, K)   # the same operations, compiled
     rowcap = draft_caps(view, K)
     S0 = np.cumprod(np.minimum(a[:, None] * f, 0.999), axis=1)
     return S0, np.where(np.arange(K)[None, :] >= rowcap[:, None], 0.0, S0), rowcap

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .kit import kernels_goodput, search
+from .kit import kernels, search
 from .kit import (best_prefix, catch_up_rows, expected_max, keep_by_margin, may_probe, plan_by_position,
                   plan_pays_catch_up, thin_evidence)
 
@@ -21,7 +21,7 @@ def plan_positions(S, costs, G0, remaining, w):
     n, K = S.shape
     if search.COMPILED and n > search._SMALL and w.dtype == np.float64 and search._compiled_tables(S, costs, n, K):
         pad = costs.pad   # the same search, compiled: S x w, sum(w) and the tie's key with it
-        depths, g = kernels_goodput.plan_weighted(S, w, remaining, float(G0), costs.verify, costs.draft,
+        depths, g = kernels.plan_weighted(S, w, remaining, float(G0), costs.verify, costs.draft,
                                                   search._NO_PAD if pad is None else pad, pad is not None)
         if depths.size == n:   # (NaN: the numpy form below)
             return depths, g
@@ -45,7 +45,7 @@ def plan_value(S, depths, w) -> float:
     """The plan's expected tokens as its goodput G counts them: one a row (`w`'s where given) plus the planned
     slots' survivals, weighted alike; E / G is the plan's predicted seconds."""
     if search.COMPILED and S.dtype == np.float64 and (w is None or w.dtype == np.float64):
-        return kernels_goodput.plan_value(S, S[:, 0] if w is None else w, w is not None, depths)   # compiled
+        return kernels.plan_value(S, S[:, 0] if w is None else w, w is not None, depths)   # compiled
     Sw = S if w is None else S * w[:, None]
     return (float(S.shape[0]) if w is None else float(w.sum())) + float(
         (Sw * (np.arange(S.shape[1])[None, :] < depths[:, None])).sum())
@@ -54,7 +54,7 @@ def plan_value(S, depths, w) -> float:
 def extended(depths, extend: int, rowcap) -> np.ndarray:
     """The depths past the plan: min(depth + extend, the row's cap) where the plan drafts, else 0."""
     if search.COMPILED:
-        return kernels_goodput.extend_depths(depths, extend, rowcap)   # the same, compiled
+        return kernels.extend_depths(depths, extend, rowcap)   # the same, compiled
     return np.where(depths > 0, np.minimum(depths + extend, rowcap), 0)
 
 
@@ -78,7 +78,7 @@ def catch_up(view, depths, S, costs, G, weights, evidence, calibration_prior, pr
     drafts and the others are planned again without them. On thin evidence only the rows whose catch-up costs at
     most one idle step resume (`kit.catch_up_rows`). `pricing()`: (cost, padded) to price it. Returns (depths, G)."""
     lag = view.draft_lag
-    if search.COMPILED and depths.dtype == lag.dtype == np.int64 and not kernels_goodput.any_late(depths, lag):
+    if search.COMPILED and depths.dtype == lag.dtype == np.int64 and not kernels.any_late(depths, lag):
         return depths, G   # (compiled: no row that drafts lags)
     late = (depths > 0) & (lag > 2)
     if not late.any():
@@ -189,14 +189,14 @@ class Drafting:
         return keep_by_margin(view, position, idx, v, self.costs, self.G, self.ratio if past else None)
 
     def _keep_compiled(self, view, position, confidence, f) -> np.ndarray:
-        """`keep` in one compiled pass (`kernels_goodput.drafting_keep`: the same operations; s updated in place)."""
+        """`keep` in one compiled pass (`kernels.drafting_keep`: the same operations; s updated in place)."""
         c, r, w = self.costs, self.ratio, self.w
         if self._rows is None:   # (fixed through the step's drafting)
             rem = view.remaining if self.remaining is None else self.remaining
             self._rows = view.depths, rem, search._NO_PAD if c.pad is None else c.pad
         depths, remaining, pad = self._rows
         E, T = (0.0, 1.0) if r is None else r
-        keep, grow, gv, dt = kernels_goodput.drafting_keep(
+        keep, grow, gv, dt = kernels.drafting_keep(
             self.s, confidence, self.cal, depths, position, self.a, f, self.a if w is None else w, w is not None,
             depths if r is None else self.planned, r is not None, remaining, view.drafted, c.draft, c.verify, pad,
             float(self.G), float(E), float(T))

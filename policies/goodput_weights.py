@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .kit import kernels_goodput, row_cost, search
+from .kit import kernels, row_cost, search
 
 
 class Stream:
@@ -23,7 +23,7 @@ class Stream:
         if self.closed is None:
             self.closed = view.requests_left == 0
         ids = view.request_ids
-        top = kernels_goodput.max_id(ids) if search.COMPILED and ids.dtype == np.int64 else int(ids.max(initial=-1))
+        top = kernels.max_id(ids) if search.COMPILED and ids.dtype == np.int64 else int(ids.max(initial=-1))
         if top > self.max_id:
             self.max_id, self.quiet = top, 0
         else:
@@ -42,7 +42,7 @@ def tokens_per_step(S: np.ndarray, dbar: float | None) -> np.ndarray:
     d = K if dbar is None else min(dbar, K)
     lo = int(d)
     if search.COMPILED and S.dtype == np.float64:
-        return kernels_goodput.tokens_per_step(S, lo, float(d - lo))   # the same operations, compiled
+        return kernels.tokens_per_step(S, lo, float(d - lo))   # the same operations, compiled
     c = np.concatenate([np.zeros((n, 1)), np.cumsum(S, axis=1)], axis=1)
     return 1.0 + c[:, lo] + (d - lo) * (c[:, min(lo + 1, K)] - c[:, lo])
 
@@ -54,7 +54,7 @@ def slot_weights(S0: np.ndarray, dbar: float | None) -> np.ndarray:
     deep beside slow ones whose steps that lengthens. Minimising a stream's time per request gives the same."""
     if search.COMPILED and S0.dtype == np.float64:
         d = S0.shape[1] if dbar is None else min(dbar, S0.shape[1])
-        return kernels_goodput.slot_weights(S0, int(d), float(d - int(d)))   # the same operations, compiled
+        return kernels.slot_weights(S0, int(d), float(d - int(d)))   # the same operations, compiled
     w = 1.0 / tokens_per_step(S0, dbar)
     return w / float(w.max())
 
@@ -66,7 +66,7 @@ class RowCost:
         self.size, self._cache = size, {}
 
     def __call__(self, cost, ctx: np.ndarray) -> float:
-        mean, ok = kernels_goodput.int_mean(ctx) if search.COMPILED and ctx.dtype == np.int64 else (0.0, False)
+        mean, ok = kernels.int_mean(ctx) if search.COMPILED and ctx.dtype == np.int64 else (0.0, False)
         mean = mean if ok else float(ctx.mean())   # (the same value, compiled)
         key = (ctx.size, int(math.log1p(mean) * 50.0), id(cost))
         c1 = self._cache.get(key)
@@ -89,8 +89,8 @@ def time_weights(S, a, dbar, drafted, prior_strength, remaining, c1, verify0):
     d = K if dbar is None else min(dbar, K)
     c0 = max(verify0 - n * c1, 0.0)
     if search.COMPILED and S.dtype == a.dtype == np.float64:   # the same operations, compiled around np.exp
-        e, u = kernels_goodput.time_spread(S, a, int(d), float(d - int(d)), drafted, prior_strength, remaining)
-        w, p_min = kernels_goodput.time_scale(np.exp(u), e, c1, c0)
+        e, u = kernels.time_spread(S, a, int(d), float(d - int(d)), drafted, prior_strength, remaining)
+        w, p_min = kernels.time_scale(np.exp(u), e, c1, c0)
         return w, p_min, c0 / max(verify0, 1e-300)
     e = tokens_per_step(S, dbar)
     dS = ((np.arange(K) + 1.0) * S)[:, :max(int(math.ceil(d)), 1)].sum(axis=1) / a   # de / da

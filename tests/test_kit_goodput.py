@@ -1,4 +1,4 @@
-"""goodput's compiled loops (kit/kernels_goodput.py) against their numpy form: the same numbers, bit for bit, on
+"""goodput's compiled loops (kit/kernels.py) against their numpy form: the same numbers, bit for bit, on
 random inputs with ties, and the same runs end to end (`kit.search.COMPILED = False`: the numpy form)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from specdepth.policies import goodput_evidence as ge
 from specdepth.policies import goodput_gates as gg
 from specdepth.policies import goodput_weights as gw
 from specdepth.policies import kit
-from specdepth.policies.kit import kernels_goodput as kg
+from specdepth.policies.kit import kernels as kg
 from specdepth.policies.kit import search
 from test_policies_zoo import drafting, make_view
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import kernels, kernels_goodput
+from . import kernels
 from .acceptance import expected_tokens
 from .cost import StepCost
 from .drain import expected_maxes
@@ -26,7 +26,7 @@ def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | No
     key = np.zeros(n) if tie is None else -np.asarray(tie, float)
     base = float(n) if base is None else base
     if nested and n > _SMALL and COMPILED and _compiled_tables(S, costs, n, K):   # the same search, compiled
-        depths, g = kernels_goodput.plan_nested(S, key, float(G0), costs.verify, costs.draft,
+        depths, g = kernels.plan_nested(S, key, float(G0), costs.verify, costs.draft,
                                                 _NO_PAD if costs.pad is None else costs.pad, costs.pad is not None,
                                                 base)
         if depths.size == n:   # (NaN: the numpy form below)
@@ -388,10 +388,10 @@ def keep_by_margin(view, position: int, idx: np.ndarray, v, costs, G: float, rat
 
 
 def _keep_ranked(keep, remaining, idx, v, costs, x: int, padp, G: float, ratio) -> np.ndarray:
-    """keep_by_margin's ranking and count for two or more rows, compiled (`kernels_goodput.keep_margin`: np.lexsort's
+    """keep_by_margin's ranking and count for two or more rows, compiled (`kernels.keep_margin`: np.lexsort's
     order, `kernels.margin_gains`' count), for float64 values and tables."""
     E, T = (0.0, 1.0) if ratio is None else ratio
-    got, gain_v, dt = kernels_goodput.keep_margin(keep, idx, v, remaining, x, costs.draft, costs.verify,
+    got, gain_v, dt = kernels.keep_margin(keep, idx, v, remaining, x, costs.draft, costs.verify,
                                                   0.0 if padp is None else padp, padp is not None, float(G), float(E),
                                                   float(T), ratio is not None)
     if got and ratio is not None:
