@@ -197,7 +197,7 @@ def row_estimates(rows, pool: Evidence, cal: np.ndarray, estimator: str, k: floa
 def survivals(a: np.ndarray, f: np.ndarray, view, K: int, remaining: np.ndarray):
     """Each row's slot survivals: slot p survives with prod over q <= p of min(a_i f_q, 0.999) (S0), and S, the
     same with 0 past the row's cap (`kit.draft_caps`; `remaining`: view.remaining). Returns (S0, S, the caps)."""
-    if search.COMPILED and a.dtype == f.dtype == np.float64:
+    if search.COMPILED and a.dtype == f.dtype == np.float64 and remaining.dtype == np.int64:
         return kernels.survivals(a, f, remaining, K)   # the same operations, compiled
     rowcap = draft_caps(view, K)
     S0 = np.cumprod(np.minimum(a[:, None] * f, 0.999), axis=1)

@@ -27,8 +27,7 @@ def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | No
     base = float(n) if base is None else base
     if nested and n > _SMALL and COMPILED and _compiled_tables(S, costs, n, K):   # the same search, compiled
         depths, g = kernels.plan_nested(S, key, float(G0), costs.verify, costs.draft,
-                                                _NO_PAD if costs.pad is None else costs.pad, costs.pad is not None,
-                                                base)
+                                        _NO_PAD if costs.pad is None else costs.pad, costs.pad is not None, base)
         if depths.size == n:   # (NaN: the numpy form below)
             return depths, g
     order = np.lexsort((np.broadcast_to(key[:, None], S.shape), -S), axis=0)   # rows ranked per position
@@ -392,8 +391,8 @@ def _keep_ranked(keep, remaining, idx, v, costs, x: int, padp, G: float, ratio) 
     order, `kernels.margin_gains`' count), for float64 values and tables."""
     E, T = (0.0, 1.0) if ratio is None else ratio
     got, gain_v, dt = kernels.keep_margin(keep, idx, v, remaining, x, costs.draft, costs.verify,
-                                                  0.0 if padp is None else padp, padp is not None, float(G), float(E),
-                                                  float(T), ratio is not None)
+                                          0.0 if padp is None else padp, padp is not None, float(G), float(E), float(T),
+                                          ratio is not None)
     if got and ratio is not None:
         ratio[0] += float(gain_v)
         ratio[1] += float(dt)
