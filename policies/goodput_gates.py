@@ -169,7 +169,8 @@ class Drafting:
         fs = self.factors if self.factors is not None and position + 2 <= self.factors.size else None
         f = float(positions.factor(position + 2)[-1] if fs is None else fs[position + 1])
         c = self.costs
-        if search.COMPILED and c.draft.dtype == c.verify.dtype == np.float64 and c.draft.size > view.batch_size:
+        if search.COMPILED and c.draft.dtype == c.verify.dtype == np.float64 and c.draft.size > view.batch_size and (
+                self.remaining is None or self.remaining.dtype == np.int64):
             return self._keep_compiled(view, position, confidence, f)
         drafting = ~np.isnan(confidence)
         self.s = self.s * np.minimum(np.where(drafting, confidence, 0.0) * self.cal, 1.0)

@@ -374,9 +374,11 @@ def keep_by_margin(view, position: int, idx: np.ndarray, v, costs, G: float, rat
             dt = dt + float(pad[min(position + 1, pad.size - 1)])
         return _keep_one(keep, int(idx[0]), v, dt, G, ratio)
     padp = float(pad[min(position + 1, pad.size - 1)]) if pad is not None and pad.size else None
-    if COMPILED and v.dtype == costs.draft.dtype == costs.verify.dtype == np.float64 and costs.draft.size > idx.size:
-        return _keep_ranked(keep, view.remaining, idx, v, costs, x, padp, G, ratio)   # the same, compiled
-    order = np.lexsort((-view.remaining[idx], -np.round(v, 6)))   # ties: more tokens left first
+    rem = view.remaining
+    if (COMPILED and v.dtype == costs.draft.dtype == costs.verify.dtype == np.float64 and rem.dtype == np.int64
+            and costs.draft.size > idx.size):
+        return _keep_ranked(keep, rem, idx, v, costs, x, padp, G, ratio)   # the same, compiled
+    order = np.lexsort((-rem[idx], -np.round(v, 6)))   # ties: more tokens left first
     best, gain, gain_v, dt = _best_count(v[order], costs, x, last, padp, G, ratio)
     if gain > 0:
         keep[idx[order[:best + 1]]] = True
