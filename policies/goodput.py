@@ -9,9 +9,9 @@ from specdepth.errors import ConfigError, as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
 from . import goodput_gates as gates
-from .goodput_evidence import Evidence, row_calibration, row_estimates
+from .goodput_evidence import Evidence, row_calibration, row_estimates, survivals
 from .goodput_weights import RowCost, Stream, drain_weights
-from .kit import CatchUpPadding, CostCalibration, IdleReplan, PerRequest, PolicyTime, StepCost, draft_caps, pad_extra
+from .kit import CatchUpPadding, CostCalibration, IdleReplan, PerRequest, PolicyTime, StepCost, pad_extra
 from .kit.options import node
 
 ESTIMATE = {"prior_strength": 8.0, "pool_memory": 20000.0, "calibration_prior": 8.0, "row_calibration": 5.0,
@@ -25,7 +25,7 @@ class Step:
     """One plan's record; each field is written by one phase of `Goodput.plan`."""
     G0: float                    # the Dinkelbach start: the last plan's goodput
     kept: bool = False           # an idle plan kept (`idle_replan`): no phase ran
-    est: SimpleNamespace = None  # estimate: a, cal (per row), S0, S (slot survivals), rowcap
+    est: SimpleNamespace = None  # estimate: a, cal (per row), S0, S (slot survivals), rowcap, rows, rem, f (factors)
     costs: object = None         # price: the step-time tables
     weights: SimpleNamespace = None   # weigh: w, drained, p_min, fixed
     planned: np.ndarray = None   # search: the plan's depths
@@ -100,10 +100,9 @@ class Goodput(Policy):
         return depths
 
     def keep_drafting(self, view, position, confidence):
-        drafting = ~np.isnan(confidence)
         if not self.use_confidence:
-            return drafting
-        return self._step.drafting.keep(view, position, drafting, confidence, self._pool.positions)
+            return ~np.isnan(confidence)
+        return self._step.drafting.keep(view, position, confidence, self._pool.positions)
 
     def observe(self, view, accepted):
         if self.policy_time:
@@ -121,10 +120,9 @@ class Goodput(Policy):
         rows = self._seq.align(view.request_ids)
         cal = row_calibration(rows, self._pool.calibration, self.est.row_calibration)
         a = self._alpha(rows, cal)
-        rowcap = draft_caps(view, K)
-        S0 = np.cumprod(np.minimum(a[:, None] * self._pool.positions.factor(K), 0.999), axis=1)
-        S = np.where(np.arange(K)[None, :] >= rowcap[:, None], 0.0, S0)
-        return SimpleNamespace(a=a, cal=cal, S0=S0, S=S, rowcap=rowcap)
+        rem, f = view.remaining, self._pool.positions.factor(K)
+        S0, S, rowcap = survivals(a, f, view, K, rem)
+        return SimpleNamespace(a=a, cal=cal, S0=S0, S=S, rowcap=rowcap, rows=rows, rem=rem, f=f)
 
     def _alpha(self, rows, cal) -> np.ndarray:
         e = self.est
@@ -148,14 +146,14 @@ class Goodput(Policy):
         cost = view.true_cost if self.cost == "clock" else view.cost
         c1 = self._row_cost(cost, view.context_lens)
         c1 *= self._calib.verify_scale() if self.cost == "calibrated" else 1.0
-        return (r.est.a, self._pool.dbar, self._seq.align(view.request_ids).drafted, self.est.prior_strength,
+        return (r.est.a, self._pool.dbar, r.est.rows.drafted, self.est.prior_strength,
                 view.remaining, c1, float(r.costs.verify[0]))
 
     def _search(self, view, r):
         """The plan and its goodput, from the last plan's (Dinkelbach)."""
         if self.ranking == "global":
             return gates.plan_global(r.est.S, r.costs, r.weights.w)
-        return gates.plan_positions(r.est.S, r.costs, r.G0, view.remaining, r.weights.w)
+        return gates.plan_positions(r.est.S, r.costs, r.G0, r.est.rem, r.weights.w)
 
     def _gate(self, view, r):
         """Catch-up, then the drain's makespan, then (where nothing drafts) the probe."""
@@ -163,9 +161,9 @@ class Goodput(Policy):
         depths, G = r.planned, r.G_plan
         if self.catch_up and depths.any():
             depths, G = gates.catch_up(view, depths, S, costs, G, r.weights, self._pool, self.est.calibration_prior,
-                                       gates.catch_up_pricing(view, self.cost, self._pad, self._calib))
+                                       lambda: gates.catch_up_pricing(view, self.cost, self._pad, self._calib))
         judged = self._pool.verified >= self.est.calibration_prior + n
-        if gates.ends_later(depths, S, costs, G, r.weights, view.remaining, self._stream.closed, judged):
+        if gates.ends_later(depths, S, costs, G, r.weights, r.est.rem, self._stream.closed, judged):
             return np.zeros(n, np.int64), float(n if w is None else w.sum()) / float(costs.verify[0]), False
         if not depths.any() and self.probe:
             rows = gates.probe_rows(view, self._seq.align(view.request_ids), self._pool, self.est.calibration_prior)
@@ -182,10 +180,11 @@ class Goodput(Policy):
             return None, r.depths
         w, depths, G = r.weights.w, r.depths, r.G
         ratio = None if r.probed or not self.extend or G <= 0 else gates.ratio(r.est.S, depths, w, G)
-        drafting = gates.Drafting(view.batch_size, r.est.a, r.est.cal, w, r.costs, G, depths, ratio)
+        drafting = gates.Drafting(view.batch_size, r.est.a, r.est.cal, w, r.costs, G, depths, ratio, r.est.rem,
+                                  r.est.f)
         if r.probed:
             return drafting, depths
-        return drafting, np.where(depths > 0, np.minimum(depths + self.extend, r.est.rowcap), 0)
+        return drafting, gates.extended(depths, self.extend, r.est.rowcap)
 
 
 def _options(max_depth, estimator, ranking, cost, drain, use_confidence, extend, probe, idle_replan, policy_time,

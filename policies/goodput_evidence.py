@@ -1,11 +1,12 @@
 """goodput's evidence: the batch-wide decayed sums its estimates rest on, and each row's acceptance estimate."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
-from .kit import PositionFactors, tie_bands
+from .kit import PositionFactors, draft_caps, kernels, search, tie_bands
 
 MIXTURE_PRIOR = ((0.9, 0.3), (0.1, 1.5))   # (weight, sd of log c) of each normal of _Pool._mixture's prior
 _MIX_GRID = np.linspace(-5.0, 5.0, 201)   # log c
@@ -66,6 +67,12 @@ class Evidence:
         A, E = self.cal_accepted, self.cal_conf
         if self._mix is not None and self._mix[0] == A and self._mix[1] == E:
             return self._mix[2]
+        if search.COMPILED:   # the same operations, compiled around numpy's exp
+            w = np.exp(kernels.mixture_log(float(A), float(E), _MIX_GRID, _MIX_EXP, _MIX_LOGPRIOR))
+            lc, ok = kernels.mixture_median(w, _MIX_GRID)
+            if ok:
+                self._mix = (A, E, math.exp(lc))
+                return self._mix[2]
         ll = _MIX_LOGPRIOR + A * _MIX_GRID - E * _MIX_EXP
         w = np.exp(ll - ll.max())
         cdf = np.cumsum(w) - 0.5 * w   # at the grid points (each holds half its own mass)
@@ -95,10 +102,11 @@ class Evidence:
     def observe(self, view, accepted: np.ndarray, rows, estimate: np.ndarray, memory: float) -> None:
         """A verified step's counts: into each row's sums (`rows`, goodput's PerRequest fields) and, forgetting with
         a memory of `memory` drafted tokens, the batch's, and the position factors (at the rows' `estimate`)."""
-        drafted = view.drafted
+        drafted, conf = view.drafted, view.confidences
+        if search.COMPILED and accepted.dtype == drafted.dtype == np.int64 and (conf is None or conf.dtype == float):
+            return self._observe_compiled(drafted, accepted, conf, rows, estimate, memory)
         rej = (accepted < drafted).astype(float)
         ver = np.minimum(drafted, accepted + 1)   # verified drafts: the accepted ones and the first rejected
-        conf = view.confidences
         if conf is not None and conf.shape[1]:
             cols = np.arange(conf.shape[1])[None, :]
             c = np.where(np.isnan(conf), 0.0, conf)
@@ -121,6 +129,24 @@ class Evidence:
         if conf is not None and conf.shape[1]:
             self.positions.add(verified, cols < accepted[:, None], estimate, drafted)
 
+    def _observe_compiled(self, drafted, accepted, conf, rows, estimate, memory) -> None:
+        """`observe` with its counts from one compiled pass (`kernels.evidence_counts`, the same sums)."""
+        some = conf is not None and conf.shape[1] > 0
+        verified, acc_mask, *sums, self.dbar = kernels.evidence_counts(
+            drafted, accepted, conf if some else np.zeros((drafted.size, 0)), rows.array, _columns(rows.fields))
+        self.add(np.exp(-float(sums[3]) / memory), *sums)
+        if some:
+            self.positions.add(verified, acc_mask, estimate, drafted)
+
+
+_FIELDS = ("accepted", "rejected", "conf_sum", "drafted", "verified_conf", "verified")
+
+
+@functools.lru_cache(maxsize=8)
+def _columns(fields: tuple) -> np.ndarray:
+    """The per-request table's columns of `_FIELDS` (Evidence.observe's sums, in its order)."""
+    return np.array([fields.index(f) for f in _FIELDS], np.int64)
+
 
 def row_calibration(rows, cal: float, z: float) -> np.ndarray:
     """The draft's calibration (accepted / confidence over verified tokens) per row: the batch-wide `cal`, unless
@@ -128,9 +154,11 @@ def row_calibration(rows, cal: float, z: float) -> np.ndarray:
     row's own, shrunk toward `cal` by its precision (method of moments: the between-row variance is the spread of
     accepted - expected beyond its binomial variance). A draft can be confident and wrong on one prompt and right
     on another."""
-    out = np.full(len(rows), cal)
     if not z or len(rows) < 2:
-        return out
+        return np.full(len(rows), cal)
+    if search.COMPILED:   # the same operations, compiled
+        return kernels.row_calibration(rows.accepted, rows.verified_conf, rows.verified, float(cal), float(z))
+    out = np.full(len(rows), cal)
     acc, vc, ver = rows.accepted, rows.verified_conf, rows.verified
     at = np.flatnonzero((ver > 0) & (vc > 0))
     if at.size < 2:
@@ -151,10 +179,26 @@ def row_estimates(rows, pool: Evidence, cal: np.ndarray, estimator: str, k: floa
     """Each row's acceptance estimate: `counts`, accepted / (accepted + rejections), or `confidence`, the mean of
     its drafts' confidences times its calibration `cal`; either shrunk toward the batch's with `k` pseudo-trials,
     rounded to 1e-4 (rows with the same evidence tie exactly) and tied within `tol` (`kit.tie_bands`)."""
-    if estimator == "counts":
+    counts = estimator == "counts"
+    if counts:
         base = pool.accepted / (pool.accepted + pool.rejected)
-        a = (rows.accepted + k * base) / (rows.accepted + rows.rejected + k)
+        num, den, cap = rows.accepted, rows.rejected, 0.0
     else:
         base = pool.conf_sum / pool.drafted
-        a = (rows.conf_sum + k * base) / (rows.drafted + k) * np.minimum(cal, 1 / max(base, 1e-6))
+        num, den, cap = rows.conf_sum, rows.drafted, 1 / max(base, 1e-6)
+    if search.COMPILED:   # the same operations, compiled (NaN: the numpy form's unique)
+        a, ok = kernels.row_estimates(num, den, cal, k * base, k, cap, not counts, float(tol))
+        if ok:
+            return a
+    a = (num + k * base) / (num + den + k) if counts else (num + k * base) / (den + k) * np.minimum(cal, cap)
     return tie_bands(np.round(np.clip(a, 1e-3, 0.999), 4), tol)
+
+
+def survivals(a: np.ndarray, f: np.ndarray, view, K: int, remaining: np.ndarray):
+    """Each row's slot survivals: slot p survives with prod over q <= p of min(a_i f_q, 0.999) (S0), and S, the
+    same with 0 past the row's cap (`kit.draft_caps`; `remaining`: view.remaining). Returns (S0, S, the caps)."""
+    if search.COMPILED and a.dtype == f.dtype == np.float64 and remaining.dtype == np.int64:
+        return kernels.survivals(a, f, remaining, K)   # the same operations, compiled
+    rowcap = draft_caps(view, K)
+    S0 = np.cumprod(np.minimum(a[:, None] * f, 0.999), axis=1)
+    return S0, np.where(np.arange(K)[None, :] >= rowcap[:, None], 0.0, S0), rowcap

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from .kit import kernels, search
 from .kit import (best_prefix, catch_up_rows, expected_max, keep_by_margin, may_probe, plan_by_position,
                   plan_pays_catch_up, thin_evidence)
 
@@ -17,6 +18,13 @@ def plan_positions(S, costs, G0, remaining, w):
     tokens left, so no row falls behind the batch. Returns (depths, goodput)."""
     if w is None:
         return plan_by_position(S, costs, G0, tie=remaining)
+    n, K = S.shape
+    if search.COMPILED and n > search._SMALL and w.dtype == np.float64 and search._compiled_tables(S, costs, n, K):
+        pad = costs.pad   # the same search, compiled: S x w, sum(w) and the tie's key with it
+        depths, g = kernels.plan_weighted(S, w, remaining, float(G0), costs.verify, costs.draft,
+                                          search._NO_PAD if pad is None else pad, pad is not None)
+        if depths.size == n:   # (NaN: the numpy form below)
+            return depths, g
     return plan_by_position(S * w[:, None], costs, G0, tie=remaining, nested=True, base=float(w.sum()))
 
 
@@ -36,9 +44,18 @@ def plan_global(S, costs, w):
 def plan_value(S, depths, w) -> float:
     """The plan's expected tokens as its goodput G counts them: one a row (`w`'s where given) plus the planned
     slots' survivals, weighted alike; E / G is the plan's predicted seconds."""
+    if search.COMPILED and S.dtype == np.float64 and (w is None or w.dtype == np.float64):
+        return kernels.plan_value(S, S[:, 0] if w is None else w, w is not None, depths)   # compiled
     Sw = S if w is None else S * w[:, None]
     return (float(S.shape[0]) if w is None else float(w.sum())) + float(
         (Sw * (np.arange(S.shape[1])[None, :] < depths[:, None])).sum())
+
+
+def extended(depths, extend: int, rowcap) -> np.ndarray:
+    """The depths past the plan: min(depth + extend, the row's cap) where the plan drafts, else 0."""
+    if search.COMPILED:
+        return kernels.extend_depths(depths, extend, rowcap)   # the same, compiled
+    return np.where(depths > 0, np.minimum(depths + extend, rowcap), 0)
 
 
 def ratio(S, depths, w, G) -> list:
@@ -55,16 +72,18 @@ def catch_up_pricing(view, cost: str, pad, calib):
     return view.cost, pad.verdict(cost == "calibrated" and bool(calib.pad))
 
 
-def catch_up(view, depths, S, costs, G, weights, evidence, calibration_prior, args):
+def catch_up(view, depths, S, costs, G, weights, evidence, calibration_prior, pricing):
     """Rows whose draft lags (view.draft_lag > 2) resume only where the plan's gain over the steps it is expected
     to go on pays for their catch-up (`kit.plan_pays_catch_up`; draining, till the run ends); else no lagging row
     drafts and the others are planned again without them. On thin evidence only the rows whose catch-up costs at
-    most one idle step resume (`kit.catch_up_rows`). `args`: (cost, padded) to price it. Returns (depths, G)."""
+    most one idle step resume (`kit.catch_up_rows`). `pricing()`: (cost, padded) to price it. Returns (depths, G)."""
     lag = view.draft_lag
+    if search.COMPILED and depths.dtype == lag.dtype == np.int64 and not kernels.any_late(depths, lag):
+        return depths, G   # (compiled: no row that drafts lags)
     late = (depths > 0) & (lag > 2)
     if not late.any():
         return depths, G
-    w = weights.w
+    w, args = weights.w, pricing()
     base = float(view.batch_size) if w is None else float(w.sum())
     if not plan_pays_catch_up(view, depths, late, S, G, base, costs, weights.drained, *args):
         drop = lag > 2   # every lagging row, not only the plan's: the replan would pick others
@@ -139,17 +158,25 @@ class Drafting:
     G times its marginal time (`kit.keep_by_margin`). Past the plan (`extend`), each position must raise the step's
     goodput with the positions added so far (`ratio`: [E, T], the plan's value and seconds, grown in place)."""
 
-    def __init__(self, n, a, cal, w, costs, G, planned=None, ratio=None):
+    def __init__(self, n, a, cal, w, costs, G, planned=None, ratio=None, remaining=None, factors=None):
         self.s = np.ones(n)
         self.a, self.cal, self.w, self.costs, self.G = a, cal, w, costs, G
-        self.planned, self.ratio = planned, ratio
+        self.planned, self.ratio, self.remaining = planned, ratio, remaining   # remaining: the step's, where given
+        self.factors = factors   # the step's position factors (PositionFactors.factor at the plan), where given
+        self._rows = None   # the step's view.depths and remaining, read at its first keep (compiled)
 
-    def keep(self, view, position, drafting, confidence, positions) -> np.ndarray:
+    def keep(self, view, position, confidence, positions) -> np.ndarray:
+        fs = self.factors if self.factors is not None and position + 2 <= self.factors.size else None
+        f = float(positions.factor(position + 2)[-1] if fs is None else fs[position + 1])
+        c = self.costs
+        if search.COMPILED and c.draft.dtype == c.verify.dtype == np.float64 and c.draft.size > view.batch_size and (
+                self.remaining is None or self.remaining.dtype == np.int64):
+            return self._keep_compiled(view, position, confidence, f)
+        drafting = ~np.isnan(confidence)
         self.s = self.s * np.minimum(np.where(drafting, confidence, 0.0) * self.cal, 1.0)
         idx = np.flatnonzero(drafting & (view.depths > position + 1))
         if idx.size == 0:
             return np.zeros(view.batch_size, bool)
-        f = float(positions.factor(position + 2)[-1])
         if idx.size == 1:   # one row left to decide (batch 1, a drained tail): the same arithmetic, in floats
             i = int(idx[0])
             v = float(self.s[i]) * min(float(self.a[i]) * f, 0.999)
@@ -161,3 +188,20 @@ class Drafting:
                 v = v * self.w[idx]
         past = self.ratio is not None and bool((self.planned[idx] <= position + 1).all())
         return keep_by_margin(view, position, idx, v, self.costs, self.G, self.ratio if past else None)
+
+    def _keep_compiled(self, view, position, confidence, f) -> np.ndarray:
+        """`keep` in one compiled pass (`kernels.drafting_keep`: the same operations; s updated in place)."""
+        c, r, w = self.costs, self.ratio, self.w
+        if self._rows is None:   # (fixed through the step's drafting)
+            rem = view.remaining if self.remaining is None else self.remaining
+            self._rows = view.depths, rem, search._NO_PAD if c.pad is None else c.pad
+        depths, remaining, pad = self._rows
+        E, T = (0.0, 1.0) if r is None else r
+        keep, grow, gv, dt = kernels.drafting_keep(
+            self.s, confidence, self.cal, depths, position, self.a, f, self.a if w is None else w, w is not None,
+            depths if r is None else self.planned, r is not None, remaining, view.drafted, c.draft, c.verify, pad,
+            float(self.G), float(E), float(T))
+        if grow:
+            r[0] += float(gv)
+            r[1] += float(dt)
+        return keep

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .kit import row_cost
+from .kit import kernels, row_cost, search
 
 
 class Stream:
@@ -22,7 +22,8 @@ class Stream:
     def update(self, view) -> None:
         if self.closed is None:
             self.closed = view.requests_left == 0
-        top = int(view.request_ids.max(initial=-1))
+        ids = view.request_ids
+        top = kernels.max_id(ids) if search.COMPILED and ids.dtype == np.int64 else int(ids.max(initial=-1))
         if top > self.max_id:
             self.max_id, self.quiet = top, 0
         else:
@@ -40,6 +41,8 @@ def tokens_per_step(S: np.ndarray, dbar: float | None) -> np.ndarray:
     n, K = S.shape
     d = K if dbar is None else min(dbar, K)
     lo = int(d)
+    if search.COMPILED and S.dtype == np.float64:
+        return kernels.tokens_per_step(S, lo, float(d - lo))   # the same operations, compiled
     c = np.concatenate([np.zeros((n, 1)), np.cumsum(S, axis=1)], axis=1)
     return 1.0 + c[:, lo] + (d - lo) * (c[:, min(lo + 1, K)] - c[:, lo])
 
@@ -49,6 +52,9 @@ def slot_weights(S0: np.ndarray, dbar: float | None) -> np.ndarray:
     tokens per step, from S0: not cut where the request ends), and a freed slot is worth what the batch's average
     row makes in it, so a row's tokens are worth mean(e) / e_i (scaled to at most 1): a sure row is not drafted
     deep beside slow ones whose steps that lengthens. Minimising a stream's time per request gives the same."""
+    if search.COMPILED and S0.dtype == np.float64:
+        d = S0.shape[1] if dbar is None else min(dbar, S0.shape[1])
+        return kernels.slot_weights(S0, int(d), float(d - int(d)))   # the same operations, compiled
     w = 1.0 / tokens_per_step(S0, dbar)
     return w / float(w.max())
 
@@ -60,7 +66,9 @@ class RowCost:
         self.size, self._cache = size, {}
 
     def __call__(self, cost, ctx: np.ndarray) -> float:
-        key = (ctx.size, int(math.log1p(float(ctx.mean())) * 50.0), id(cost))
+        mean, ok = kernels.int_mean(ctx) if search.COMPILED and ctx.dtype == np.int64 else (0.0, False)
+        mean = mean if ok else float(ctx.mean())   # (the same value, compiled)
+        key = (ctx.size, int(math.log1p(mean) * 50.0), id(cost))
         c1 = self._cache.get(key)
         if c1 is None:
             if len(self._cache) >= self.size:
@@ -79,6 +87,11 @@ def time_weights(S, a, dbar, drafted, prior_strength, remaining, c1, verify0):
     chance of a row to end the run, the fixed share c0 / verify0 of a step)."""
     n, K = S.shape
     d = K if dbar is None else min(dbar, K)
+    c0 = max(verify0 - n * c1, 0.0)
+    if search.COMPILED and S.dtype == a.dtype == np.float64:   # the same operations, compiled around np.exp
+        e, u = kernels.time_spread(S, a, int(d), float(d - int(d)), drafted, prior_strength, remaining)
+        w, p_min = kernels.time_scale(np.exp(u), e, c1, c0)
+        return w, p_min, c0 / max(verify0, 1e-300)
     e = tokens_per_step(S, dbar)
     dS = ((np.arange(K) + 1.0) * S)[:, :max(int(math.ceil(d)), 1)].sum(axis=1) / a   # de / da
     var_a = a * (1.0 - a) / (drafted + prior_strength)
@@ -87,7 +100,6 @@ def time_weights(S, a, dbar, drafted, prior_strength, remaining, c1, verify0):
     last = int(np.argmax(steps))
     z = (steps - steps[last]) / np.sqrt(sd2 + sd2[last])
     p = np.exp(-0.5 * z * z)
-    c0 = max(verify0 - n * c1, 0.0)
     w = (c1 + c0 * p / p.sum()) / e
     return w / max(float(w.max()), 1e-300), float(p.min()), c0 / max(verify0, 1e-300)
 

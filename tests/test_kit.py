@@ -193,7 +193,7 @@ def test_the_compiled_drain_gives_the_numpy_form_to_the_bit(monkeypatch):
     assert (np.tanh(u) == 1.0).all()
     for n in [0, 1, 7, 8, 9, 127, 128, 129, 255, 256, 1000]:
         v = rng.normal(0, 1, n) * 10 ** rng.uniform(-3, 3, n)
-        assert kernels.pairwise_sum(np.r_[7.0, v], 1, n) == v.sum()
+        assert kernels.pairwise(np.r_[7.0, v], 1, n) == v.sum()
 
 
 def test_uniform_depth_drafts_where_drafts_are_cheap_and_not_where_they_are_dear():

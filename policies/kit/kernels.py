@@ -174,7 +174,7 @@ def uniform_best(col, ends, has_ends, n, verify, draft_n, pad):
             xs += got
             dk = max(dk, got)
         x[k], deep[k] = xs, dk
-        e[k] = 0.0 + pairwise_sum(row, 0, n)
+        e[k] = 0.0 + pairwise(row, 0, n)
     T = step_seconds(x, deep, verify, draft_n, pad)
     best, bg = 0, 0.0
     for k in range(K):
@@ -265,8 +265,8 @@ def scaled_tokens(col, f):
     row = np.empty(n)
     for k in range(K):
         row[:] = col[k]
-        m = (0.0 + pairwise_sum(row, 0, n)) / n
-        fm = (0.0 + pairwise_sum(f[k], 0, n)) / n
+        m = (0.0 + pairwise(row, 0, n)) / n
+        fm = (0.0 + pairwise(f[k], 0, n)) / n
         for i in range(n):
             e[k, i] = m * f[k, i] / fm
     return e
@@ -425,9 +425,10 @@ def drain_cdfs(t, gd, gc, off, size, D):
 
 @njit(cache=True, nogil=True)
 def drain_sums(x, lo, hi, c, gd, off, size, mu, sd, odd, raised, at):
-    """Per row d not `odd` (NaN for the rest, but the largest mu where hi <= lo): lo[d] + the trapezoid sum (np.sum's pairwise order) of 1 - F over the grid x[d], F the
-    product (in group order) of its groups' factors c (`raised` at positions `at`; the saturated ones are 1),
-    times (x >= the largest mu of the rows with sd <= 0) where row d has any."""
+    """Per row d not `odd` (NaN for the rest, but the largest mu where hi <= lo): lo[d] + the trapezoid sum
+    (np.sum's pairwise order) of 1 - F over the grid x[d], F the product (in group order) of its groups' factors c
+    (`raised` at positions `at`; the saturated ones are 1), times (x >= the largest mu of the rows with sd <= 0)
+    where row d has any."""
     D, P = x.shape
     for k in range(at.shape[0]):
         c[at[k]] = raised[k]
@@ -453,66 +454,706 @@ def drain_sums(x, lo, hi, c, gd, off, size, mu, sd, odd, raised, at):
                 F[d, i] = F[d, i] * (1.0 if x[d, i] >= top else 0.0)
         for i in range(P - 1):
             terms[i] = (x[d, i + 1] - x[d, i]) * ((1.0 - F[d, i + 1]) + (1.0 - F[d, i])) / 2.0
-        out[d] = lo[d] + (0.0 + pairwise_sum(terms, 0, P - 1))
+        out[d] = lo[d] + (0.0 + pairwise(terms, 0, P - 1))
+    return out
+
+
+# ---- goodput's per-step loops: its estimates, weights, position search, keep gate and evidence (numpy's pairwise
+# sums as `pairwise`, its sorts' order as `argsort2`, np.round as `round_to`; exp and log stay numpy calls between
+# these kernels). In this file with the loops they call: numba's disk cache does not follow calls across files.
+
+
+@njit(cache=True, nogil=True)
+def _block(a, lo, n):
+    """numpy's pairwise sum of at most 128 values: a plain loop below 8, else 8 accumulators."""
+    if n < 8:
+        res = 0.0
+        for i in range(n):
+            res += a[lo + i]
+        return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = 8
+    while i < n - n % 8:
+        j = lo + i
+        r0 += a[j]
+        r1 += a[j + 1]
+        r2 += a[j + 2]
+        r3 += a[j + 3]
+        r4 += a[j + 4]
+        r5 += a[j + 5]
+        r6 += a[j + 6]
+        r7 += a[j + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@njit(cache=True, nogil=True)
+def pairwise(a, lo, n):
+    """numpy's float sum of a[lo:lo + n] (np.sum over a contiguous axis): `_block` up to 128 values, above that
+    the sum of two halves (the first a multiple of 8), evaluated with an explicit stack (no recursion)."""
+    if n <= 128:
+        return _block(a, lo, n)
+    los, ns, state = np.empty(64, np.int64), np.empty(64, np.int64), np.empty(64, np.int64)
+    vals = np.empty(64)
+    top, nv = 0, 0
+    los[0], ns[0], state[0] = lo, n, 0
+    while top >= 0:
+        b, m, st = los[top], ns[top], state[top]
+        top -= 1
+        if m <= 128:
+            vals[nv] = _block(a, b, m)
+            nv += 1
+        elif st == 1:   # both halves done: left below right
+            vals[nv - 2] = vals[nv - 2] + vals[nv - 1]
+            nv -= 1
+        else:
+            h = m // 2
+            h -= h % 8
+            los[top + 1], ns[top + 1], state[top + 1] = b, m, 1
+            los[top + 2], ns[top + 2], state[top + 2] = b + h, m - h, 0
+            los[top + 3], ns[top + 3], state[top + 3] = b, h, 0
+            top += 3
+    return vals[0]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _less(a, b):
+    """numpy's sort order: a before b (NaN last)."""
+    return a < b or (b != b and a == a)
+
+
+@njit(cache=True, nogil=True)
+def argsort2(k1, k2):
+    """np.lexsort((k2, k1)): the stable order by k1, then k2 (a bottom-up merge sort)."""
+    n = k1.shape[0]
+    buf = np.empty((2, n), np.int64)
+    for i in range(n):
+        buf[0, i] = i
+    src, width = 0, 1
+    while width < n:
+        dst = 1 - src
+        for lo in range(0, n, 2 * width):
+            mid, hi = min(lo + width, n), min(lo + 2 * width, n)
+            i, j, k = lo, mid, lo
+            while i < mid and j < hi:
+                x, y = buf[src, j], buf[src, i]
+                if _less(k1[x], k1[y]) or (not _less(k1[y], k1[x]) and _less(k2[x], k2[y])):
+                    buf[dst, k] = x
+                    j += 1
+                else:
+                    buf[dst, k] = y
+                    i += 1
+                k += 1
+            while i < mid:
+                buf[dst, k] = buf[src, i]
+                i += 1
+                k += 1
+            while j < hi:
+                buf[dst, k] = buf[src, j]
+                j += 1
+                k += 1
+        src, width = dst, 2 * width
+    return buf[src].copy()
+
+
+@njit(cache=True, nogil=True)
+def round_to(x, scale):
+    """np.round(x, d) for scale = 10.0 ** d: x x scale, rounded half to even, / scale."""
+    return np.rint(x * scale) / scale
+
+
+@njit(cache=True, nogil=True)
+def minimum(a, b):
+    """np.minimum's rule for floats (NaN in a wins)."""
+    return a if (a <= b or a != a) else b
+
+
+@njit(cache=True, nogil=True)
+def maximum(a, b):
+    """np.maximum's rule for floats (NaN in a wins)."""
+    return a if (a >= b or a != a) else b
+
+
+@njit(cache=True, nogil=True)
+def keep_margin(keep, idx, v, remaining, x, draft, verify, padp, has_pad, G, E, T, has_ratio):
+    """`search.keep_by_margin` over two or more rows idx (values v): ranked by (-round(v, 6), -remaining) as
+    np.lexsort (`_rank_values`), the best count by `margin_gains` (x: the tokens drafted so far); the rows kept
+    set in `keep`. Returns (kept any, their value, their seconds)."""
+    order = _rank_values(v, remaining, idx)
+    m = idx.shape[0]
+    vs = np.empty(m)
+    for j in range(m):
+        vs[j] = v[order[j]]
+    best, gain, gain_v, dt = margin_gains(vs, draft, verify, x, verify.shape[0] - 1, padp, has_pad, G, E, T,
+                                          has_ratio)
+    if gain > 0:
+        for j in range(best + 1):
+            keep[idx[order[j]]] = True
+        return True, gain_v, dt
+    return False, gain_v, dt
+
+
+@njit(cache=True, nogil=True)
+def _rank_values(v, remaining, idx):
+    """np.lexsort((-remaining[idx], -np.round(v, 6))): one sort of distinct integer keys (rint(v 1e6) descending,
+    then remaining descending, then position: the same order, as -q / 1e6 orders alike with -q), where v is in
+    [0, 2) and remaining in [0, 2^20); else `argsort2` on those keys."""
+    m = idx.shape[0]
+    keys = np.empty(m, np.int64)
+    low = (1 << 20) - 1
+    for j in range(m):
+        q, r = np.rint(v[j] * 1e6), remaining[idx[j]]
+        if not (0.0 <= q < 2e6 and 0 <= r <= low and m <= low):
+            k1 = np.empty(m)
+            for i in range(m):
+                k1[i] = -round_to(v[i], 1e6)
+            return argsort2(k1, -remaining[idx])
+        keys[j] = ((2000000 - np.int64(q)) << 40) | ((low - np.int64(r)) << 20) | j
+    keys.sort()
+    for j in range(m):
+        keys[j] = keys[j] & low
+    return keys
+
+
+@njit(cache=True, nogil=True)
+def drafting_keep(s, conf, cal, depths, position, a, f, w, has_w, planned, has_ratio, remaining, drafted, draft,
+                  verify, pad, G, E, T):
+    """`goodput_gates.Drafting.keep` in one pass: s <- s x min(confidence (0 where not drafting) x cal, 1); the rows
+    drafting that planned past position + 1 valued s x min(a x f, 0.999) (x w); one row by `_keep_one`'s floats,
+    more by `keep_margin` (a padded verify: + pad[min(position + 1, size - 1)]); `has_ratio` and every row at its
+    plan's end: against the ratio [E, T]. Returns (the keep mask, whether the ratio grows, by what value and
+    seconds)."""
+    n = s.shape[0]
+    has_pad = pad.shape[0] > 0
+    padp = pad[min(position + 1, pad.shape[0] - 1)] if has_pad else 0.0
+    idx = np.empty(n, np.int64)
+    m = 0
+    for i in range(n):
+        c = conf[i]
+        on = not math.isnan(c)
+        s[i] = s[i] * minimum((c if on else 0.0) * cal[i], 1.0)
+        if on and depths[i] > position + 1:
+            idx[m] = i
+            m += 1
+    keep = np.zeros(n, np.bool_)
+    if m == 0:
+        return keep, False, 0.0, 0.0
+    v = np.empty(m)
+    past = has_ratio
+    for j in range(m):
+        i = idx[j]
+        v[j] = s[i] * minimum(a[i] * f, 0.999)
+        if has_w:
+            v[j] = v[j] * w[i]
+        past = past and planned[i] <= position + 1
+    x = 0
+    for i in range(drafted.shape[0]):
+        x += drafted[i]
+    if m > 1:
+        got, gv, dt = keep_margin(keep, idx[:m], v, remaining, x, draft, verify, padp, has_pad, G, E, T, past)
+        return keep, got and past, gv, dt
+    ok, dt = keep_one(v[0], x, draft, verify, padp, has_pad, E / T if past else G)
+    keep[idx[0]] = ok
+    return keep, ok and past, v[0], dt
+
+
+@njit(cache=True, nogil=True)
+def keep_one(v, x, draft, verify, padp, has_pad, G):
+    """`search._keep_one`'s test for one row worth v: v - G x (draft[1] + the verify's growth past x tokens (+
+    padp)) > 0. Returns (kept, the seconds)."""
+    last = verify.shape[0] - 1
+    dt = draft[1] + verify[min(x + 1, last)] - verify[min(x, last)]
+    if has_pad:
+        dt = dt + padp
+    return v - G * dt > 0, dt
+
+
+@njit(cache=True, nogil=True)
+def evidence_counts(drafted, accepted, conf, table, cols):
+    """`goodput_evidence.Evidence.observe`'s counts: per row the rejection (accepted < drafted), the verified drafts
+    min(drafted, accepted + 1), the confidence sum over the drafted positions and over the verified ones (NaN as
+    0, each np.sum's pairwise order), added to the per-request `table`'s columns `cols` (accepted, rejected,
+    conf_sum, drafted, verified_conf, verified). Returns (the verified and the accepted positions' masks, the
+    batch's sums of accepted, rejected, confidence, drafted, verified confidence and verified, the drafted rows'
+    mean depth)."""
+    n, K = conf.shape
+    verified = np.zeros((n, K), np.bool_)
+    acc_mask = np.zeros((n, K), np.bool_)
+    csum, vrow = np.empty(n), np.empty(n)
+    row_c, row_v = np.empty(K), np.empty(K)
+    acc_sum, dr_sum, ver_sum, rej_sum, dr_rows = 0, 0, 0, 0.0, 0
+    for i in range(n):
+        d, a = drafted[i], accepted[i]
+        ver = min(d, a + 1)
+        for j in range(K):
+            c = conf[i, j]
+            c = 0.0 if math.isnan(c) else c
+            row_c[j] = c * (1.0 if j < d else 0.0)
+            row_v[j] = c * (1.0 if j < ver else 0.0)
+            verified[i, j] = j < ver
+            acc_mask[i, j] = j < a
+        csum[i], vrow[i] = pairwise(row_c, 0, K), pairwise(row_v, 0, K)
+        rej = 1.0 if a < d else 0.0
+        table[i, cols[0]] += a
+        table[i, cols[1]] += rej
+        table[i, cols[2]] += csum[i]
+        table[i, cols[3]] += d
+        table[i, cols[4]] += vrow[i]
+        table[i, cols[5]] += ver
+        acc_sum += a
+        rej_sum += rej
+        dr_sum += d
+        ver_sum += ver
+        dr_rows += d > 0
+    return (verified, acc_mask, acc_sum, rej_sum, pairwise(csum, 0, n), dr_sum, pairwise(vrow, 0, n), ver_sum,
+            dr_sum / dr_rows if dr_rows else np.nan)
+
+
+@njit(cache=True, nogil=True)
+def _any_nan(S, key):
+    """Whether S or key hold NaN (which `rank_columns` does not rank)."""
+    for i in range(S.shape[0]):
+        if math.isnan(key[i]):
+            return True
+        for p in range(S.shape[1]):
+            if math.isnan(S[i, p]):
+                return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def rank_columns(S, key, order, done, upto):
+    """Columns done..upto-1 of np.lexsort((key[:, None] broadcast, -S), axis=0) into `order`, for S and key
+    without NaN: per position, the rows by S descending, then key, then row. Column 0 by `argsort2`; each later
+    one by insertion from the column before (nearly its order: few moves)."""
+    n = S.shape[0]
+    col = np.empty(n)
+    if done == 0 and upto > 0:
+        for i in range(n):
+            col[i] = -S[i, 0]
+        order[:, 0] = argsort2(col, key)
+        done = 1
+    if done >= upto:
+        return
+    cur = order[:, done - 1].copy()
+    for p in range(done, upto):
+        for i in range(n):
+            col[i] = S[i, p]
+        for j in range(1, n):
+            x = cur[j]
+            sx, kx = col[x], key[x]
+            q = j
+            while q > 0:
+                y = cur[q - 1]
+                sy = col[y]
+                if sy > sx or (sy == sx and (key[y] < kx or (key[y] == kx and y < x))):
+                    break
+                cur[q] = y
+                q -= 1
+            cur[q] = x
+        order[:, p] = cur
+
+
+@njit(cache=True, nogil=True)
+def plan_nested(S, key, G0, ver, dr, pad, has_pad, base):
+    """`search.plan_by_position(..., nested=True)` for batches past `search._SMALL`: Dinkelbach's at most 5
+    searches (`_nested_search`) from max(base / verify[0], G0), the best plan's depths (`kernels.nested_depths`).
+    Returns (depths, its goodput); no depths where S or key hold NaN."""
+    if _any_nan(S, key):
+        return np.zeros(0, np.int64), 0.0
+    return _plan_ranked(S, key, G0, ver, dr, pad, has_pad, base)
+
+
+@njit(cache=True, nogil=True)
+def _plan_ranked(S, key, G0, ver, dr, pad, has_pad, base):
+    """`plan_nested` for S and key without NaN."""
+    n, K = S.shape
+    order = np.empty((n, K), np.int64)
+    ranked = np.zeros(1, np.int64)   # the columns of order ranked so far (`rank_columns`, as the searches reach)
+    g_none = base / ver[0]
+    G = G0 if G0 > g_none else g_none
+    best_g, best = g_none, np.zeros(0, np.int64)
+    for _ in range(5):
+        ms, m, e, t = _nested_search(S, key, order, ranked, K, G, ver, dr, pad, has_pad, n, base)
+        if m == 0:
+            if G <= g_none:
+                break
+            G = g_none
+            continue
+        g = e / t
+        if g > best_g:
+            best_g, best = g, ms[:m].copy()
+        if abs(g - G) <= 1e-3 * G:
+            break
+        G = g
+    return nested_depths(order, best, n), best_g
+
+
+@njit(cache=True, nogil=True)
+def _nested_search(S, key, order, ranked, K, G, ver, dr, pad, has_pad, n, base):
+    """`kernels.nested_by_position` over the first D columns, the columns ranked first (D from 2, doubled while
+    the search reaches D < K): the positions past where it stops are never ranked. The same result as over all K
+    (the loop over the first D positions is the same)."""
+    D = min(K, 2)
+    while True:
+        if ranked[0] < D:
+            rank_columns(S, key, order, ranked[0], D)
+            ranked[0] = D
+        ms, m, e, t = nested_by_position(S, order, D, G, ver, dr, pad, has_pad, n, base)
+        if m < D or D == K:
+            return ms, m, e, t
+        D = min(2 * D, K)
+
+
+@njit(cache=True, nogil=True)
+def tie_bands(a, tol):
+    """`acceptance.tie_bands` (a copy of `a` where that returns it): the sorted distinct values and their counts
+    (np.unique's), `kernels.bands`, each band's mean as np.bincount sums it (in ascending order of the values), per
+    row. Returns (the values, False) where `a` holds NaN (np.unique's NaN rule is not copied: the numpy form
+    decides)."""
+    n = a.shape[0]
+    if tol <= 0.0 or n < 2:
+        return a.copy(), True
+    perm = np.argsort(a)
+    if math.isnan(a[perm[n - 1]]):
+        return a.copy(), False
+    u, cnt, group = np.empty(n), np.empty(n), np.empty(n, np.int64)
+    k = 0
+    for j in range(n):
+        x = a[perm[j]]
+        if j == 0 or x != u[k - 1]:
+            u[k] = x
+            cnt[k] = 0.0
+            k += 1
+        cnt[k - 1] += 1.0
+        group[j] = k - 1
+    if k == 1:
+        return a.copy(), True
+    band = bands(u[:k], tol)
+    nb = band[0] + 1
+    sw, sc = np.zeros(nb), np.zeros(nb)
+    for j in range(k):
+        sw[band[j]] += u[j] * cnt[j]
+        sc[band[j]] += cnt[j]
+    out = np.empty(n)
+    for j in range(n):
+        b = band[group[j]]
+        out[perm[j]] = sw[b] / sc[b]
+    return out, True
+
+
+@njit(cache=True, nogil=True)
+def row_estimates(num, den, cal, kb, k, cap, confidence, tol):
+    """`goodput_evidence.row_estimates` per row: confidence, (num + kb) / (den + k) x min(cal, cap) (num, den: the
+    conf_sum and drafted), else counts, (num + kb) / (num + den + k) (num, den: accepted, rejected); clipped to
+    [1e-3, 0.999], rounded to 4 decimals and tied (`tie_bands`). Returns (a, False) on NaN."""
+    n = num.shape[0]
+    a = np.empty(n)
+    for i in range(n):
+        x = (num[i] + kb) / ((den[i] if confidence else num[i] + den[i]) + k)
+        if confidence:
+            x = x * minimum(cal[i], cap)
+        x = minimum(maximum(x, 1e-3), 0.999) if x == x else x
+        a[i] = round_to(x, 1e4)
+    return tie_bands(a, tol)
+
+
+@njit(cache=True, nogil=True)
+def row_calibration(acc, vc, ver, cal, z):
+    """`goodput_evidence.row_calibration` past its early outs for z and the batch: the rows with verified drafts
+    and confidence (two or more, else every row at `cal`), their binomial variance and excess spread (np.sum's
+    pairwise order), and where the spread beats z standard errors, each row shrunk toward `cal`."""
+    n = acc.shape[0]
+    out = np.full(n, cal)
+    at = np.empty(n, np.int64)
+    m = 0
+    for i in range(n):
+        if ver[i] > 0 and vc[i] > 0:
+            at[m] = i
+            m += 1
+    if m < 2:
+        return out
+    sq, var, vv, cc = np.empty(m), np.empty(m), np.empty(m), np.empty(m)
+    for j in range(m):
+        i = at[j]
+        e = cal * vc[i]
+        var[j] = maximum(e * (1.0 - minimum(e / ver[i], 1.0)), 0.25)
+        d = acc[i] - e
+        sq[j] = d * d
+        vv[j] = var[j] * var[j]
+        cc[j] = vc[i] * vc[i]
+    excess = pairwise(sq, 0, m) - pairwise(var, 0, m)
+    if excess <= z * math.sqrt(2.0 * pairwise(vv, 0, m)):
+        return out
+    tau2 = excess / pairwise(cc, 0, m)
+    for j in range(m):
+        i = at[j]
+        t = tau2 * vc[i] * vc[i]
+        w = t / (t + var[j])
+        out[i] = maximum(cal + w * (acc[i] / vc[i] - cal), 0.0)
     return out
 
 
 @njit(cache=True, nogil=True)
-def pairwise_sum(a, start, n):
-    """numpy's pairwise sum of a[start:start + n] (float64, contiguous): above 128 terms the sum of the two halves'
-    (the first a multiple of 8), each summed so (`_block_sum` from 128 terms down); a stack, not recursion (numba's
-    cache does not reload recursive functions)."""
-    seg = np.empty((64, 3), np.int64)   # (start, length, stage: 0 new, 1 first half done, 2 both)
-    vals = np.empty(64)
-    top, nv = 0, 0
-    seg[0, 0], seg[0, 1], seg[0, 2] = start, n, 0
-    while top >= 0:
-        s, m, st = seg[top, 0], seg[top, 1], seg[top, 2]
-        half = m // 2 - (m // 2) % 8
-        if m <= 128:
-            vals[nv] = _block_sum(a, s, m)
-            nv += 1
-            top -= 1
-        elif st == 0:
-            seg[top, 2] = 1
-            top += 1
-            seg[top, 0], seg[top, 1], seg[top, 2] = s, half, 0
-        elif st == 1:
-            seg[top, 2] = 2
-            top += 1
-            seg[top, 0], seg[top, 1], seg[top, 2] = s + half, m - half, 0
-        else:
-            nv -= 1
-            vals[nv - 1] = vals[nv - 1] + vals[nv]
-            top -= 1
-    return vals[0]
+def mixture_log(A, E, grid, ex, logprior):
+    """`Evidence._mixture`'s log posterior on the grid, logprior + A grid - E exp(grid), less its maximum (NaN
+    propagates as in ndarray.max)."""
+    ll = np.empty(grid.shape[0])
+    top = -math.inf
+    for i in range(grid.shape[0]):
+        ll[i] = logprior[i] + A * grid[i] - E * ex[i]
+        if not (ll[i] <= top) and not math.isnan(top):
+            top = ll[i]
+    for i in range(grid.shape[0]):
+        ll[i] = ll[i] - top
+    return ll
 
 
 @njit(cache=True, nogil=True)
-def _block_sum(a, start, n):
-    """numpy's pairwise sum of at most 128 terms: below 8 in order; else eight running sums combined as
-    ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)), the rest added in order."""
-    if n < 8:
-        r = 0.0
-        for i in range(start, start + n):
-            r += a[i]
-        return r
-    r0, r1, r2, r3 = a[start], a[start + 1], a[start + 2], a[start + 3]
-    r4, r5, r6, r7 = a[start + 4], a[start + 5], a[start + 6], a[start + 7]
-    i = 8
-    while i < n - n % 8:
-        b = start + i
-        r0 += a[b]
-        r1 += a[b + 1]
-        r2 += a[b + 2]
-        r3 += a[b + 3]
-        r4 += a[b + 4]
-        r5 += a[b + 5]
-        r6 += a[b + 6]
-        r7 += a[b + 7]
-        i += 8
-    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-    while i < n:
-        res += a[start + i]
-        i += 1
-    return res
+def mixture_median(w, grid):
+    """`Evidence._mixture`'s median of log c: np.interp of half the mass (np.sum's order) on the cdf
+    cumsum(w) - w / 2 at the grid (numpy's binary search from guess 0 and its slope rule). Returns (log c,
+    False) where w holds NaN (the numpy form decides)."""
+    n = w.shape[0]
+    cdf = np.empty(n)
+    acc = 0.0
+    for i in range(n):
+        if math.isnan(w[i]):
+            return 0.0, False
+        acc = w[0] if i == 0 else acc + w[i]
+        cdf[i] = acc - 0.5 * w[i]
+    x = 0.5 * pairwise(w, 0, n)
+    if math.isnan(x):
+        return x, True
+    j = _search_with_guess(x, cdf, n, 0)
+    if j == -1:
+        return grid[0], True
+    if j == n or j == n - 1 or cdf[j] == x:
+        return grid[n - 1] if j == n else grid[j], True
+    slope = (grid[j + 1] - grid[j]) / (cdf[j + 1] - cdf[j])
+    res = slope * (x - cdf[j]) + grid[j]
+    if math.isnan(res):
+        res = slope * (x - cdf[j + 1]) + grid[j + 1]
+        if math.isnan(res) and grid[j] == grid[j + 1]:
+            res = grid[j]
+    return res, True
+
+
+@njit(cache=True, nogil=True)
+def _search_with_guess(key, arr, n, guess):
+    """numpy's binary_search_with_guess (np.interp's): i with arr[i] <= key < arr[i + 1], -1 below, n above."""
+    if key > arr[n - 1]:
+        return n
+    if key < arr[0]:
+        return -1
+    if n <= 4:
+        i = 1
+        while i < n and key >= arr[i]:
+            i += 1
+        return i - 1
+    guess = max(min(guess, n - 3), 1)
+    imin, imax = 0, n
+    if key < arr[guess]:
+        if key >= arr[guess - 1]:
+            return guess - 1
+        imax = guess - 1
+        if guess > 8 and key >= arr[guess - 8]:
+            imin = guess - 8
+    else:
+        if key < arr[guess + 1]:
+            return guess
+        if key < arr[guess + 2]:
+            return guess + 1
+        imin = guess + 2
+        if guess < n - 8 - 1 and key < arr[guess + 8]:
+            imax = guess + 8
+    while imin < imax:
+        imid = imin + ((imax - imin) >> 1)
+        if key >= arr[imid]:
+            imin = imid + 1
+        else:
+            imax = imid
+    return imin - 1
+
+
+@njit(cache=True, nogil=True)
+def survivals(a, f, remaining, K):
+    """`Goodput._estimate`'s slot survivals: S0[i, p] = prod over q <= p of min(a_i f_q, 0.999) (np.cumprod's
+    order), S the same with 0 from row i's cap on (`search.draft_caps`: min(max(remaining - 1, 0), K)).
+    Returns (S0, S, the caps)."""
+    n = a.shape[0]
+    S0, S = np.empty((n, K)), np.empty((n, K))
+    cap = np.empty(n, np.int64)
+    for i in range(n):
+        cap[i] = min(max(remaining[i] - 1, 0), K)
+        acc = 1.0
+        for p in range(K):
+            x = minimum(a[i] * f[p], 0.999)
+            acc = x if p == 0 else acc * x
+            S0[i, p] = acc
+            S[i, p] = 0.0 if p >= cap[i] else acc
+    return S0, S, cap
+
+
+@njit(cache=True, nogil=True)
+def tokens_per_step(S, lo, frac):
+    """`goodput_weights.tokens_per_step` at depth d = lo + frac: 1 + C[lo] + frac x (C[min(lo + 1, K)] - C[lo]),
+    C[j] the sum of a row's first j survivals (np.cumsum's order)."""
+    n, K = S.shape
+    hi = min(lo + 1, K)
+    e = np.empty(n)
+    for i in range(n):
+        acc, c_lo, c_hi = 0.0, 0.0, 0.0
+        for j in range(hi):
+            acc = S[i, 0] if j == 0 else acc + S[i, j]
+            if j + 1 == lo:
+                c_lo = acc
+            if j + 1 == hi:
+                c_hi = acc
+        e[i] = 1.0 + c_lo + frac * (c_hi - c_lo)
+    return e
+
+
+@njit(cache=True, nogil=True)
+def _top(x):
+    """ndarray.max's value (NaN propagates)."""
+    top = x[0]
+    for i in range(1, x.shape[0]):
+        if math.isnan(top):
+            break
+        if x[i] > top or math.isnan(x[i]):
+            top = x[i]
+    return top
+
+
+@njit(cache=True, nogil=True)
+def slot_weights(S0, lo, frac):
+    """`goodput_weights.slot_weights`: 1 / e_i (`tokens_per_step`) over its maximum."""
+    w = 1.0 / tokens_per_step(S0, lo, frac)
+    return w / _top(w)
+
+
+@njit(cache=True, nogil=True)
+def time_spread(S, a, lo, frac, drafted, prior_strength, remaining):
+    """`goodput_weights.time_weights` up to its exp: e (`tokens_per_step`), de / da (the first max(ceil(d), 1)
+    slots' (j + 1) S summed in np.sum's order, / a), the steps' variance and z against the slowest row (np.argmax's
+    first). Returns (e, -0.5 z^2) for np.exp."""
+    n, K = S.shape
+    e = tokens_per_step(S, lo, frac)
+    m = min(max(lo + (1 if frac > 0.0 else 0), 1), K)
+    row = np.empty(m)
+    steps, sd2 = np.empty(n), np.empty(n)
+    last = 0
+    for i in range(n):
+        for j in range(m):
+            row[j] = (j + 1.0) * S[i, j]
+        dS = pairwise(row, 0, m) / a[i]
+        var_a = a[i] * (1.0 - a[i]) / (drafted[i] + prior_strength)
+        r = float(remaining[i])
+        steps[i] = r / e[i]
+        t = steps[i] / e[i] * dS
+        sd2[i] = r * (e[i] - 1.0) / (e[i] * e[i]) + t * t * var_a + 1.0
+        if not math.isnan(steps[last]) and (steps[i] > steps[last] or math.isnan(steps[i])):
+            last = i
+    u = np.empty(n)
+    for i in range(n):
+        z = (steps[i] - steps[last]) / math.sqrt(sd2[i] + sd2[last])
+        u[i] = -0.5 * z * z
+    return e, u
+
+
+@njit(cache=True, nogil=True)
+def time_scale(p, e, c1, c0):
+    """`goodput_weights.time_weights` past its exp: w = (c1 + c0 p / sum(p)) / e over max(max(w), 1e-300), and
+    min(p) (NaN propagates as in ndarray.min)."""
+    n = p.shape[0]
+    ps = pairwise(p, 0, n)
+    w = np.empty(n)
+    low = p[0]
+    for i in range(n):
+        w[i] = (c1 + c0 * p[i] / ps) / e[i]
+        if not math.isnan(low) and (p[i] < low or math.isnan(p[i])):
+            low = p[i]
+    top = _top(w)
+    return w / (1e-300 if 1e-300 > top else top), low
+
+
+@njit(cache=True, nogil=True)
+def plan_value(S, w, has_w, depths):
+    """`goodput_gates.plan_value`: sum(w) (np.sum's order; n without w) + the planned slots' (w x) S, summed over
+    the whole [n, K] table in np.sum's order."""
+    n, K = S.shape
+    buf = np.empty(n * K)
+    for i in range(n):
+        for j in range(K):
+            x = S[i, j] * w[i] if has_w else S[i, j]
+            buf[i * K + j] = x * (1.0 if j < depths[i] else 0.0)
+    return (pairwise(w, 0, n) if has_w else float(n)) + pairwise(buf, 0, n * K)
+
+
+@njit(cache=True, nogil=True)
+def extend_depths(depths, extend, cap):
+    """`Goodput._extend`'s depths: min(depth + extend, cap) where the plan drafts, else 0."""
+    out = np.empty(depths.shape[0], np.int64)
+    for i in range(depths.shape[0]):
+        out[i] = min(depths[i] + extend, cap[i]) if depths[i] > 0 else 0
+    return out
+
+
+@njit(cache=True, nogil=True)
+def plan_weighted(S, w, tie, G0, ver, dr, pad, has_pad):
+    """`goodput_gates.plan_positions` with weights: `plan_nested` on S x w (per row), base sum(w) (np.sum's
+    order), key -tie (as float)."""
+    n, K = S.shape
+    Sw = np.empty((n, K))
+    key = np.empty(n)
+    nan = False
+    for i in range(n):
+        key[i] = -float(tie[i])
+        nan = nan or key[i] != key[i]
+        for p in range(K):
+            Sw[i, p] = x = S[i, p] * w[i]
+            nan = nan or x != x
+    if nan:
+        return np.zeros(0, np.int64), 0.0
+    return _plan_ranked(Sw, key, G0, ver, dr, pad, has_pad, pairwise(w, 0, n))
+
+
+@njit(cache=True, nogil=True)
+def int_mean(x):
+    """np.mean of an int64 array of values below 2^40, exactly: numpy sums the values as floats, exact integers
+    below 2^53 in any order, so the mean is float(sum) / size. Returns (the mean, False) where it does not apply
+    (an empty array, a value past 2^40, more than 2^12 values)."""
+    n = x.shape[0]
+    if n == 0 or n > 4096:
+        return 0.0, False
+    total = 0
+    for i in range(n):
+        if abs(x[i]) >= 2 ** 40:
+            return 0.0, False
+        total += x[i]
+    return float(total) / n, True
+
+
+@njit(cache=True, nogil=True)
+def any_late(depths, lag):
+    """Whether a row that drafts (depth > 0) lags (lag > 2): `goodput_gates.catch_up`'s test."""
+    for i in range(depths.shape[0]):
+        if depths[i] > 0 and lag[i] > 2:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def max_id(ids):
+    """int(ids.max(initial=-1)) of int64 ids."""
+    top = -1
+    for i in range(ids.shape[0]):
+        if ids[i] > top:
+            top = ids[i]
+    return top

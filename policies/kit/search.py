@@ -24,9 +24,14 @@ def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | No
     without drafts (default: one token per row). Returns (depths, G)."""
     n, K = S.shape
     key = np.zeros(n) if tie is None else -np.asarray(tie, float)
+    base = float(n) if base is None else base
+    if nested and n > _SMALL and COMPILED and _compiled_tables(S, costs, n, K):   # the same search, compiled
+        depths, g = kernels.plan_nested(S, key, float(G0), costs.verify, costs.draft,
+                                        _NO_PAD if costs.pad is None else costs.pad, costs.pad is not None, base)
+        if depths.size == n:   # (NaN: the numpy form below)
+            return depths, g
     order = np.lexsort((np.broadcast_to(key[:, None], S.shape), -S), axis=0)   # rows ranked per position
     column = _columns(S, order, nested)
-    base = float(n) if base is None else base
     g_none = base / costs.verify[0]
     G = max(g_none, G0)
     best_g, ms = g_none, []
@@ -195,6 +200,13 @@ def _by_position(column, K, G, costs, n, base):
         x += m
         prev = m
     return ms, e, ver[x] + tdraft
+
+
+def _compiled_tables(S, costs, n: int, K: int) -> bool:
+    """Whether `_by_position`'s compiled loop applies: tables long enough and float64 values throughout."""
+    ver, dr, pad = costs.verify, costs.draft, costs.pad
+    return (ver.size > n * K and dr.size > n and (pad is None or pad.size >= K)
+            and all(a is None or a.dtype == np.float64 for a in (S, ver, dr, pad)))
 
 
 def _floats(column, *tables) -> bool:
@@ -408,14 +420,31 @@ def keep_by_margin(view, position: int, idx: np.ndarray, v, costs, G: float, rat
         if pad is not None and pad.size:
             dt = dt + float(pad[min(position + 1, pad.size - 1)])
         return _keep_one(keep, int(idx[0]), v, dt, G, ratio)
-    order = np.lexsort((-view.remaining[idx], -np.round(v, 6)))   # ties: more tokens left first
     padp = float(pad[min(position + 1, pad.size - 1)]) if pad is not None and pad.size else None
+    rem = view.remaining
+    if (COMPILED and v.dtype == costs.draft.dtype == costs.verify.dtype == np.float64 and rem.dtype == np.int64
+            and costs.draft.size > idx.size):
+        return _keep_ranked(keep, rem, idx, v, costs, x, padp, G, ratio)   # the same, compiled
+    order = np.lexsort((-rem[idx], -np.round(v, 6)))   # ties: more tokens left first
     best, gain, gain_v, dt = _best_count(v[order], costs, x, last, padp, G, ratio)
     if gain > 0:
         keep[idx[order[:best + 1]]] = True
         if ratio is not None:
             ratio[0] += float(gain_v)
             ratio[1] += float(dt)
+    return keep
+
+
+def _keep_ranked(keep, remaining, idx, v, costs, x: int, padp, G: float, ratio) -> np.ndarray:
+    """keep_by_margin's ranking and count for two or more rows, compiled (`kernels.keep_margin`: np.lexsort's
+    order, `kernels.margin_gains`' count), for float64 values and tables."""
+    E, T = (0.0, 1.0) if ratio is None else ratio
+    got, gain_v, dt = kernels.keep_margin(keep, idx, v, remaining, x, costs.draft, costs.verify,
+                                          0.0 if padp is None else padp, padp is not None, float(G), float(E), float(T),
+                                          ratio is not None)
+    if got and ratio is not None:
+        ratio[0] += float(gain_v)
+        ratio[1] += float(dt)
     return keep
 
 

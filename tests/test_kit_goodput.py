@@ -1,0 +1,194 @@
+"""goodput's compiled loops (kit/kernels.py) against their numpy form: the same numbers, bit for bit, on
+random inputs with ties, and the same runs end to end (`kit.search.COMPILED = False`: the numpy form)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdepth.policies import goodput_evidence as ge
+from specdepth.policies import goodput_gates as gg
+from specdepth.policies import goodput_weights as gw
+from specdepth.policies import kit
+from specdepth.policies.kit import kernels as kg
+from specdepth.policies.kit import search
+from test_policies_zoo import drafting, make_view
+
+
+def _both(monkeypatch, fn):
+    """fn() compiled, then in its numpy form."""
+    got = fn()
+    monkeypatch.setattr(search, "COMPILED", False)
+    want = fn()
+    monkeypatch.setattr(search, "COMPILED", True)
+    return got, want
+
+
+def _same(a, b) -> bool:
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def test_pairwise_and_argsort2_are_numpys_sum_and_lexsort():
+    rng = np.random.default_rng(0)
+    for n in list(range(0, 300)) + [1024, 1031, 4096]:
+        x = rng.standard_normal(n) * 10.0 ** rng.uniform(-6, 6, n)
+        assert kg.pairwise(x, 0, n) == x.sum() or n == 0
+        if n > 3:
+            assert kg.pairwise(x, 3, n - 3) == x[3:].sum()
+        k1 = np.round(rng.random(n), 1)
+        k1[rng.random(n) < 0.1] = np.nan
+        k2 = rng.integers(0, 4, n)
+        assert np.array_equal(kg.argsort2(k1, k2), np.lexsort((k2, k1)))
+
+
+def test_int_mean_is_numpys_mean():
+    rng = np.random.default_rng(8)
+    for n in list(range(1, 300)) + [4096]:
+        x = rng.integers(0, 10 ** int(rng.integers(1, 12)), n)
+        m, ok = kg.int_mean(x)
+        assert ok and m == float(x.mean())
+    assert not kg.int_mean(np.zeros(0, np.int64))[1] and not kg.int_mean(np.array([2 ** 41]))[1]
+
+
+def test_tie_bands_and_the_estimates_are_the_numpy_forms(monkeypatch):
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        n = int(rng.integers(1, 80))
+        a = np.round(rng.choice(rng.uniform(0.001, 0.999, 6), n) + rng.normal(0, 0.003, n) * (rng.random(n) < .5), 4)
+        tol = float(rng.choice([0.0, 0.001, 0.01, 0.05]))
+        got, ok = kg.tie_bands(a, tol)
+        assert ok and _same(got, kit.tie_bands(a, tol))
+        st = kit.PerRequest(accepted=0.0, rejected=0.0, conf_sum=0.0, drafted=0.0, verified_conf=0.0, verified=0.0)
+        rows = st.align(np.arange(n))
+        rows.array[:] = rng.integers(0, 30, (n, 6)) * rng.random((n, 6)) ** 2
+        rows.verified[rng.random(n) < 0.2] = 0.0
+        pool = ge.Evidence(accepted=7.0, rejected=3.0, conf_sum=6.0, drafted=10.0, mixture=bool(rng.random() < 0.7),
+                           cal_accepted=float(rng.uniform(1, 50)), cal_conf=float(rng.uniform(1, 50)))
+        cal = rng.uniform(0.3, 3, n)
+        for est in ("counts", "confidence"):
+            z = float(rng.choice([0.0, 0.5, 3.0]))
+            got, want = _both(monkeypatch, lambda: (ge.row_calibration(rows, pool.calibration, z),
+                                                    ge.row_estimates(rows, pool, cal, est, 8.0, tol)))
+            assert _same(got[0], want[0]) and _same(got[1], want[1])
+
+
+def test_the_estimates_weights_and_values_are_the_numpy_forms(monkeypatch):
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        n, K = int(rng.integers(1, 70)), int(rng.integers(1, 17))
+        a = np.round(rng.choice(rng.uniform(0.05, 0.999, 5), n), 4)
+        f = rng.uniform(0.6, 1.3, K)
+        view = make_view(n, remaining=rng.integers(1, 30, n))
+        cal = rng.uniform(0.3, 3, n)
+        pool = ge.Evidence(accepted=7.0, rejected=3.0, conf_sum=6.0, drafted=10.0)
+        st = kit.PerRequest(accepted=0.0, rejected=0.0, conf_sum=0.0, drafted=0.0, verified_conf=0.0, verified=0.0)
+        rows = st.align(np.arange(n))
+        rows.array[:] = rng.integers(0, 30, (n, 6)) * rng.random((n, 6))
+        est = ge.row_estimates(rows, pool, cal, "confidence", 8.0, 0.01)
+        dbar = None if rng.random() < 0.2 else float(rng.uniform(0.5, K + 2))
+        depths = rng.integers(0, K + 1, n) * (rng.random(n) < 0.8)
+        w = None if rng.random() < 0.3 else rng.uniform(0.1, 1, n)
+
+        def run():
+            S0, S, cap = ge.survivals(a, f, view, K, view.remaining)
+            out = [S0, S, cap, ge.row_estimates(rows, pool, cal, "counts", 8.0, 0.01), est,
+                   gw.tokens_per_step(S, dbar), gw.slot_weights(S0, dbar), gg.plan_value(S, depths, w),
+                   gg.extended(depths, 16, cap)]
+            tw = gw.time_weights(S, a, dbar, rows.drafted, 8.0, view.remaining, 1e-4, 0.02)
+            return out + [tw[0], tw[1], tw[2]]
+        got, want = _both(monkeypatch, run)
+        assert all(_same(x, y) for x, y in zip(got, want))
+
+
+def test_the_mixture_calibration_is_the_numpy_form(monkeypatch):
+    rng = np.random.default_rng(4)
+    for _ in range(300):
+        A, E = float(rng.uniform(0, 1e4) ** rng.uniform(0, 1)), float(rng.uniform(0, 1e4) ** rng.uniform(0, 1))
+
+        def cal():
+            p = ge.Evidence(mixture=True, cal_accepted=A, cal_conf=E)
+            return p.calibration
+        got, want = _both(monkeypatch, cal)
+        assert got == want
+
+
+def test_the_nested_plan_is_the_numpy_form_with_ties(monkeypatch):
+    rng = np.random.default_rng(5)
+    for _ in range(150):
+        n, K = int(rng.integers(17, 150)), int(rng.integers(1, 17))
+        a = rng.choice(rng.uniform(0.3, 0.99, 4), n)
+        S = np.cumprod(np.minimum(a[:, None] * rng.uniform(0.8, 1.2, K), 0.999), axis=1)
+        S[np.arange(K)[None, :] >= rng.integers(0, K + 1, n)[:, None]] = 0.0
+        w = rng.choice([0.5, 1.0], n) if rng.random() < 0.7 else rng.uniform(0.1, 1, n)
+        ver = np.cumsum(rng.uniform(0, 1e-4, n * K + 1)) + 0.01
+        dr = np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1e-4, n)) + 0.002])
+        costs = kit.Tables(ver, dr, rng.uniform(0, 1e-3, K) if rng.random() < 0.3 else None)
+        rem, G0 = rng.integers(1, 5, n), float(rng.uniform(0, 3) * n / ver[0])
+        got, want = _both(monkeypatch, lambda: gg.plan_positions(S, costs, G0, rem, w))
+        assert np.array_equal(got[0], want[0]) and got[1] == want[1]
+
+
+def test_keep_by_margin_and_drafting_keep_are_the_numpy_forms(monkeypatch):
+    rng = np.random.default_rng(6)
+    for _ in range(150):
+        n = int(rng.integers(1, 70))
+        view = drafting(make_view(n, remaining=rng.integers(1, 6, n)), rng.integers(0, 5, n))
+        costs = kit.Tables(np.cumsum(rng.uniform(0, 1e-4, 8 * n + 1)) + 0.01,
+                           np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1e-4, n + 1)) + 0.002]),
+                           rng.uniform(0, 1e-3, 8) if rng.random() < 0.3 else None)
+        a, cal = np.round(rng.choice([0.5, 0.7, 0.9], n), 4), rng.uniform(0.5, 2, n)
+        w = None if rng.random() < 0.3 else rng.choice([0.5, 1.0], n)
+        G = float(rng.uniform(0.2, 2) * n / costs.verify[0])
+        conf = np.where(rng.random((3, n)) < 0.8, np.round(rng.random((3, n)), 1), np.nan)
+        idx = np.flatnonzero(rng.random(n) < 0.6)
+        vals = np.round(rng.random(idx.size), 2) + rng.choice([0.0, 1e-8, 4e-7], idx.size)   # ties at 6 decimals
+        vals *= 3.0 if rng.random() < 0.2 else 1.0   # (values past 2: the compiled ranking's general sort)
+        past = rng.random() < 0.5
+
+        def run():
+            ratio = [float(n), float(n) / G] if past else None
+            d = gg.Drafting(n, a, cal, w, costs, G, view.depths, ratio)
+            out = [d.keep(view, p, conf[p], kit.PositionFactors()) for p in range(3)] + [d.s, ratio]
+            r2 = [float(n), float(n) / G]
+            if idx.size > 1:
+                out += [kit.keep_by_margin(view, 1, idx, vals, costs, G), kit.keep_by_margin(view, 0, idx, vals, costs,
+                                                                                               G, r2), r2]
+            return out
+        got, want = _both(monkeypatch, run)
+        assert all(_same(x, y) for x, y in zip(got, want))
+
+
+def test_evidence_observe_is_the_numpy_form(monkeypatch):
+    rng = np.random.default_rng(7)
+    for _ in range(100):
+        n = int(rng.integers(1, 70))
+        depths = rng.integers(0, 6, n)
+        depths[0] = max(depths[0], 1)
+        view = drafting(make_view(n), depths, conf=None)
+        view._s.confidences[:] = np.where(np.arange(view._s.confidences.shape[1])[None, :] < depths[:, None],
+                                          rng.random(view._s.confidences.shape), np.nan)
+        accepted = np.minimum(rng.integers(0, 6, n), depths)
+
+        def run():
+            p = ge.Evidence(mixture=True)
+            st = kit.PerRequest(accepted=0.0, rejected=0.0, conf_sum=0.0, drafted=0.0, verified_conf=0.0, verified=0.0)
+            rows = st.align(np.arange(n))
+            for _ in range(2):
+                p.observe(view, accepted, rows, np.full(n, 0.7), 2000.0)
+            return [rows.array, p.positions.accepted, p.positions.expected, p.dbar,
+                    [p.accepted, p.rejected, p.conf_sum, p.drafted, p.cal_accepted, p.cal_conf, p.verified]]
+        got, want = _both(monkeypatch, run)
+        assert all(_same(x, y) for x, y in zip(got, want))
+
+
+@pytest.mark.parametrize("extra", [["workload.batch_size=24"], ["workload.batch_size=20", "policy.estimator=counts"],
+                                   ["workload=poisson", "workload.rate=1e9", "workload.num_requests=60",
+                                    "engine.max_batch_size=20", "workload.max_concurrency=20"]])
+def test_goodput_runs_alike_compiled_and_in_numpy(monkeypatch, extra):
+    from sdtest import engine
+
+    def run():
+        res = engine("policy=goodput", "workload.output_len=48", "engine.progress=false", *extra).run()
+        return repr(res.steps) + repr(res.requests)
+    got, want = _both(monkeypatch, run)
+    assert got == want
