@@ -18,13 +18,6 @@ def plan_positions(S, costs, G0, remaining, w):
     tokens left, so no row falls behind the batch. Returns (depths, goodput)."""
     if w is None:
         return plan_by_position(S, costs, G0, tie=remaining)
-    n, K = S.shape
-    if search.COMPILED and n > search._SMALL and w.dtype == np.float64 and search._compiled_tables(S, costs, n, K):
-        pad = costs.pad   # the same search, compiled: S x w, sum(w) and the tie's key with it
-        depths, g = kernels.plan_weighted(S, w, remaining, float(G0), costs.verify, costs.draft,
-                                          search._NO_PAD if pad is None else pad, pad is not None)
-        if depths.size == n:   # (NaN: the numpy form below)
-            return depths, g
     return plan_by_position(S * w[:, None], costs, G0, tie=remaining, nested=True, base=float(w.sum()))
 
 

@@ -760,45 +760,11 @@ def rank_columns(S, key, order, done, upto):
 
 
 @njit(cache=True, nogil=True)
-def plan_nested(S, key, G0, ver, dr, pad, has_pad, base):
-    """`search.plan_by_position(..., nested=True)` for batches past `search._SMALL`: Dinkelbach's at most 5
-    searches (`_nested_search`) from max(base / verify[0], G0), the best plan's depths (`kernels.nested_depths`).
-    Returns (depths, its goodput); no depths where S or key hold NaN."""
-    if _any_nan(S, key):
-        return np.zeros(0, np.int64), 0.0
-    return _plan_ranked(S, key, G0, ver, dr, pad, has_pad, base)
-
-
-@njit(cache=True, nogil=True)
-def _plan_ranked(S, key, G0, ver, dr, pad, has_pad, base):
-    """`plan_nested` for S and key without NaN."""
-    n, K = S.shape
-    order = np.empty((n, K), np.int64)
-    ranked = np.zeros(1, np.int64)   # the columns of order ranked so far (`rank_columns`, as the searches reach)
-    g_none = base / ver[0]
-    G = G0 if G0 > g_none else g_none
-    best_g, best = g_none, np.zeros(0, np.int64)
-    for _ in range(5):
-        ms, m, e, t = _nested_search(S, key, order, ranked, K, G, ver, dr, pad, has_pad, n, base)
-        if m == 0:
-            if G <= g_none:
-                break
-            G = g_none
-            continue
-        g = e / t
-        if g > best_g:
-            best_g, best = g, ms[:m].copy()
-        if abs(g - G) <= 1e-3 * G:
-            break
-        G = g
-    return nested_depths(order, best, n), best_g
-
-
-@njit(cache=True, nogil=True)
-def _nested_search(S, key, order, ranked, K, G, ver, dr, pad, has_pad, n, base):
+def nested_search(S, key, order, ranked, K, G, ver, dr, pad, has_pad, n, base):
     """`kernels.nested_by_position` over the first D columns, the columns ranked first (D from 2, doubled while
-    the search reaches D < K): the positions past where it stops are never ranked. The same result as over all K
-    (the loop over the first D positions is the same)."""
+    the search reaches D < K; `ranked[0]`: the columns of `order` ranked so far, across calls): the positions past
+    where it stops are never ranked. The same result as over all K (the loop over the first D positions is the
+    same). Returns (the m per position, their count, value, seconds)."""
     D = min(K, 2)
     while True:
         if ranked[0] < D:
@@ -1103,25 +1069,6 @@ def extend_depths(depths, extend, cap):
     for i in range(depths.shape[0]):
         out[i] = min(depths[i] + extend, cap[i]) if depths[i] > 0 else 0
     return out
-
-
-@njit(cache=True, nogil=True)
-def plan_weighted(S, w, tie, G0, ver, dr, pad, has_pad):
-    """`goodput_gates.plan_positions` with weights: `plan_nested` on S x w (per row), base sum(w) (np.sum's
-    order), key -tie (as float)."""
-    n, K = S.shape
-    Sw = np.empty((n, K))
-    key = np.empty(n)
-    nan = False
-    for i in range(n):
-        key[i] = -float(tie[i])
-        nan = nan or key[i] != key[i]
-        for p in range(K):
-            Sw[i, p] = x = S[i, p] * w[i]
-            nan = nan or x != x
-    if nan:
-        return np.zeros(0, np.int64), 0.0
-    return _plan_ranked(Sw, key, G0, ver, dr, pad, has_pad, pairwise(w, 0, n))
 
 
 @njit(cache=True, nogil=True)

@@ -25,31 +25,44 @@ def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | No
     n, K = S.shape
     key = np.zeros(n) if tie is None else -np.asarray(tie, float)
     base = float(n) if base is None else base
-    if nested and n > _SMALL and COMPILED and _compiled_tables(S, costs, n, K):   # the same search, compiled
-        depths, g = kernels.plan_nested(S, key, float(G0), costs.verify, costs.draft,
-                                        _NO_PAD if costs.pad is None else costs.pad, costs.pad is not None, base)
-        if depths.size == n:   # (NaN: the numpy form below)
-            return depths, g
+    g_none = base / costs.verify[0]
+    if nested and n > _SMALL and COMPILED and _compiled_tables(S, costs, n, K) and not kernels._any_nan(S, key):
+        order = np.empty((n, K), np.int64)   # ranked as the compiled searches reach its columns
+        ranked = np.zeros(1, np.int64)
+        args = (costs.verify, costs.draft, _NO_PAD if costs.pad is None else costs.pad, costs.pad is not None, n, base)
+
+        def compiled(G):
+            ms, m, e, t = kernels.nested_search(S, key, order, ranked, K, G, *args)
+            return ms[:m], e, t
+        ms, best_g = _dinkelbach(compiled, g_none, G0)
+        return kernels.nested_depths(order, np.asarray(ms, np.int64), n), best_g
     order = np.lexsort((np.broadcast_to(key[:, None], S.shape), -S), axis=0)   # rows ranked per position
     column = _columns(S, order, nested)
-    g_none = base / costs.verify[0]
-    G = max(g_none, G0)
-    best_g, ms = g_none, []
     search = _by_position_small if n <= _SMALL else _by_position
+    ms, best_g = _dinkelbach(lambda G: search(column, K, G, costs, n, base), g_none, G0)
+    return _depths(ms, column, order, nested or n <= _SMALL), best_g
+
+
+def _dinkelbach(search, g_none: float, G0: float):
+    """Dinkelbach's iteration over `search(G)` -> (a plan's m per position, its value, its seconds): at most 5
+    plans, each made at the goodput of the one before, from max(g_none, G0) (no plan: once more at g_none); the
+    best plan and its goodput (none and g_none where no plan beats drafting nothing)."""
+    G = max(g_none, G0)
+    best_g, best = g_none, []
     for _ in range(5):
-        cand, e, t = search(column, K, G, costs, n, base)
-        if not cand:
+        cand, e, t = search(G)
+        if not len(cand):
             if G <= g_none:
                 break
             G = g_none
             continue
         g = e / t
         if g > best_g:
-            best_g, ms = g, cand
+            best_g, best = g, cand
         if abs(g - G) <= 1e-3 * G:
             break
         G = g
-    return _depths(ms, column, order, nested or n <= _SMALL), best_g
+    return best, best_g
 
 
 def _depths(ms: list, column, order: np.ndarray, by_column: bool) -> np.ndarray:
