@@ -87,7 +87,10 @@ class TreeGoodput(Policy):
         if trees is None:   # a chain step (every row's tree a chain, or nothing drafted)
             if not view.drafted.any():
                 return
-            trees = [self._chains.setdefault(k, chain(k)) for k in view.drafted.tolist()]
+            ks, chains = view.drafted.tolist(), self._chains
+            for k in set(ks).difference(chains):
+                chains[k] = chain(k)
+            trees = [chains[k] for k in ks]
         elif self._use_confidence:
             self._conf.observe(trees, view.node_confidences)
         self._table.observe(trees, accepted)
