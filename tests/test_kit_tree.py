@@ -162,3 +162,79 @@ def test_rank_estimate_prior_table_and_confidence_means():
     # ranks 0, 1 drafted (0.7, 0.1); rank 2 by rank 1's hazard, 0.1 / 0.3: a third of the 0.2 left
     assert conf.table(np.array([0.5, 0.3, 0.05])) == pytest.approx([0.7, 0.1, 0.2 / 3])
     assert K.RankConfidence(ranks=2).table(np.array([0.5, 0.3])).tolist() == [0.5, 0.3]   # nothing drafted
+
+
+def test_compiled_interp_and_pairwise_are_numpys():
+    from specdepth.policies.kit import kernels_tree as KT
+    rng = np.random.default_rng(3)
+    for size in (1, 2, 5, 40):
+        fp = np.cumsum(rng.uniform(0, 1, size)) * 10.0 ** rng.integers(-6, 3)
+        xs = np.concatenate([rng.uniform(-1, size + 1, 50), np.arange(size + 1.0), [-0.0]])
+        assert np.array_equal(np.array([KT.interp(x, fp, 0, size) for x in xs]), np.interp(xs, np.arange(size), fp))
+    for cols in range(1, 40):
+        A = rng.standard_normal((20, cols)) * 10.0 ** rng.integers(-8, 8, (20, cols))
+        assert np.array_equal(np.array([0.0 + KT.pairwise(r, 0, cols) for r in A]), A.sum(axis=1))
+
+
+def test_compiled_plan_trees_is_the_numpy_search(monkeypatch):
+    """The compiled search (kernels_tree) chooses the plan the numpy loop does, to the bit, with and without a
+    calibration and a per-level overhead, from fresh tables and from kept ones."""
+    class Cal:
+        def __init__(self, p):
+            self.p = p
+
+        def params(self, phase):
+            return self.p[:2] if phase == "draft" else self.p[2:]
+
+    class Overhead:
+        position_overhead_s = 3e-5
+
+        def __getattr__(self, name):
+            return getattr(_cost(), name)
+
+    rng = np.random.default_rng(11)
+    cases = []
+    for _ in range(24):
+        t = np.sort(rng.dirichlet(np.ones(rng.integers(1, 6))) * rng.uniform(0.5, 1.0))[::-1]
+        n = int(rng.integers(1, 300))
+        cal = Cal(tuple(rng.uniform(-0.5, 2.0, 4) * [1, 1e-4, 1, 1e-3])) if rng.random() < 0.6 else None
+        depths = None if rng.random() < 0.7 else list(rng.integers(0, 9, 4))
+        cases.append((np.round(t * 200) / 200, n, cal, rng.random() < 0.5, int(rng.integers(0, 40)),
+                      int(rng.integers(0, 12)), depths, int(rng.integers(1, 9)), rng.integers(100, 2000, n)))
+
+    def plans():
+        out = []
+        for t, n, cal, oh, N, D, depths, steps, ctx in cases:
+            price = K.TreePrice(cal).update(Overhead() if oh else _cost(), ctx)
+            for _ in range(2):
+                p = K.plan_trees(t, price, n, N, D, depths=depths, steps=steps)
+                out.append((p.depth, p.nodes, p.tokens, p.goodput, None if p.order is None else p.order.parent.tolist()))
+        return out
+    got = plans()
+    monkeypatch.setattr(K, "COMPILED", False)
+    assert got == plans()
+
+
+def test_compiled_candidates_are_the_numpy_prices():
+    """Every candidate's parts from kernels_tree (tokens, summed draft seconds, forwards, verify seconds) are what
+    plan_trees' numpy form computes from the same tables, to the bit."""
+    rng = np.random.default_rng(4)
+    for _ in range(12):
+        t = np.sort(rng.dirichlet(np.ones(rng.integers(1, 6))) * rng.uniform(0.5, 1.0))[::-1]
+        n, steps, oh = int(rng.integers(1, 300)), int(rng.integers(1, 9)), float(rng.choice([0.0, 3e-5]))
+        pack = K._orders((t.tobytes(), int(rng.integers(1, 70)), int(rng.integers(1, 20)), None))
+        price = K.TreePrice().update(_cost(), rng.integers(100, 2000, n))
+        v, dr = price._tables(80.0, 80.0)
+        price.cost = type("C", (), {"position_overhead_s": oh, "__getattr__": lambda s, k: getattr(_cost(), k)})()
+        want = []
+        for o in pack.orders:
+            N = o.parent.size
+            x = np.arange(N * steps + 1) / steps
+            lo = np.minimum(np.floor(x).astype(np.int64), N - 1)
+            f = x - lo
+            E, L = np.concatenate([[0.0], np.cumsum(o.prob)]), o.levels()
+            lv = L[lo] + f[:, None] * (L[lo + 1] - L[lo])
+            draft = np.interp(lv, np.arange(dr.size), dr) + (lv > 0) * oh
+            want.append(np.stack([n * (1.0 + E[lo] + f * (E[lo + 1] - E[lo])), draft.sum(axis=1),
+                                  (lv > 0).sum(axis=1), np.interp(x, np.arange(v.size), v)]))
+        assert np.array_equal(price.candidates(pack, n, steps)[1], np.concatenate(want, axis=1))

@@ -23,6 +23,10 @@ import numpy as np
 
 from specdepth.tree import Tree, chain, from_parents, path_probs, rows
 
+from . import kernels_tree
+
+COMPILED = True   # plan_trees' compiled search (kit/kernels_tree.py); False: its numpy form, which it equals (tests compare)
+
 
 # ---- a tree's expected accepted nodes -------------------------------------------------------------------------
 def expected_accepted(trees, table: np.ndarray, n: int | None = None) -> np.ndarray:
@@ -258,6 +262,7 @@ class TreePrice:
     def __init__(self, calibration=None):
         self.calibration = calibration
         self._key = None
+        self._memo: dict = {}   # plan_trees' candidate parts under the current tables
 
     def update(self, cost, ctx: np.ndarray) -> "TreePrice":
         n = int(ctx.size)
@@ -267,6 +272,7 @@ class TreePrice:
             self._key, self.cost, self.n, self.cbar = key, cost, n, cbar
             self._verify = np.zeros(0)
             self._draft = np.zeros(1)   # q = 0: no forward
+            self._memo = {}
         return self
 
     def _tables(self, nodes: float, q: float) -> tuple[np.ndarray, np.ndarray]:
@@ -279,11 +285,46 @@ class TreePrice:
                 self._verify = np.asarray(self.cost.verify_times(c, xs * n), float)
             else:
                 self._verify = np.array([self.cost.verify_time(c, np.full(n, x)) for x in xs])
+            self._memo = {}
         Q = int(np.ceil(q)) + 1
         if self._draft.size < Q + 1:
             more = [self.cost.draft_forward(c, np.full(n, qq, np.int64))[0] for qq in range(self._draft.size, Q + 1)]
             self._draft = np.concatenate([self._draft, more])
+            self._memo = {}
         return self._verify, self._draft
+
+    def candidates(self, pack: "_Orders", n: int, steps: int) -> tuple[float, np.ndarray]:
+        """plan_trees' candidates priced by parts, as `seconds` prices them (the tables as each depth cap's call
+        to it finds them): the zero plan's seconds and float [4, candidates] (tokens, summed draft seconds,
+        forwards, verify seconds), kept while the tables hold."""
+        key = (None if pack is None else pack.key, n, steps)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return self._zero(*hit[0]), hit[1]
+        memo = self._memo
+        sizes = () if pack is None else zip(pack.Ns.tolist(), pack.lmax.tolist())
+        tabs = [self._tables(0.0, 0.0)] + [self._tables(float(N), m) for N, m in sizes]
+        oh = float(getattr(self.cost, "position_overhead_s", 0.0))
+        parts = np.zeros((4, 0))
+        if len(tabs) > 1:
+            (vbuf, voff, vlen), (dbuf, doff, dlen) = (_flat([t[k] for t in tabs[1:]]) for k in (0, 1))
+            parts = kernels_tree.candidates(pack.probs, pack.poff, pack.levels, pack.loff, pack.Ns, pack.cols, steps,
+                                            n, vbuf, voff, vlen, dbuf, doff, dlen, oh)
+        v0, d0 = tabs[0]
+        zero = (0.0 + (0.0 + (kernels_tree.interp(0.0, d0, 0, d0.size) + oh * 0.0)),
+                kernels_tree.interp(0.0, v0, 0, v0.size))
+        if memo is self._memo:   # the tables did not grow meanwhile
+            if len(memo) >= 64:
+                memo.clear()
+            memo[key] = (zero, parts)
+        return self._zero(*zero), parts
+
+    def _zero(self, draft: float, verify: float) -> float:
+        """`seconds` of the plan without nodes from its summed draft and verify seconds."""
+        if self.calibration is not None:
+            (sd, cd), (sv, cv) = self.calibration.params("draft"), self.calibration.params("verify")
+            return float(sd * draft + cd * 0.0 + sv * verify + cv)
+        return float(draft + verify)
 
     def seconds(self, nodes: np.ndarray, levels: np.ndarray) -> np.ndarray:
         """Step seconds of plans where every row has `nodes[j]` nodes and `levels[j, d]` draft tokens at level d
@@ -313,6 +354,73 @@ class TreePlan:
     order: Order
 
 
+def _flat(arrays: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct arrays of a list (by identity) end to end (a new float array), and each entry's offset and
+    size there."""
+    first: dict[int, int] = {}
+    parts, off = [], 0
+    for a in arrays:
+        if id(a) not in first:
+            first[id(a)] = off
+            parts.append(a)
+            off += a.size
+    buf = np.concatenate(parts).astype(float, copy=False) if parts else np.zeros(1)
+    return (buf, np.array([first[id(a)] for a in arrays], np.int64),
+            np.array([a.size for a in arrays], np.int64))
+
+
+@dataclass(frozen=True)
+class _Orders:
+    """plan_trees' depth caps with nodes and their orders, flat for the compiled search: node probabilities and
+    levels end to end (offsets poff, loff), node counts Ns, level columns and each cap's most draft tokens."""
+    key: tuple
+    depths: list
+    orders: list
+    probs: np.ndarray
+    poff: np.ndarray
+    levels: np.ndarray
+    loff: np.ndarray
+    Ns: np.ndarray
+    cols: np.ndarray
+    lmax: np.ndarray
+
+
+@functools.lru_cache(maxsize=64)
+def _orders(key: tuple) -> _Orders:
+    table, max_nodes, max_depth, depths = key
+    deepest = int(best_order(np.frombuffer(table, float), max_nodes, max_depth).depth.max(initial=0))
+    Ds = range(1, deepest + 1) if depths is None else [d for d in depths if 1 <= d <= deepest]
+    pairs = [(D, o) for D, o in ((D, best_order(np.frombuffer(table, float), max_nodes, D)) for D in Ds)
+             if o.parent.size]
+    orders = [o for _, o in pairs]
+    Ls = [o.levels()[:o.parent.size + 1] for o in orders]
+    probs, poff, _ = _flat([o.prob for o in orders])
+    levels, loff, _ = _flat([np.ascontiguousarray(L, np.int64).ravel() for L in Ls])
+    return _Orders(key, [D for D, _ in pairs], orders, probs, poff, levels.astype(np.int64), loff,
+                   np.array([o.parent.size for o in orders], np.int64), np.array([L.shape[1] for L in Ls], np.int64),
+                   np.array([L[-1].max() for L in Ls], float))
+
+
+def _plan_compiled(table, price: TreePrice, n: int, max_nodes: int, max_depth: int, depths, steps: int) -> TreePlan:
+    """plan_trees by kernels_tree: the candidates' parts (kept by `price` while its tables hold) and the best."""
+    steps = max(1, min(int(steps), n))
+    ok = max_nodes > 0 and max_depth > 0
+    pack = _orders((np.asarray(table, float).tobytes(), int(max_nodes), int(max_depth),
+                    None if depths is None else tuple(int(d) for d in depths))) if ok else None
+    zero, parts = price.candidates(pack, n, steps)
+    best = TreePlan(0, 0.0, float(n), float(n) / zero, None)
+    if not parts.shape[1]:
+        return best
+    coff = np.concatenate([[0], np.cumsum(pack.Ns * steps + 1)])
+    cal = price.calibration
+    (sd, cd), (sv, cv) = (cal.params("draft"), cal.params("verify")) if cal is not None else ((1.0, 0.0), (1.0, 0.0))
+    s, j, g = kernels_tree.best_candidate(parts, coff, cal is not None, float(sd), float(cd), float(sv), float(cv),
+                                          best.goodput)
+    if s < 0:
+        return best
+    return TreePlan(pack.depths[s], float((j - coff[s]) / steps), float(parts[0, j]), float(g), pack.orders[s])
+
+
 def plan_trees(table, price: TreePrice, n: int, max_nodes: int, max_depth: int, depths=None,
                steps: int = 8) -> TreePlan:
     """The tree plan with the most expected tokens per second (n rows, each emitting 1 + its expected accepted
@@ -320,6 +428,8 @@ def plan_trees(table, price: TreePrice, n: int, max_nodes: int, max_depth: int, 
     max_nodes nodes reach give the same trees and are skipped) and each node count per row 0..max_nodes in
     `steps` fractions (a fraction f of the rows one node more than the rest, whose trees are the next in the
     best-first order). Every row shares `table`; `plan_rows` cuts the trees of rows that end early."""
+    if COMPILED and max_depth <= 128:   # the compiled pairwise sum covers rows of up to 128 levels
+        return _plan_compiled(table, price, n, max_nodes, max_depth, depths, steps)
     best = TreePlan(0, 0.0, float(n), float(n) / float(price.seconds(np.zeros(1), np.zeros((1, 1)))[0]), None)
     steps = max(1, min(int(steps), n))
     if max_nodes <= 0 or max_depth <= 0:

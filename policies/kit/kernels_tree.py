@@ -1,0 +1,178 @@
+"""Compiled loops of kit.tree's plan search (numba, cached on disk): the candidates' parts of a tree step's price
+and the best candidate per depth cap. Each computes what the numpy code it replaces (`plan_trees` over
+`TreePrice.seconds`) computed: the same IEEE operations in the same order, np.interp's rule over an arange grid,
+numpy's pairwise sum over a row (its 0.0 start, blocks of 8 accumulators), and np.argmax's first maximum (a NaN
+wins), so a plan does not depend on it."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True, inline="always")
+def interp(x, fp, off, size):
+    """np.interp(x, np.arange(size), fp[off:off + size]): its ends, its exact grid points and its slope form."""
+    if size == 1:
+        return fp[off]
+    if math.isnan(x):
+        return x
+    last = size - 1
+    if x >= last:
+        return fp[off + last]
+    if x < 0.0:
+        return fp[off]
+    j = int(x)   # x >= 0: its floor
+    if float(j) == x:
+        return fp[off + j]
+    slope = fp[off + j + 1] - fp[off + j]   # over a grid step of 1.0, which divides exactly
+    r = slope * (x - float(j)) + fp[off + j]
+    if math.isnan(r):
+        r = slope * (x - float(j + 1)) + fp[off + j + 1]
+        if math.isnan(r) and fp[off + j] == fp[off + j + 1]:
+            r = fp[off + j]
+    return r
+
+
+@njit(cache=True, nogil=True, inline="always")
+def pairwise(a, lo, n):
+    """numpy's pairwise sum of a[lo:lo + n] for n <= 128 (without the reduction's 0.0 start)."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    else:
+        r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+        r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+        i = 8
+        while i < n - (n % 8):
+            j = lo + i
+            r0, r1, r2, r3 = r0 + a[j], r1 + a[j + 1], r2 + a[j + 2], r3 + a[j + 3]
+            r4, r5, r6, r7 = r4 + a[j + 4], r5 + a[j + 5], r6 + a[j + 6], r7 + a[j + 7]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        while i < n:
+            res += a[lo + i]
+            i += 1
+        return res
+
+
+@njit(cache=True, nogil=True)
+def _whole_levels(L, N, cols, dbuf, doff, oh, base, fw, ds, moved):
+    """Per node count lo in 0..N: its levels' draft seconds (a table entry each, as np.interp gives at a grid
+    point; + oh where the level has tokens) in base[lo], their sum (np.sum's order) in ds[lo], the levels with
+    tokens in fw[lo], and the level that node lo moves (-1: none, -2: several) in moved[lo]."""
+    for lo in range(N + 1):
+        cnt, m = 0, -1
+        for c in range(cols):
+            a = L[lo, c]
+            pos = a > 0
+            base[lo, c] = dbuf[doff + a] + (oh if pos else oh * 0.0)
+            if pos:
+                cnt += 1
+            if lo < N and L[lo + 1, c] != a:
+                m = c if m == -1 else -2
+        fw[lo], moved[lo] = cnt, m
+        ds[lo] = 0.0 + pairwise(base[lo], 0, cols)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _level_seconds(L, lo, f, c, dbuf, doff, dlen, oh):
+    """Level c's draft seconds at node count lo + f (np.interp between its grid points, + oh where it has
+    tokens), whether it has tokens, and whether it had at lo."""
+    a = L[lo, c]
+    lv = float(a) + f * float(L[lo + 1, c] - a)
+    pos = lv > 0
+    return interp(lv, dbuf, doff, dlen) + (oh if pos else oh * 0.0), pos, a > 0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _between(L, lo, f, cols, moved, dbuf, doff, dlen, oh, base, fw, buf):
+    """Summed draft seconds and forwards of node count lo + f (0 < f <= 1) where node lo moves level `moved`
+    (-2: several): base[lo] with the moved levels' seconds in place, summed in np.sum's order."""
+    cnt = fw[lo]
+    if moved >= 0:
+        row = base[lo]
+        old = row[moved]
+        row[moved], pos, was = _level_seconds(L, lo, f, moved, dbuf, doff, dlen, oh)
+        s = 0.0 + pairwise(row, 0, cols)
+        row[moved] = old
+        return s, float(cnt + (1 if pos else 0) - (1 if was else 0))
+    for c in range(cols):
+        if L[lo + 1, c] == L[lo, c]:
+            buf[c] = base[lo, c]
+        else:
+            buf[c], pos, was = _level_seconds(L, lo, f, c, dbuf, doff, dlen, oh)
+            cnt += (1 if pos else 0) - (1 if was else 0)
+    return 0.0 + pairwise(buf, 0, cols), float(cnt)
+
+
+@njit(cache=True, nogil=True)
+def _segment(prob, L, N, cols, steps, n, ver, dbuf, doff, dlen, oh, out, o):
+    """One depth cap's candidates (N nodes, steps per node) into out[:, o:o + N steps + 1]: tokens, summed draft
+    seconds, forwards, verify seconds (ver: by candidate)."""
+    E = np.empty(N + 1)
+    E[0] = 0.0
+    for i in range(N):
+        E[i + 1] = prob[0] if i == 0 else E[i] + prob[i]
+    c1 = max(cols, 1)
+    base, buf = np.empty((N + 1, c1)), np.empty(c1)
+    fw, ds, moved = np.empty(N + 1, np.int64), np.empty(N + 1), np.empty(N + 1, np.int64)
+    _whole_levels(L, N, cols, dbuf, doff, oh, base, fw, ds, moved)
+    for i in range(N * steps + 1):
+        x = i / steps
+        lo = min(int(math.floor(x)), N - 1)
+        f = x - lo
+        out[0, o + i] = n * ((1.0 + E[lo]) + f * (E[lo + 1] - E[lo]))
+        out[3, o + i] = ver[i]
+        if f == 0.0 or moved[lo] == -1:
+            out[1, o + i], out[2, o + i] = ds[lo], float(fw[lo])
+        else:
+            out[1, o + i], out[2, o + i] = _between(L, lo, f, cols, moved[lo], dbuf, doff, dlen, oh, base, fw, buf)
+    return o + N * steps + 1
+
+
+@njit(cache=True, nogil=True)
+def candidates(probs, poff, Ls, loff, Ns, cols, steps, n, vbuf, voff, vlen, dbuf, doff, dlen, oh):
+    """float [4, sum(N steps + 1)]: every depth cap's candidates (`_segment`), segment s from the flat node
+    probabilities probs[poff[s]:], levels Ls[loff[s]:] ([N + 1, cols[s]]) and tables vbuf[voff[s]:] (verify, vlen[s]
+    entries) and dbuf[doff[s]:] (draft forwards)."""
+    S = Ns.shape[0]
+    total, M = 0, 1
+    for s in range(S):
+        total += Ns[s] * steps + 1
+        M = max(M, Ns[s] * steps + 1)
+    out = np.empty((4, total))
+    ver = np.empty(M)
+    o = 0
+    for s in range(S):
+        N, c = Ns[s], cols[s]
+        if s == 0 or voff[s] != voff[s - 1] or vlen[s] != vlen[s - 1]:
+            for i in range(M):
+                ver[i] = interp(i / steps, vbuf, voff[s], vlen[s])
+        L = Ls[loff[s]:loff[s] + (N + 1) * c].reshape((N + 1, c))
+        o = _segment(probs[poff[s]:poff[s] + N], L, N, c, steps, float(n), ver, dbuf, doff[s], dlen[s], oh, out, o)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def best_candidate(parts, coff, calibrated, sd, cd, sv, cv, g0):
+    """plan_trees' choice over the segments' candidates: per segment the first maximum of tokens / seconds
+    (calibrated: sd draft + cd forwards + sv verify + cv; else draft + verify), taken where it beats the best so
+    far by a factor 1 + 1e-12 (from g0). Returns (segment or -1, candidate index, its goodput)."""
+    best, bs, bj = g0, -1, -1
+    for s in range(coff.shape[0] - 1):
+        jm, gm = -1, 0.0
+        for i in range(coff[s], coff[s + 1]):
+            if calibrated:
+                sec = sd * parts[1, i] + cd * parts[2, i] + sv * parts[3, i] + cv
+            else:
+                sec = parts[1, i] + parts[3, i]
+            g = parts[0, i] / sec
+            if jm < 0 or (not math.isnan(gm) and (g > gm or math.isnan(g))):
+                jm, gm = i, g
+        if jm >= 0 and gm > best * (1 + 1e-12):
+            best, bs, bj = gm, s, jm
+    return bs, bj, best
