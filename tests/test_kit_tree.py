@@ -238,3 +238,28 @@ def test_compiled_candidates_are_the_numpy_prices():
             want.append(np.stack([n * (1.0 + E[lo] + f * (E[lo + 1] - E[lo])), draft.sum(axis=1),
                                   (lv > 0).sum(axis=1), np.interp(x, np.arange(v.size), v)]))
         assert np.array_equal(price.candidates(pack, n, steps)[1], np.concatenate(want, axis=1))
+
+
+def test_compiled_rank_estimate_is_the_numpy_em(monkeypatch):
+    """RankEstimate's compiled refresh (kernels_tree.expected_counts) keeps the groups and the hits and trials the
+    numpy EM step does, to the bit."""
+    rng = np.random.default_rng(6)
+    shapes = [T.chain(3), T.from_widths([2, 2]), T.EAGLE_TREE, K.best_tree([0.5, 0.3, 0.1], 20, 7), T.chain(0),
+              T.from_widths([4, 1, 1])]
+    steps = []
+    for _ in range(40):
+        n = int(rng.integers(1, 40))
+        trees = [shapes[i] for i in rng.integers(0, len(shapes), n)] if rng.random() < 0.8 else shapes[2]
+        acc = np.array([int(rng.integers(0, t.max_depth + 1)) for t in T.rows(trees, n)])
+        steps.append((trees, acc))
+
+    def run():
+        est = K.RankEstimate(ranks=3, memory=30.0, every=0.05)
+        out = []
+        for trees, acc in steps:
+            est.observe(trees, acc)
+            out.append((est.hits.tolist(), est.trials.tolist(), list(est._groups)))
+        return out
+    got = run()
+    monkeypatch.setattr(K, "COMPILED", False)
+    assert got == run()

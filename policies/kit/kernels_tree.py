@@ -135,25 +135,24 @@ def _segment(prob, L, N, cols, steps, n, ver, dbuf, doff, dlen, oh, out, o):
 
 
 @njit(cache=True, nogil=True)
-def candidates(probs, poff, Ls, loff, Ns, cols, steps, n, vbuf, voff, vlen, dbuf, doff, dlen, oh):
+def candidates(probs, poff, Ls, loff, Ns, cols, steps, n, ver, dr, oh):
     """float [4, sum(N steps + 1)]: every depth cap's candidates (`_segment`), segment s from the flat node
-    probabilities probs[poff[s]:], levels Ls[loff[s]:] ([N + 1, cols[s]]) and tables vbuf[voff[s]:] (verify, vlen[s]
-    entries) and dbuf[doff[s]:] (draft forwards)."""
+    probabilities probs[poff[s]:] and levels Ls[loff[s]:] ([N + 1, cols[s]]), under the verify table `ver`
+    (x nodes a row) and the draft table `dr` (one forward of q tokens a row)."""
     S = Ns.shape[0]
     total, M = 0, 1
     for s in range(S):
         total += Ns[s] * steps + 1
         M = max(M, Ns[s] * steps + 1)
     out = np.empty((4, total))
-    ver = np.empty(M)
+    vx = np.empty(M)
+    for i in range(M):
+        vx[i] = interp(i / steps, ver, 0, ver.shape[0])
     o = 0
     for s in range(S):
         N, c = Ns[s], cols[s]
-        if s == 0 or voff[s] != voff[s - 1] or vlen[s] != vlen[s - 1]:
-            for i in range(M):
-                ver[i] = interp(i / steps, vbuf, voff[s], vlen[s])
         L = Ls[loff[s]:loff[s] + (N + 1) * c].reshape((N + 1, c))
-        o = _segment(probs[poff[s]:poff[s] + N], L, N, c, steps, float(n), ver, dbuf, doff[s], dlen[s], oh, out, o)
+        o = _segment(probs[poff[s]:poff[s] + N], L, N, c, steps, float(n), vx, dr, 0, dr.shape[0], oh, out, o)
     return out
 
 
@@ -176,3 +175,63 @@ def best_candidate(parts, coff, calibrated, sd, cd, sv, cv, g0):
         if jm >= 0 and gm > best * (1 + 1e-12):
             best, bs, bj = gm, s, jm
     return bs, bj, best
+
+
+@njit(cache=True, nogil=True)
+def _masses(par, dep, rnk, counts, table, R, W):
+    """RankEstimate._expected_counts' weights for one tree (node arrays par, dep, rnk; counts[a]: rows that
+    accepted a nodes): W[1 + i] the rows whose path ends at node i (W[0]: at the root); returns the rows whose path
+    passes through each node, [root, node 0, ...] (the numpy form's bincounts and add.at, in node order)."""
+    N = par.shape[0]
+    reach, acc = np.empty(N), np.zeros(N + 1)
+    level, size = np.zeros(counts.shape[0]), np.zeros(counts.shape[0], np.int64)
+    for i in range(N):
+        pr = table[rnk[i]] if rnk[i] < R else 0.0
+        reach[i] = pr * (reach[par[i]] if par[i] >= 0 else 1.0)
+        acc[par[i] + 1] += table[rnk[i]] if rnk[i] < R else 0.0
+    for i in range(N):
+        m = 1.0 - acc[i + 1]
+        reach[i] = reach[i] * (m if (m >= 0.0 or math.isnan(m)) else 0.0)   # now: the path's end weight
+        level[dep[i]] += reach[i]
+        size[dep[i]] += 1
+    W[0] = counts[0]
+    for i in range(N):
+        lv = level[dep[i]]
+        W[i + 1] = counts[dep[i]] * (reach[i] / lv if lv > 0 else 1.0 / size[dep[i]])
+    mass = W.copy()
+    for d in range(counts.shape[0] - 1, 1, -1):
+        for i in range(N):
+            if dep[i] == d:
+                mass[par[i] + 1] += mass[i + 1]
+    return mass
+
+
+@njit(cache=True, nogil=True)
+def expected_counts(par, dep, rnk, noff, cnt, coff, table, R, hits, trials, keep):
+    """RankEstimate.refresh's EM step over its groups (group g: the tree par/dep/rnk[noff[g]:noff[g + 1]], its rows
+    per accepted length cnt[coff[g]:coff[g + 1]]): keep[g] where its rows sum (np.sum's order) to >= 1e-3, and
+    the kept groups' expected hits and trials per rank added in group order (the numpy form's bincounts and
+    reversed cumsums)."""
+    full, ends = np.empty(R + 1), np.empty(R + 1)
+    for g in range(noff.shape[0] - 1):
+        counts = cnt[coff[g]:coff[g + 1]]
+        keep[g] = 0.0 + pairwise(counts, 0, counts.shape[0]) >= 1e-3
+        if not keep[g]:
+            continue
+        a, b = noff[g], noff[g + 1]
+        W = np.empty(b - a + 1)
+        mass = _masses(par[a:b], dep[a:b], rnk[a:b], counts, table, R, W)
+        full[:], ends[:] = 0.0, 0.0
+        kids = np.zeros(b - a + 1, np.int64)
+        for i in range(a, b):
+            full[min(rnk[i], R)] += mass[i - a + 1]
+            kids[par[i] + 1] += 1
+        for j in range(b - a + 1):
+            ends[min(kids[j], R)] += W[j]
+        rc, re = full[R], ends[R]   # the reversed cumsums: rc through rank r, re past it
+        for r in range(R - 1, -1, -1):
+            rc = rc + full[r]
+            hits[r] += full[r]
+            trials[r] += rc + re
+            re = re + ends[r]
+    return keep

@@ -136,6 +136,7 @@ class RankEstimate:
         self.hits = np.zeros(self.ranks)
         self.trials = np.zeros(self.ranks)
         self._groups: dict[bytes, list] = {}   # tree shape (parents) -> [tree, decayed rows per path length]
+        self._packed = None   # the groups' trees end to end, for the compiled refresh
         self.start(prior)
 
     def start(self, prior) -> None:
@@ -174,6 +175,8 @@ class RankEstimate:
     def refresh(self) -> None:
         """One EM iteration over the kept observations (tree shapes that decayed below 1e-3 rows are dropped)."""
         self._new = 0.0
+        if COMPILED and self._groups:
+            return self._refresh_compiled()
         self._groups = {k: g for k, g in self._groups.items() if g[1].sum() >= 1e-3}
         table = self.table
         hits, trials = np.zeros(self.ranks), np.zeros(self.ranks)
@@ -181,6 +184,23 @@ class RankEstimate:
             h, tr = self._expected_counts(t, counts, table)
             hits += h
             trials += tr
+        self.hits, self.trials = hits, trials
+
+    def _refresh_compiled(self) -> None:
+        """refresh by kernels_tree.expected_counts (the groups' trees end to end, kept while the shapes hold)."""
+        groups = list(self._groups.items())
+        keys = tuple(k for k, _ in groups)
+        if self._packed is None or self._packed[0] != keys:
+            ts = [g[0] for _, g in groups]
+            (par, noff), (dep, _), (rnk, _) = (_flat([getattr(t, a) for t in ts], np.int64)
+                                               for a in ("parent", "depth", "rank"))
+            self._packed = (keys, par, dep, rnk, np.append(noff, par.size))
+        _, par, dep, rnk, noff = self._packed
+        cnt, coff = _flat([g[1] for _, g in groups], float)
+        hits, trials, keep = np.zeros(self.ranks), np.zeros(self.ranks), np.zeros(len(groups), bool)
+        kernels_tree.expected_counts(par, dep, rnk, noff, cnt, np.append(coff, cnt.size), self.table, self.ranks,
+                                     hits, trials, keep)
+        self._groups = {k: g for (k, g), kp in zip(groups, keep.tolist()) if kp}
         self.hits, self.trials = hits, trials
 
     def _expected_counts(self, tree: Tree, counts: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -293,31 +313,29 @@ class TreePrice:
             self._memo = {}
         return self._verify, self._draft
 
-    def candidates(self, pack: "_Orders", n: int, steps: int) -> tuple[float, np.ndarray]:
-        """plan_trees' candidates priced by parts, as `seconds` prices them (the tables as each depth cap's call
-        to it finds them): the zero plan's seconds and float [4, candidates] (tokens, summed draft seconds,
-        forwards, verify seconds), kept while the tables hold."""
+    def candidates(self, pack: "_Orders | None", n: int, steps: int) -> tuple[float, np.ndarray, np.ndarray]:
+        """plan_trees' candidates priced by parts, as `seconds` prices them, the tables grown at once to the
+        plan's largest demand (an entry does not depend on the table's size): the zero plan's seconds, float
+        [4, candidates] (tokens, summed draft seconds, forwards, verify seconds) and each depth cap's first
+        candidate (and the end); kept while the tables hold."""
         key = (None if pack is None else pack.key, n, steps)
         hit = self._memo.get(key)
-        if hit is not None:
-            return self._zero(*hit[0]), hit[1]
-        memo = self._memo
-        sizes = () if pack is None else zip(pack.Ns.tolist(), pack.lmax.tolist())
-        tabs = [self._tables(0.0, 0.0)] + [self._tables(float(N), m) for N, m in sizes]
-        oh = float(getattr(self.cost, "position_overhead_s", 0.0))
-        parts = np.zeros((4, 0))
-        if len(tabs) > 1:
-            (vbuf, voff, vlen), (dbuf, doff, dlen) = (_flat([t[k] for t in tabs[1:]]) for k in (0, 1))
-            parts = kernels_tree.candidates(pack.probs, pack.poff, pack.levels, pack.loff, pack.Ns, pack.cols, steps,
-                                            n, vbuf, voff, vlen, dbuf, doff, dlen, oh)
-        v0, d0 = tabs[0]
-        zero = (0.0 + (0.0 + (kernels_tree.interp(0.0, d0, 0, d0.size) + oh * 0.0)),
-                kernels_tree.interp(0.0, v0, 0, v0.size))
-        if memo is self._memo:   # the tables did not grow meanwhile
-            if len(memo) >= 64:
-                memo.clear()
-            memo[key] = (zero, parts)
-        return self._zero(*zero), parts
+        if hit is None:
+            some = pack is not None and pack.Ns.size > 0
+            v, dr = self._tables(float(pack.Ns.max()) if some else 0.0, float(pack.lmax.max()) if some else 0.0)
+            oh = float(getattr(self.cost, "position_overhead_s", 0.0))
+            zero = (0.0 + (0.0 + (kernels_tree.interp(0.0, dr, 0, dr.size) + oh * 0.0)),
+                    kernels_tree.interp(0.0, v, 0, v.size))
+            if some:
+                parts = kernels_tree.candidates(pack.probs, pack.poff, pack.levels, pack.loff, pack.Ns, pack.cols,
+                                                steps, n, v, dr, oh)
+                coff = np.concatenate([[0], np.cumsum(pack.Ns * steps + 1)])
+            else:
+                parts, coff = np.zeros((4, 0)), np.zeros(1, np.int64)
+            if len(self._memo) >= 64:
+                self._memo.clear()
+            hit = self._memo[key] = (zero, parts, coff)
+        return self._zero(*hit[0]), hit[1], hit[2]
 
     def _zero(self, draft: float, verify: float) -> float:
         """`seconds` of the plan without nodes from its summed draft and verify seconds."""
@@ -354,19 +372,11 @@ class TreePlan:
     order: Order
 
 
-def _flat(arrays: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The distinct arrays of a list (by identity) end to end (a new float array), and each entry's offset and
-    size there."""
-    first: dict[int, int] = {}
-    parts, off = [], 0
-    for a in arrays:
-        if id(a) not in first:
-            first[id(a)] = off
-            parts.append(a)
-            off += a.size
-    buf = np.concatenate(parts).astype(float, copy=False) if parts else np.zeros(1)
-    return (buf, np.array([first[id(a)] for a in arrays], np.int64),
-            np.array([a.size for a in arrays], np.int64))
+def _flat(arrays: list, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The arrays end to end (one new array of `dtype`) and each one's offset there."""
+    sizes = np.array([a.size for a in arrays], np.int64)
+    buf = np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(1, dtype)
+    return buf, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -387,16 +397,17 @@ class _Orders:
 
 @functools.lru_cache(maxsize=64)
 def _orders(key: tuple) -> _Orders:
+    """The depth caps plan_trees searches for (table bytes, max_nodes, max_depth, depths) and their orders."""
     table, max_nodes, max_depth, depths = key
     deepest = int(best_order(np.frombuffer(table, float), max_nodes, max_depth).depth.max(initial=0))
     Ds = range(1, deepest + 1) if depths is None else [d for d in depths if 1 <= d <= deepest]
     pairs = [(D, o) for D, o in ((D, best_order(np.frombuffer(table, float), max_nodes, D)) for D in Ds)
              if o.parent.size]
     orders = [o for _, o in pairs]
-    Ls = [o.levels()[:o.parent.size + 1] for o in orders]
-    probs, poff, _ = _flat([o.prob for o in orders])
-    levels, loff, _ = _flat([np.ascontiguousarray(L, np.int64).ravel() for L in Ls])
-    return _Orders(key, [D for D, _ in pairs], orders, probs, poff, levels.astype(np.int64), loff,
+    Ls = [o.levels() for o in orders]
+    probs, poff = _flat([o.prob for o in orders], float)
+    levels, loff = _flat([L.ravel() for L in Ls], np.int64)
+    return _Orders(key, [D for D, _ in pairs], orders, probs, poff, levels, loff,
                    np.array([o.parent.size for o in orders], np.int64), np.array([L.shape[1] for L in Ls], np.int64),
                    np.array([L[-1].max() for L in Ls], float))
 
@@ -407,11 +418,10 @@ def _plan_compiled(table, price: TreePrice, n: int, max_nodes: int, max_depth: i
     ok = max_nodes > 0 and max_depth > 0
     pack = _orders((np.asarray(table, float).tobytes(), int(max_nodes), int(max_depth),
                     None if depths is None else tuple(int(d) for d in depths))) if ok else None
-    zero, parts = price.candidates(pack, n, steps)
+    zero, parts, coff = price.candidates(pack, n, steps)
     best = TreePlan(0, 0.0, float(n), float(n) / zero, None)
     if not parts.shape[1]:
         return best
-    coff = np.concatenate([[0], np.cumsum(pack.Ns * steps + 1)])
     cal = price.calibration
     (sd, cd), (sv, cv) = (cal.params("draft"), cal.params("verify")) if cal is not None else ((1.0, 0.0), (1.0, 0.0))
     s, j, g = kernels_tree.best_candidate(parts, coff, cal is not None, float(sd), float(cd), float(sv), float(cv),
@@ -463,12 +473,15 @@ def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None) -> li
     counts = np.full(n, base, np.int64)
     counts[np.argsort(-caps, kind="stable")[:extra]] += 1
     cache = {} if cache is None else cache
-    out = []
+    out, seen = [], {}   # seen: this call's trees by (nodes, depth cap)
     for c, cap in zip(counts.tolist(), caps.tolist()):
         d = min(int(cap), plan.depth)
-        key = tuple(plan.order.parent[:c].tolist()) + (d,) if c and d else ()
-        t = cache.get(key)
+        t = seen.get((c, d))
         if t is None:
-            t = cache[key] = plan.order.tree(c, d) if key else chain(0)
+            key = tuple(plan.order.parent[:c].tolist()) + (d,) if c and d else ()
+            t = cache.get(key)
+            if t is None:
+                t = cache[key] = plan.order.tree(c, d) if key else chain(0)
+            seen[c, d] = t
         out.append(t)
     return out
