@@ -57,11 +57,14 @@ class TreeGoodput(Policy):
         self._calib = CostCalibration(memory=self._cal_memory)
         self._price = TreePrice(self._calib if self.cost == "calibrated" else None)
         self._trees, self._chains = {}, {}
+        self._geometric = (None, None)
 
     def table(self, view) -> np.ndarray:
         """The per-rank table the plan values trees by."""
         a, R = view.acceptance_prior, self._table.ranks
-        geometric = a * (1.0 - a) ** np.arange(R)
+        if self._geometric[0] != (a, R):   # computed once per prior
+            self._geometric = ((a, R), a * (1.0 - a) ** np.arange(R))
+        geometric = self._geometric[1]
         self._table.start(self._conf.table(geometric) if self._use_confidence else a)
         return self._table.table
 

@@ -40,6 +40,21 @@ def expected_accepted(trees, table: np.ndarray, n: int | None = None) -> np.ndar
     return np.array([memo[id(t)] for t in ts])
 
 
+def _by_object(trees, n: int) -> list:
+    """The distinct Tree objects of n rows (one Tree: all rows), in first-row order, each with its rows (an
+    index array, or a slice for all)."""
+    if isinstance(trees, Tree):
+        return [(trees, slice(None))]
+    ts = list(trees)
+    if not ts:
+        return []
+    ids = np.fromiter(map(id, ts), np.int64, len(ts))
+    u, first, inv = np.unique(ids, return_index=True, return_inverse=True)
+    if u.size == 1:
+        return [(ts[0], slice(None))]
+    return [(ts[first[j]], np.flatnonzero(inv == j)) for j in np.argsort(first).tolist()]
+
+
 # ---- the best tree for a node budget --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Order:
@@ -137,22 +152,31 @@ class RankEstimate:
         self.trials = np.zeros(self.ranks)
         self._groups: dict[bytes, list] = {}   # tree shape (parents) -> [tree, decayed rows per path length]
         self._packed = None   # the groups' trees end to end, for the compiled refresh
+        self._start = self._tab = None   # the last start's prior and hazards; the last table and its inputs
         self.start(prior)
 
     def start(self, prior) -> None:
-        """Set the prior, kept until the next call: a rate (view.acceptance_prior) or a table [ranks]."""
+        """Set the prior, kept until the next call: a rate (view.acceptance_prior) or a table [ranks] (the same
+        prior as the last call's keeps its hazards)."""
+        key = float(prior) if np.ndim(prior) == 0 else np.asarray(prior, float)[:self.ranks].tobytes()
+        if self._start is not None and self._start[0] == key and self._start[1] is self.prior:
+            return
         if np.ndim(prior) == 0:
             self.prior = np.full(self.ranks, float(prior))
         else:   # a table's hazards
             t = np.asarray(prior, float)[:self.ranks]
             left = 1.0 - np.concatenate([[0.0], np.cumsum(t)[:-1]])
             self.prior = np.clip(t / np.maximum(left, 1e-12), 0.0, 1.0)
+        self._start = (key, self.prior)
 
     @property
     def table(self) -> np.ndarray:
-        h = (self.hits + self.strength * self.prior) / (self.trials + self.strength)
-        t = h * np.concatenate([[1.0], np.cumprod(1.0 - h)[:-1]])
-        return np.minimum.accumulate(t)
+        key = (self.hits.tobytes(), self.trials.tobytes(), self.prior.tobytes(), self.strength)
+        if self._tab is None or self._tab[0] != key:   # computed once per hits, trials and prior
+            h = (self.hits + self.strength * self.prior) / (self.trials + self.strength)
+            t = h * np.concatenate([[1.0], np.cumprod(1.0 - h)[:-1]])
+            self._tab = (key, np.minimum.accumulate(t))
+        return self._tab[1].copy()
 
     def observe(self, trees, accepted: np.ndarray) -> None:
         """Add one step's rows: their trees (a Tree for all, or one per row) and accepted path lengths."""
@@ -160,13 +184,10 @@ class RankEstimate:
         keep = np.exp(-acc.size / self.memory)
         for g in self._groups.values():
             g[1] *= keep
-        seen: dict[int, list] = {}
-        for t, a in zip(rows(trees, acc.size), acc.tolist()):
+        for t, idx in _by_object(trees, acc.size):
             if t.nodes:   # nothing drafted, nothing learnt
-                g = seen.get(id(t))
-                if g is None:
-                    g = seen[id(t)] = self._groups.setdefault(t.parent.tobytes(), [t, np.zeros(t.max_depth + 1)])
-                g[1][a] += 1.0
+                g = self._groups.setdefault(t.parent.tobytes(), [t, np.zeros(t.max_depth + 1)])
+                np.add.at(g[1], acc[idx], 1.0)   # one row at a time, in row order
         self._new += acc.size
         self._kept = self._kept * keep + acc.size
         if self._new >= self.every * self._kept:
@@ -236,13 +257,10 @@ class RankConfidence:
     def __init__(self, ranks: int = 8, memory: float = 5000.0):
         self.ranks, self.memory = int(ranks), float(memory)
         self.sums, self.counts = np.zeros(self.ranks), np.zeros(self.ranks)
+        self._tab = None   # the last table and its inputs
 
     def observe(self, trees, confidences: np.ndarray) -> None:
-        ts = rows(trees, confidences.shape[0])
-        groups: dict[int, list] = {}
-        for i, t in enumerate(ts):
-            groups.setdefault(id(t), [t, []])[1].append(i)
-        for t, idx in groups.values():
+        for t, idx in _by_object(trees, confidences.shape[0]):
             if not t.nodes:
                 continue
             c = confidences[idx, :t.nodes]
@@ -257,7 +275,14 @@ class RankConfidence:
     def table(self, fallback: np.ndarray) -> np.ndarray:
         """The mean confidence per rank over the ranks drafted so far (0..k-1: trees are rank-contiguous), and past
         them the last one's hazard kept (each further rank takes that share of what is left): a rank never drafted
-        is priced as likely as the trend says, so that a tree may try it. `fallback` where nothing was drafted."""
+        is priced as likely as the trend says, so that a tree may try it. `fallback` where nothing was drafted.
+        Computed once per sums, counts and fallback."""
+        key = (self.sums.tobytes(), self.counts.tobytes(), np.asarray(fallback, float).tobytes())
+        if self._tab is None or self._tab[0] != key:
+            self._tab = (key, self._table(fallback))
+        return self._tab[1].copy()
+
+    def _table(self, fallback: np.ndarray) -> np.ndarray:
         drafted = self.counts > 0
         k = self.ranks if drafted.all() else int(np.argmin(drafted))   # the ranks 0..k-1 drafted
         if k == 0:
@@ -473,15 +498,14 @@ def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None) -> li
     counts = np.full(n, base, np.int64)
     counts[np.argsort(-caps, kind="stable")[:extra]] += 1
     cache = {} if cache is None else cache
-    out, seen = [], {}   # seen: this call's trees by (nodes, depth cap)
-    for c, cap in zip(counts.tolist(), caps.tolist()):
-        d = min(int(cap), plan.depth)
-        t = seen.get((c, d))
+    d = np.minimum(caps.astype(np.int64), plan.depth)
+    u, first, inv = np.unique(counts * (plan.depth + 1) + d, return_index=True, return_inverse=True)
+    trees = [None] * u.size
+    for j in np.argsort(first).tolist():   # each (nodes, depth cap) once, in first-row order
+        c, dj = int(counts[first[j]]), int(d[first[j]])
+        key = tuple(plan.order.parent[:c].tolist()) + (dj,) if c and dj else ()
+        t = cache.get(key)
         if t is None:
-            key = tuple(plan.order.parent[:c].tolist()) + (d,) if c and d else ()
-            t = cache.get(key)
-            if t is None:
-                t = cache[key] = plan.order.tree(c, d) if key else chain(0)
-            seen[c, d] = t
-        out.append(t)
-    return out
+            t = cache[key] = plan.order.tree(c, dj) if key else chain(0)
+        trees[j] = t
+    return [trees[j] for j in inv.tolist()]
