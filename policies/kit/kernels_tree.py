@@ -2,7 +2,8 @@
 and the best candidate per depth cap. Each computes what the numpy code it replaces (`plan_trees` over
 `TreePrice.seconds`) computed: the same IEEE operations in the same order, np.interp's rule over an arange grid,
 numpy's pairwise sum over a row (its 0.0 start, blocks of 8 accumulators), and np.argmax's first maximum (a NaN
-wins), so a plan does not depend on it."""
+wins), so a plan does not depend on it. numpy's error model: a division by zero
+gives inf or NaN, as numpy's does."""
 from __future__ import annotations
 
 import math
@@ -11,7 +12,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
 def interp(x, fp, off, size):
     """np.interp(x, np.arange(size), fp[off:off + size]): its ends, its exact grid points and its slope form."""
     if size == 1:
@@ -35,7 +36,7 @@ def interp(x, fp, off, size):
     return r
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
 def pairwise(a, lo, n):
     """numpy's pairwise sum of a[lo:lo + n] for n <= 128 (without the reduction's 0.0 start)."""
     if n < 8:
@@ -59,7 +60,7 @@ def pairwise(a, lo, n):
         return res
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _whole_levels(L, N, cols, dbuf, doff, oh, base, fw, ds, moved):
     """Per node count lo in 0..N: its levels' draft seconds (a table entry each, as np.interp gives at a grid
     point; + oh where the level has tokens) in base[lo], their sum (np.sum's order) in ds[lo], the levels with
@@ -78,7 +79,7 @@ def _whole_levels(L, N, cols, dbuf, doff, oh, base, fw, ds, moved):
         ds[lo] = 0.0 + pairwise(base[lo], 0, cols)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
 def _level_seconds(L, lo, f, c, dbuf, doff, dlen, oh):
     """Level c's draft seconds at node count lo + f (np.interp between its grid points, + oh where it has
     tokens), whether it has tokens, and whether it had at lo."""
@@ -88,7 +89,7 @@ def _level_seconds(L, lo, f, c, dbuf, doff, dlen, oh):
     return interp(lv, dbuf, doff, dlen) + (oh if pos else oh * 0.0), pos, a > 0
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
 def _between(L, lo, f, cols, moved, dbuf, doff, dlen, oh, base, fw, buf):
     """Summed draft seconds and forwards of node count lo + f (0 < f <= 1) where node lo moves level `moved`
     (-2: several): base[lo] with the moved levels' seconds in place, summed in np.sum's order."""
@@ -109,7 +110,7 @@ def _between(L, lo, f, cols, moved, dbuf, doff, dlen, oh, base, fw, buf):
     return 0.0 + pairwise(buf, 0, cols), float(cnt)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _segment(prob, L, N, cols, steps, n, ver, dbuf, doff, dlen, oh, out, o):
     """One depth cap's candidates (N nodes, steps per node) into out[:, o:o + N steps + 1]: tokens, summed draft
     seconds, forwards, verify seconds (ver: by candidate)."""
@@ -134,7 +135,7 @@ def _segment(prob, L, N, cols, steps, n, ver, dbuf, doff, dlen, oh, out, o):
     return o + N * steps + 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def candidates(probs, poff, Ls, loff, Ns, cols, steps, n, ver, dr, oh):
     """float [4, sum(N steps + 1)]: every depth cap's candidates (`_segment`), segment s from the flat node
     probabilities probs[poff[s]:] and levels Ls[loff[s]:] ([N + 1, cols[s]]), under the verify table `ver`
@@ -156,7 +157,7 @@ def candidates(probs, poff, Ls, loff, Ns, cols, steps, n, ver, dr, oh):
     return out
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def best_candidate(parts, coff, calibrated, sd, cd, sv, cv, g0):
     """plan_trees' choice over the segments' candidates: per segment the first maximum of tokens / seconds
     (calibrated: sd draft + cd forwards + sv verify + cv; else draft + verify), taken where it beats the best so
@@ -177,7 +178,7 @@ def best_candidate(parts, coff, calibrated, sd, cd, sv, cv, g0):
     return bs, bj, best
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _masses(par, dep, rnk, counts, table, R, W):
     """RankEstimate._expected_counts' weights for one tree (node arrays par, dep, rnk; counts[a]: rows that
     accepted a nodes): W[1 + i] the rows whose path ends at node i (W[0]: at the root); returns the rows whose path
@@ -206,7 +207,7 @@ def _masses(par, dep, rnk, counts, table, R, W):
     return mass
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def expected_counts(par, dep, rnk, noff, cnt, coff, table, R, hits, trials, keep):
     """RankEstimate.refresh's EM step over its groups (group g: the tree par/dep/rnk[noff[g]:noff[g + 1]], its rows
     per accepted length cnt[coff[g]:coff[g + 1]]): keep[g] where its rows sum (np.sum's order) to >= 1e-3, and

@@ -496,16 +496,23 @@ def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None) -> li
     base = int(np.floor(plan.nodes))
     extra = int(round((plan.nodes - base) * n))
     counts = np.full(n, base, np.int64)
-    counts[np.argsort(-caps, kind="stable")[:extra]] += 1
+    if extra:
+        counts[np.argsort(-caps, kind="stable")[:extra]] += 1
     cache = {} if cache is None else cache
     d = np.minimum(caps.astype(np.int64), plan.depth)
+    if n and not extra and d.min() == d.max():   # every row the same tree
+        return [_cached_tree(plan.order, base, int(d[0]), cache)] * n
     u, first, inv = np.unique(counts * (plan.depth + 1) + d, return_index=True, return_inverse=True)
     trees = [None] * u.size
     for j in np.argsort(first).tolist():   # each (nodes, depth cap) once, in first-row order
-        c, dj = int(counts[first[j]]), int(d[first[j]])
-        key = tuple(plan.order.parent[:c].tolist()) + (dj,) if c and dj else ()
-        t = cache.get(key)
-        if t is None:
-            t = cache[key] = plan.order.tree(c, dj) if key else chain(0)
-        trees[j] = t
+        trees[j] = _cached_tree(plan.order, int(counts[first[j]]), int(d[first[j]]), cache)
     return [trees[j] for j in inv.tolist()]
+
+
+def _cached_tree(order: Order, c: int, d: int, cache: dict) -> Tree:
+    """order's first c nodes cut at depth d (no nodes: chain(0)), from `cache` by shape."""
+    key = tuple(order.parent[:c].tolist()) + (d,) if c and d else ()
+    t = cache.get(key)
+    if t is None:
+        t = cache[key] = order.tree(c, d) if key else chain(0)
+    return t
