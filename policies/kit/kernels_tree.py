@@ -236,3 +236,15 @@ def expected_counts(par, dep, rnk, noff, cnt, coff, table, R, hits, trials, keep
             trials[r] += rc + re
             re = re + ends[r]
     return keep
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def add_ones(counts, at):
+    """np.add.at(counts, at, 1.0) (one row at a time, in order) where every index is in 0..size - 1; returns
+    whether they were (else counts is left as it was)."""
+    for a in at:
+        if a < 0 or a >= counts.shape[0]:
+            return False
+    for a in at:
+        counts[a] += 1.0
+    return True

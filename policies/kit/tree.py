@@ -46,13 +46,12 @@ def _by_object(trees, n: int) -> list:
     if isinstance(trees, Tree):
         return [(trees, slice(None))]
     ts = list(trees)
-    if not ts:
-        return []
-    ids = np.fromiter(map(id, ts), np.int64, len(ts))
-    u, first, inv = np.unique(ids, return_index=True, return_inverse=True)
-    if u.size == 1:
-        return [(ts[0], slice(None))]
-    return [(ts[first[j]], np.flatnonzero(inv == j)) for j in np.argsort(first).tolist()]
+    ids = list(map(id, ts))
+    distinct = dict.fromkeys(ids)   # in first-row order
+    if len(distinct) <= 1:
+        return [(ts[0], slice(None))] if ts else []
+    arr = np.array(ids, np.int64)
+    return [(ts[ids.index(u)], np.flatnonzero(arr == u)) for u in distinct]
 
 
 # ---- the best tree for a node budget --------------------------------------------------------------------------
@@ -186,8 +185,11 @@ class RankEstimate:
             g[1] *= keep
         for t, idx in _by_object(trees, acc.size):
             if t.nodes:   # nothing drafted, nothing learnt
-                g = self._groups.setdefault(t.parent.tobytes(), [t, np.zeros(t.max_depth + 1)])
-                np.add.at(g[1], acc[idx], 1.0)   # one row at a time, in row order
+                g = self._groups.get(key := t.parent.tobytes())
+                if g is None:
+                    g = self._groups[key] = [t, np.zeros(t.max_depth + 1)]
+                if not (COMPILED and kernels_tree.add_ones(g[1], acc[idx])):
+                    np.add.at(g[1], acc[idx], 1.0)   # one row at a time, in row order
         self._new += acc.size
         self._kept = self._kept * keep + acc.size
         if self._new >= self.every * self._kept:
@@ -502,11 +504,11 @@ def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None) -> li
     d = np.minimum(caps.astype(np.int64), plan.depth)
     if n and not extra and d.min() == d.max():   # every row the same tree
         return [_cached_tree(plan.order, base, int(d[0]), cache)] * n
-    u, first, inv = np.unique(counts * (plan.depth + 1) + d, return_index=True, return_inverse=True)
-    trees = [None] * u.size
-    for j in np.argsort(first).tolist():   # each (nodes, depth cap) once, in first-row order
-        trees[j] = _cached_tree(plan.order, int(counts[first[j]]), int(d[first[j]]), cache)
-    return [trees[j] for j in inv.tolist()]
+    pairs = list(zip(counts.tolist(), d.tolist()))
+    trees = dict.fromkeys(pairs)   # each (nodes, depth cap) once, in first-row order
+    for c, dc in trees:
+        trees[c, dc] = _cached_tree(plan.order, c, dc, cache)
+    return [trees[p] for p in pairs]
 
 
 def _cached_tree(order: Order, c: int, d: int, cache: dict) -> Tree:
