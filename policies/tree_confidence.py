@@ -46,7 +46,11 @@ class TreeConfidence(Policy):
         rows = self._conf.align(view.request_ids)
         c = np.where(np.isnan(rows.conf), view.acceptance_prior, rows.conf)
         level = np.clip(np.round(c / self.resolution) * self.resolution, self.resolution, 1.0)
-        return [self._tree(a, N, cap) for a, cap in zip(level.tolist(), draft_caps(view, D).tolist())]
+        keys = list(zip(level.tolist(), draft_caps(view, D).tolist()))
+        trees = dict.fromkeys(keys)   # each (level, cap) once, in first-row order
+        for a, cap in trees:
+            trees[a, cap] = self._tree(a, N, cap)
+        return [trees[k] for k in keys]
 
     def _tree(self, c: float, N: int, cap: int):
         key = (round(c, 6), N, cap)
@@ -75,10 +79,10 @@ class TreeConfidence(Policy):
                 out[cnt > 0] = np.where(seen, conf, 0.0).sum(axis=1)[cnt > 0] / cnt[cnt > 0]
             return out
         nc = view.node_confidences
-        groups: dict[int, list] = {}
-        for i, t in enumerate(trees):
-            groups.setdefault(id(t), [t, []])[1].append(i)
-        for t, idx in groups.values():
+        ids = list(map(id, trees))
+        arr = np.array(ids, np.int64)
+        for u in dict.fromkeys(ids):   # each Tree object once, in first-row order
+            t, idx = trees[ids.index(u)], np.flatnonzero(arr == u)
             if t.nodes:
                 out[idx] = nc[idx, :t.nodes][:, t.rank == 0].mean(axis=1)
         return out
