@@ -4,7 +4,8 @@ from specdepth.errors import as_float, as_int
 from specdepth.policy import Policy
 from specdepth.tree import chain
 
-from .kit import PerRequest, best_order, draft_caps
+from .kit import PerRequest, best_order, draft_caps, kernels_tree
+from .kit import tree as kit_tree
 
 
 class TreeConfidence(Policy):
@@ -73,7 +74,10 @@ class TreeConfidence(Policy):
         trees, out = view.trees, np.full(view.batch_size, np.nan)
         if trees is None:   # a chain step: every draft is its parent's top-ranked token
             conf = view.confidences
-            if conf is not None and conf.size:
+            fast = kit_tree.COMPILED and conf is not None and conf.dtype == np.float64 and conf.shape[1] <= 128
+            if fast and conf.size:
+                kernels_tree.row_means(conf, out)   # the numpy form's arithmetic, below
+            elif conf is not None and conf.size:
                 seen = ~np.isnan(conf)
                 cnt = seen.sum(axis=1)
                 out[cnt > 0] = np.where(seen, conf, 0.0).sum(axis=1)[cnt > 0] / cnt[cnt > 0]

@@ -263,3 +263,19 @@ def test_compiled_rank_estimate_is_the_numpy_em(monkeypatch):
     got = run()
     monkeypatch.setattr(K, "COMPILED", False)
     assert got == run()
+
+
+def test_compiled_row_means_are_numpys():
+    """kernels_tree.row_means (tree_confidence's chain-step means) is the numpy form's arithmetic, to the bit."""
+    from specdepth.policies.kit import kernels_tree as KT
+    rng = np.random.default_rng(8)
+    for K in (1, 3, 8, 13, 16, 40):
+        conf = rng.uniform(0, 1, (50, K)) * 10.0 ** rng.integers(-5, 1, (50, K))
+        conf[rng.random((50, K)) < 0.3] = np.nan
+        got = np.full(50, np.nan)
+        KT.row_means(conf, got)
+        seen = ~np.isnan(conf)
+        cnt = seen.sum(axis=1)
+        want = np.full(50, np.nan)
+        want[cnt > 0] = np.where(seen, conf, 0.0).sum(axis=1)[cnt > 0] / cnt[cnt > 0]
+        assert np.array_equal(got, want, equal_nan=True)

@@ -248,3 +248,22 @@ def add_ones(counts, at):
     for a in at:
         counts[a] += 1.0
     return True
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def row_means(conf, out):
+    """Per row of conf [n, K] (K <= 128), the mean of its non-NaN entries into out (rows without one are left):
+    np.where(seen, conf, 0.0).sum(axis=1) (np.sum's order) / seen.sum(axis=1)."""
+    n, K = conf.shape
+    buf = np.empty(K)
+    for i in range(n):
+        c = 0
+        for k in range(K):
+            v = conf[i, k]
+            if math.isnan(v):
+                buf[k] = 0.0
+            else:
+                buf[k] = v
+                c += 1
+        if c > 0:
+            out[i] = (0.0 + pairwise(buf, 0, K)) / c

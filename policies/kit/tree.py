@@ -25,7 +25,7 @@ from specdepth.tree import Tree, chain, from_parents, path_probs, rows
 
 from . import kernels_tree
 
-COMPILED = True   # plan_trees' compiled search (kit/kernels_tree.py); False: its numpy form, which it equals (tests compare)
+COMPILED = True   # the compiled loops (kit/kernels_tree.py); False: their numpy form, which they equal (tests compare)
 
 
 # ---- a tree's expected accepted nodes -------------------------------------------------------------------------
