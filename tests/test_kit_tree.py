@@ -279,3 +279,27 @@ def test_compiled_row_means_are_numpys():
         want = np.full(50, np.nan)
         want[cnt > 0] = np.where(seen, conf, 0.0).sum(axis=1)[cnt > 0] / cnt[cnt > 0]
         assert np.array_equal(got, want, equal_nan=True)
+
+
+def test_compiled_candidates_on_any_levels():
+    """kernels_tree.candidates on levels where a node moves several levels, or a level by more than one token,
+    is the numpy form's arithmetic too."""
+    from specdepth.policies.kit import kernels_tree as KT
+    rng = np.random.default_rng(9)
+    for _ in range(20):
+        N, cols, steps, n = int(rng.integers(1, 30)), int(rng.integers(1, 20)), int(rng.integers(1, 9)), 37
+        L = np.cumsum(rng.integers(0, 3, (N + 1, cols)) * (rng.random((N + 1, cols)) < 0.3), axis=0)
+        prob = rng.uniform(0, 0.5, N)
+        ver, dr = np.cumsum(rng.uniform(0, 1, N + 3)), np.cumsum(rng.uniform(0, 1, int(L.max()) + 3))
+        oh = float(rng.choice([0.0, 0.25]))
+        got = KT.candidates(prob, np.zeros(1, np.int64), L.ravel(), np.zeros(1, np.int64), np.array([N]),
+                            np.array([cols]), steps, n, ver, dr, oh)
+        x = np.arange(N * steps + 1) / steps
+        lo = np.minimum(np.floor(x).astype(np.int64), N - 1)
+        f = x - lo
+        E = np.concatenate([[0.0], np.cumsum(prob)])
+        lv = L[lo] + f[:, None] * (L[lo + 1] - L[lo])
+        draft = np.interp(lv, np.arange(dr.size), dr) + (lv > 0) * oh
+        want = np.stack([n * (1.0 + E[lo] + f * (E[lo + 1] - E[lo])), draft.sum(axis=1), (lv > 0).sum(axis=1),
+                         np.interp(x, np.arange(ver.size), ver)])
+        assert np.array_equal(got, want)

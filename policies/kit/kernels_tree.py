@@ -90,17 +90,10 @@ def _level_seconds(L, lo, f, c, dbuf, doff, dlen, oh):
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _between(L, lo, f, cols, moved, dbuf, doff, dlen, oh, base, fw, buf):
-    """Summed draft seconds and forwards of node count lo + f (0 < f <= 1) where node lo moves level `moved`
-    (-2: several): base[lo] with the moved levels' seconds in place, summed in np.sum's order."""
+def _between(L, lo, f, cols, dbuf, doff, dlen, oh, base, fw, buf):
+    """Summed draft seconds and forwards of node count lo + f (0 < f <= 1) where node lo moves several levels:
+    base[lo] with the moved levels' seconds in place, summed in np.sum's order."""
     cnt = fw[lo]
-    if moved >= 0:
-        row = base[lo]
-        old = row[moved]
-        row[moved], pos, was = _level_seconds(L, lo, f, moved, dbuf, doff, dlen, oh)
-        s = 0.0 + pairwise(row, 0, cols)
-        row[moved] = old
-        return s, float(cnt + (1 if pos else 0) - (1 if was else 0))
     for c in range(cols):
         if L[lo + 1, c] == L[lo, c]:
             buf[c] = base[lo, c]
@@ -111,9 +104,27 @@ def _between(L, lo, f, cols, moved, dbuf, doff, dlen, oh, base, fw, buf):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _moved_run(L, lo, m, i0, i1, steps, cols, dbuf, doff, dlen, oh, base, fw, out, o):
+    """Candidates i0..i1 - 1 (0 < f <= 1) of node count lo, whose node moves level m: base[lo] with that level's
+    seconds in place, summed in np.sum's order, and the forwards."""
+    row = base[lo]
+    old, a = row[m], L[lo, m]
+    d = float(L[lo + 1, m] - a)
+    cnt = fw[lo] - (1 if a > 0 else 0)
+    for i in range(i0, i1):
+        lv = float(a) + (i / steps - lo) * d
+        pos = lv > 0
+        row[m] = interp(lv, dbuf, doff, dlen) + (oh if pos else oh * 0.0)
+        out[1, o + i] = 0.0 + pairwise(row, 0, cols)
+        out[2, o + i] = float(cnt + (1 if pos else 0))
+    row[m] = old
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def _segment(prob, L, N, cols, steps, n, ver, dbuf, doff, dlen, oh, out, o):
-    """One depth cap's candidates (N nodes, steps per node) into out[:, o:o + N steps + 1]: tokens, summed draft
-    seconds, forwards, verify seconds (ver: by candidate)."""
+    """One depth cap's candidates (N nodes, steps per node: candidate i = lo steps + k at x = i / steps nodes, lo
+    its floor but at most N - 1, f = x - lo) into out[:, o:o + N steps + 1]: tokens, summed draft seconds,
+    forwards, verify seconds (ver: by candidate)."""
     E = np.empty(N + 1)
     E[0] = 0.0
     for i in range(N):
@@ -122,16 +133,21 @@ def _segment(prob, L, N, cols, steps, n, ver, dbuf, doff, dlen, oh, out, o):
     base, buf = np.empty((N + 1, c1)), np.empty(c1)
     fw, ds, moved = np.empty(N + 1, np.int64), np.empty(N + 1), np.empty(N + 1, np.int64)
     _whole_levels(L, N, cols, dbuf, doff, oh, base, fw, ds, moved)
-    for i in range(N * steps + 1):
-        x = i / steps
-        lo = min(int(math.floor(x)), N - 1)
-        f = x - lo
-        out[0, o + i] = n * ((1.0 + E[lo]) + f * (E[lo + 1] - E[lo]))
-        out[3, o + i] = ver[i]
-        if f == 0.0 or moved[lo] == -1:
+    for lo in range(N):
+        i0, i1 = lo * steps, lo * steps + (steps + 1 if lo == N - 1 else steps)
+        e0, de = E[lo], E[lo + 1] - E[lo]
+        for i in range(i0, i1):
+            out[0, o + i] = n * ((1.0 + e0) + (i / steps - lo) * de)
+            out[3, o + i] = ver[i]
+        m = moved[lo]
+        for i in range(i0, i1 if m == -1 else i0 + 1):   # f = 0, or no level moves: node count lo's levels
             out[1, o + i], out[2, o + i] = ds[lo], float(fw[lo])
-        else:
-            out[1, o + i], out[2, o + i] = _between(L, lo, f, cols, moved[lo], dbuf, doff, dlen, oh, base, fw, buf)
+        if m >= 0:
+            _moved_run(L, lo, m, i0 + 1, i1, steps, cols, dbuf, doff, dlen, oh, base, fw, out, o)
+        elif m == -2:
+            for i in range(i0 + 1, i1):
+                f = i / steps - lo
+                out[1, o + i], out[2, o + i] = _between(L, lo, f, cols, dbuf, doff, dlen, oh, base, fw, buf)
     return o + N * steps + 1
 
 
