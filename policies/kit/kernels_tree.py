@@ -109,12 +109,18 @@ def _moved_run(L, lo, m, i0, i1, steps, cols, dbuf, doff, dlen, oh, base, fw, ou
     seconds in place, summed in np.sum's order, and the forwards."""
     row = base[lo]
     old, a = row[m], L[lo, m]
-    d = float(L[lo + 1, m] - a)
+    d, fa = float(L[lo + 1, m] - a), float(a)
     cnt = fw[lo] - (1 if a > 0 else 0)
+    inner = 0 <= a and a + 1 <= dlen - 1   # np.interp's grid step a..a + 1 (x below a + 1: below its last point)
+    y0 = dbuf[doff + a] if inner else 0.0
+    slope = dbuf[doff + a + 1] - y0 if inner else 0.0
     for i in range(i0, i1):
-        lv = float(a) + (i / steps - lo) * d
+        lv = fa + (i / steps - lo) * d
         pos = lv > 0
-        row[m] = interp(lv, dbuf, doff, dlen) + (oh if pos else oh * 0.0)
+        v = slope * (lv - fa) + y0   # interp's slope form on that step
+        if not (inner and fa < lv < fa + 1.0) or math.isnan(v):
+            v = interp(lv, dbuf, doff, dlen)
+        row[m] = v + (oh if pos else oh * 0.0)
         out[1, o + i] = 0.0 + pairwise(row, 0, cols)
         out[2, o + i] = float(cnt + (1 if pos else 0))
     row[m] = old
