@@ -208,7 +208,8 @@ def test_compiled_plan_trees_is_the_numpy_search(monkeypatch):
             price = K.TreePrice(cal).update(Overhead() if oh else _cost(), ctx)
             for _ in range(2):
                 p = K.plan_trees(t, price, n, N, D, depths=depths, steps=steps)
-                out.append((p.depth, p.nodes, p.tokens, p.goodput, None if p.order is None else p.order.parent.tolist()))
+                parents = None if p.order is None else p.order.parent.tolist()
+                out.append((p.depth, p.nodes, p.tokens, p.goodput, parents))
         return out
     got = plans()
     monkeypatch.setattr(K, "COMPILED", False)
