@@ -87,6 +87,8 @@ class TreeConfidence(Policy):
         arr = np.array(ids, np.int64)
         for u in dict.fromkeys(ids):   # each Tree object once, in first-row order
             t, idx = trees[ids.index(u)], np.flatnonzero(arr == u)
-            if t.nodes:
+            if t.nodes and kit_tree.COMPILED and nc.dtype == np.float64 and t.nodes <= 128:
+                kernels_tree.picked_means(nc, idx, np.flatnonzero(t.rank == 0), out)   # the numpy form's arithmetic
+            elif t.nodes:
                 out[idx] = nc[idx, :t.nodes][:, t.rank == 0].mean(axis=1)
         return out

@@ -304,3 +304,19 @@ def test_compiled_candidates_on_any_levels():
         want = np.stack([n * (1.0 + E[lo] + f * (E[lo + 1] - E[lo])), draft.sum(axis=1), (lv > 0).sum(axis=1),
                          np.interp(x, np.arange(ver.size), ver)])
         assert np.array_equal(got, want)
+
+
+def test_compiled_picked_means_are_numpys():
+    """kernels_tree.picked_means (tree_confidence's tree-step means) is the numpy form's arithmetic, to the bit."""
+    from specdepth.policies.kit import kernels_tree as KT
+    rng = np.random.default_rng(10)
+    for K, m in itertools.product((1, 2, 5, 8, 9, 16, 17, 60), (1, 2, 3, 7, 30)):
+        x = rng.uniform(0, 1, (30, 70)) * 10.0 ** rng.integers(-5, 1, (30, 70))
+        x[rng.random((30, 70)) < 0.05] = np.nan
+        rows, nodes = np.sort(rng.choice(30, m, replace=False)), int(rng.integers(K, 71))
+        mask = np.zeros(nodes, bool)
+        mask[rng.choice(nodes, K, replace=False)] = True
+        got, want = np.full(30, np.nan), np.full(30, np.nan)
+        KT.picked_means(x, rows, np.flatnonzero(mask), got)
+        want[rows] = x[rows, :nodes][:, mask].mean(axis=1)   # tree_confidence's numpy form
+        assert np.array_equal(got, want, equal_nan=True)

@@ -289,3 +289,22 @@ def row_means(conf, out):
                 c += 1
         if c > 0:
             out[i] = (0.0 + pairwise(buf, 0, K)) / c
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def picked_means(x, rows, cols, out):
+    """out[rows] = x[rows][:, cols].mean(axis=1) for len(cols) <= 128, in numpy's order: that array is
+    Fortran-ordered for 2 rows or more, where the mean's sum runs over the columns one by one; for one row a
+    contiguous row, summed pairwise. Then / len(cols)."""
+    K = cols.shape[0]
+    buf = np.empty(max(K, 1))
+    for i in rows:
+        for k in range(K):
+            buf[k] = x[i, cols[k]]
+        if rows.shape[0] > 1:
+            s = 0.0
+            for k in range(K):
+                s += buf[k]
+        else:
+            s = 0.0 + pairwise(buf, 0, K)
+        out[i] = s / K
