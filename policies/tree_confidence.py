@@ -4,7 +4,8 @@ from specdepth.errors import as_float, as_int
 from specdepth.policy import Policy
 from specdepth.tree import chain
 
-from .kit import PerRequest, best_order, draft_caps
+from .kit import PerRequest, best_order, draft_caps, kernels_tree
+from .kit import tree as kit_tree
 
 
 class TreeConfidence(Policy):
@@ -46,7 +47,11 @@ class TreeConfidence(Policy):
         rows = self._conf.align(view.request_ids)
         c = np.where(np.isnan(rows.conf), view.acceptance_prior, rows.conf)
         level = np.clip(np.round(c / self.resolution) * self.resolution, self.resolution, 1.0)
-        return [self._tree(a, N, cap) for a, cap in zip(level.tolist(), draft_caps(view, D).tolist())]
+        keys = list(zip(level.tolist(), draft_caps(view, D).tolist()))
+        trees = dict.fromkeys(keys)   # each (level, cap) once, in first-row order
+        for a, cap in trees:
+            trees[a, cap] = self._tree(a, N, cap)
+        return [trees[k] for k in keys]
 
     def _tree(self, c: float, N: int, cap: int):
         key = (round(c, 6), N, cap)
@@ -69,16 +74,21 @@ class TreeConfidence(Policy):
         trees, out = view.trees, np.full(view.batch_size, np.nan)
         if trees is None:   # a chain step: every draft is its parent's top-ranked token
             conf = view.confidences
-            if conf is not None and conf.size:
+            fast = kit_tree.COMPILED and conf is not None and conf.dtype == np.float64 and conf.shape[1] <= 128
+            if fast and conf.size:
+                kernels_tree.row_means(conf, out)   # the numpy form's arithmetic, below
+            elif conf is not None and conf.size:
                 seen = ~np.isnan(conf)
                 cnt = seen.sum(axis=1)
                 out[cnt > 0] = np.where(seen, conf, 0.0).sum(axis=1)[cnt > 0] / cnt[cnt > 0]
             return out
         nc = view.node_confidences
-        groups: dict[int, list] = {}
-        for i, t in enumerate(trees):
-            groups.setdefault(id(t), [t, []])[1].append(i)
-        for t, idx in groups.values():
-            if t.nodes:
+        ids = list(map(id, trees))
+        arr = np.array(ids, np.int64)
+        for u in dict.fromkeys(ids):   # each Tree object once, in first-row order
+            t, idx = trees[ids.index(u)], np.flatnonzero(arr == u)
+            if t.nodes and kit_tree.COMPILED and nc.dtype == np.float64 and t.nodes <= 128:
+                kernels_tree.picked_means(nc, idx, np.flatnonzero(t.rank == 0), out)   # the numpy form's arithmetic
+            elif t.nodes:
                 out[idx] = nc[idx, :t.nodes][:, t.rank == 0].mean(axis=1)
         return out

@@ -57,11 +57,14 @@ class TreeGoodput(Policy):
         self._calib = CostCalibration(memory=self._cal_memory)
         self._price = TreePrice(self._calib if self.cost == "calibrated" else None)
         self._trees, self._chains = {}, {}
+        self._geometric = (None, None)
 
     def table(self, view) -> np.ndarray:
         """The per-rank table the plan values trees by."""
         a, R = view.acceptance_prior, self._table.ranks
-        geometric = a * (1.0 - a) ** np.arange(R)
+        if self._geometric[0] != (a, R):   # computed once per prior
+            self._geometric = ((a, R), a * (1.0 - a) ** np.arange(R))
+        geometric = self._geometric[1]
         self._table.start(self._conf.table(geometric) if self._use_confidence else a)
         return self._table.table
 
@@ -87,7 +90,10 @@ class TreeGoodput(Policy):
         if trees is None:   # a chain step (every row's tree a chain, or nothing drafted)
             if not view.drafted.any():
                 return
-            trees = [self._chains.setdefault(k, chain(k)) for k in view.drafted.tolist()]
+            ks, chains = view.drafted.tolist(), self._chains
+            for k in set(ks).difference(chains):
+                chains[k] = chain(k)
+            trees = [chains[k] for k in ks]
         elif self._use_confidence:
             self._conf.observe(trees, view.node_confidences)
         self._table.observe(trees, accepted)

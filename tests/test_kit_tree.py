@@ -162,3 +162,161 @@ def test_rank_estimate_prior_table_and_confidence_means():
     # ranks 0, 1 drafted (0.7, 0.1); rank 2 by rank 1's hazard, 0.1 / 0.3: a third of the 0.2 left
     assert conf.table(np.array([0.5, 0.3, 0.05])) == pytest.approx([0.7, 0.1, 0.2 / 3])
     assert K.RankConfidence(ranks=2).table(np.array([0.5, 0.3])).tolist() == [0.5, 0.3]   # nothing drafted
+
+
+def test_compiled_interp_and_pairwise_are_numpys():
+    from specdepth.policies.kit import kernels_tree as KT
+    rng = np.random.default_rng(3)
+    for size in (1, 2, 5, 40):
+        fp = np.cumsum(rng.uniform(0, 1, size)) * 10.0 ** rng.integers(-6, 3)
+        xs = np.concatenate([rng.uniform(-1, size + 1, 50), np.arange(size + 1.0), [-0.0]])
+        assert np.array_equal(np.array([KT.interp(x, fp, 0, size) for x in xs]), np.interp(xs, np.arange(size), fp))
+    for cols in range(1, 40):
+        A = rng.standard_normal((20, cols)) * 10.0 ** rng.integers(-8, 8, (20, cols))
+        assert np.array_equal(np.array([0.0 + KT.pairwise(r, 0, cols) for r in A]), A.sum(axis=1))
+
+
+def test_compiled_plan_trees_is_the_numpy_search(monkeypatch):
+    """The compiled search (kernels_tree) chooses the plan the numpy loop does, to the bit, with and without a
+    calibration and a per-level overhead, from fresh tables and from kept ones."""
+    class Cal:
+        def __init__(self, p):
+            self.p = p
+
+        def params(self, phase):
+            return self.p[:2] if phase == "draft" else self.p[2:]
+
+    class Overhead:
+        position_overhead_s = 3e-5
+
+        def __getattr__(self, name):
+            return getattr(_cost(), name)
+
+    rng = np.random.default_rng(11)
+    cases = []
+    for _ in range(24):
+        t = np.sort(rng.dirichlet(np.ones(rng.integers(1, 6))) * rng.uniform(0.5, 1.0))[::-1]
+        n = int(rng.integers(1, 300))
+        cal = Cal(tuple(rng.uniform(-0.5, 2.0, 4) * [1, 1e-4, 1, 1e-3])) if rng.random() < 0.6 else None
+        depths = None if rng.random() < 0.7 else list(rng.integers(0, 9, 4))
+        cases.append((np.round(t * 200) / 200, n, cal, rng.random() < 0.5, int(rng.integers(0, 40)),
+                      int(rng.integers(0, 12)), depths, int(rng.integers(1, 9)), rng.integers(100, 2000, n)))
+
+    def plans():
+        out = []
+        for t, n, cal, oh, N, D, depths, steps, ctx in cases:
+            price = K.TreePrice(cal).update(Overhead() if oh else _cost(), ctx)
+            for _ in range(2):
+                p = K.plan_trees(t, price, n, N, D, depths=depths, steps=steps)
+                parents = None if p.order is None else p.order.parent.tolist()
+                out.append((p.depth, p.nodes, p.tokens, p.goodput, parents))
+        return out
+    got = plans()
+    monkeypatch.setattr(K, "COMPILED", False)
+    assert got == plans()
+
+
+def test_compiled_candidates_are_the_numpy_prices():
+    """Every candidate's parts from kernels_tree (tokens, summed draft seconds, forwards, verify seconds) are what
+    plan_trees' numpy form computes from the same tables, to the bit."""
+    rng = np.random.default_rng(4)
+    for _ in range(12):
+        t = np.sort(rng.dirichlet(np.ones(rng.integers(1, 6))) * rng.uniform(0.5, 1.0))[::-1]
+        n, steps, oh = int(rng.integers(1, 300)), int(rng.integers(1, 9)), float(rng.choice([0.0, 3e-5]))
+        pack = K._orders((t.tobytes(), int(rng.integers(1, 70)), int(rng.integers(1, 20)), None))
+        price = K.TreePrice().update(_cost(), rng.integers(100, 2000, n))
+        v, dr = price._tables(80.0, 80.0)
+        price.cost = type("C", (), {"position_overhead_s": oh, "__getattr__": lambda s, k: getattr(_cost(), k)})()
+        want = []
+        for o in pack.orders:
+            N = o.parent.size
+            x = np.arange(N * steps + 1) / steps
+            lo = np.minimum(np.floor(x).astype(np.int64), N - 1)
+            f = x - lo
+            E, L = np.concatenate([[0.0], np.cumsum(o.prob)]), o.levels()
+            lv = L[lo] + f[:, None] * (L[lo + 1] - L[lo])
+            draft = np.interp(lv, np.arange(dr.size), dr) + (lv > 0) * oh
+            want.append(np.stack([n * (1.0 + E[lo] + f * (E[lo + 1] - E[lo])), draft.sum(axis=1),
+                                  (lv > 0).sum(axis=1), np.interp(x, np.arange(v.size), v)]))
+        assert np.array_equal(price.candidates(pack, n, steps)[1], np.concatenate(want, axis=1))
+
+
+def test_compiled_rank_estimate_is_the_numpy_em(monkeypatch):
+    """RankEstimate's compiled refresh (kernels_tree.expected_counts) keeps the groups and the hits and trials the
+    numpy EM step does, to the bit."""
+    rng = np.random.default_rng(6)
+    shapes = [T.chain(3), T.from_widths([2, 2]), T.EAGLE_TREE, K.best_tree([0.5, 0.3, 0.1], 20, 7), T.chain(0),
+              T.from_widths([4, 1, 1])]
+    steps = []
+    for _ in range(40):
+        n = int(rng.integers(1, 40))
+        trees = [shapes[i] for i in rng.integers(0, len(shapes), n)] if rng.random() < 0.8 else shapes[2]
+        acc = np.array([int(rng.integers(0, t.max_depth + 1)) for t in T.rows(trees, n)])
+        steps.append((trees, acc))
+
+    def run():
+        est = K.RankEstimate(ranks=3, memory=30.0, every=0.05)
+        out = []
+        for trees, acc in steps:
+            est.observe(trees, acc)
+            out.append((est.hits.tolist(), est.trials.tolist(), list(est._groups)))
+        return out
+    got = run()
+    monkeypatch.setattr(K, "COMPILED", False)
+    assert got == run()
+
+
+def test_compiled_row_means_are_numpys():
+    """kernels_tree.row_means (tree_confidence's chain-step means) is the numpy form's arithmetic, to the bit."""
+    from specdepth.policies.kit import kernels_tree as KT
+    rng = np.random.default_rng(8)
+    for K in (1, 3, 8, 13, 16, 40):
+        conf = rng.uniform(0, 1, (50, K)) * 10.0 ** rng.integers(-5, 1, (50, K))
+        conf[rng.random((50, K)) < 0.3] = np.nan
+        got = np.full(50, np.nan)
+        KT.row_means(conf, got)
+        seen = ~np.isnan(conf)
+        cnt = seen.sum(axis=1)
+        want = np.full(50, np.nan)
+        want[cnt > 0] = np.where(seen, conf, 0.0).sum(axis=1)[cnt > 0] / cnt[cnt > 0]
+        assert np.array_equal(got, want, equal_nan=True)
+
+
+def test_compiled_candidates_on_any_levels():
+    """kernels_tree.candidates on levels where a node moves several levels, or a level by more than one token,
+    is the numpy form's arithmetic too."""
+    from specdepth.policies.kit import kernels_tree as KT
+    rng = np.random.default_rng(9)
+    for _ in range(20):
+        N, cols, steps, n = int(rng.integers(1, 30)), int(rng.integers(1, 20)), int(rng.integers(1, 9)), 37
+        L = np.cumsum(rng.integers(0, 3, (N + 1, cols)) * (rng.random((N + 1, cols)) < 0.3), axis=0)
+        prob = rng.uniform(0, 0.5, N)
+        ver, dr = np.cumsum(rng.uniform(0, 1, N + 3)), np.cumsum(rng.uniform(0, 1, int(L.max()) + 3))
+        oh = float(rng.choice([0.0, 0.25]))
+        got = KT.candidates(prob, np.zeros(1, np.int64), L.ravel(), np.zeros(1, np.int64), np.array([N]),
+                            np.array([cols]), steps, n, ver, dr, oh)
+        x = np.arange(N * steps + 1) / steps
+        lo = np.minimum(np.floor(x).astype(np.int64), N - 1)
+        f = x - lo
+        E = np.concatenate([[0.0], np.cumsum(prob)])
+        lv = L[lo] + f[:, None] * (L[lo + 1] - L[lo])
+        draft = np.interp(lv, np.arange(dr.size), dr) + (lv > 0) * oh
+        want = np.stack([n * (1.0 + E[lo] + f * (E[lo + 1] - E[lo])), draft.sum(axis=1), (lv > 0).sum(axis=1),
+                         np.interp(x, np.arange(ver.size), ver)])
+        assert np.array_equal(got, want)
+
+
+def test_compiled_picked_means_are_numpys():
+    """kernels_tree.picked_means (tree_confidence's tree-step means) is the numpy form's arithmetic, to the bit."""
+    from specdepth.policies.kit import kernels_tree as KT
+    rng = np.random.default_rng(10)
+    for K, m in itertools.product((1, 2, 5, 8, 9, 16, 17, 60), (1, 2, 3, 7, 30)):
+        x = rng.uniform(0, 1, (30, 70)) * 10.0 ** rng.integers(-5, 1, (30, 70))
+        x[rng.random((30, 70)) < 0.05] = np.nan
+        rows, nodes = np.sort(rng.choice(30, m, replace=False)), int(rng.integers(K, 71))
+        mask = np.zeros(nodes, bool)
+        mask[rng.choice(nodes, K, replace=False)] = True
+        got, want = np.full(30, np.nan), np.full(30, np.nan)
+        KT.picked_means(x, rows, np.flatnonzero(mask), got)
+        want[rows] = x[rows, :nodes][:, mask].mean(axis=1)   # tree_confidence's numpy form
+        assert np.array_equal(got, want, equal_nan=True)

@@ -23,6 +23,10 @@ import numpy as np
 
 from specdepth.tree import Tree, chain, from_parents, path_probs, rows
 
+from . import kernels_tree
+
+COMPILED = True   # the compiled loops (kit/kernels_tree.py); False: their numpy form, which they equal (tests compare)
+
 
 # ---- a tree's expected accepted nodes -------------------------------------------------------------------------
 def expected_accepted(trees, table: np.ndarray, n: int | None = None) -> np.ndarray:
@@ -34,6 +38,20 @@ def expected_accepted(trees, table: np.ndarray, n: int | None = None) -> np.ndar
         if id(t) not in memo:
             memo[id(t)] = float(path_probs(t, table).sum())
     return np.array([memo[id(t)] for t in ts])
+
+
+def _by_object(trees, n: int) -> list:
+    """The distinct Tree objects of n rows (one Tree: all rows), in first-row order, each with its rows (an
+    index array, or a slice for all)."""
+    if isinstance(trees, Tree):
+        return [(trees, slice(None))]
+    ts = list(trees)
+    ids = list(map(id, ts))
+    distinct = dict.fromkeys(ids)   # in first-row order
+    if len(distinct) <= 1:
+        return [(ts[0], slice(None))] if ts else []
+    arr = np.array(ids, np.int64)
+    return [(ts[ids.index(u)], np.flatnonzero(arr == u)) for u in distinct]
 
 
 # ---- the best tree for a node budget --------------------------------------------------------------------------
@@ -132,22 +150,32 @@ class RankEstimate:
         self.hits = np.zeros(self.ranks)
         self.trials = np.zeros(self.ranks)
         self._groups: dict[bytes, list] = {}   # tree shape (parents) -> [tree, decayed rows per path length]
+        self._packed = None   # the groups' trees end to end, for the compiled refresh
+        self._start = self._tab = None   # the last start's prior and hazards; the last table and its inputs
         self.start(prior)
 
     def start(self, prior) -> None:
-        """Set the prior, kept until the next call: a rate (view.acceptance_prior) or a table [ranks]."""
+        """Set the prior, kept until the next call: a rate (view.acceptance_prior) or a table [ranks] (the same
+        prior as the last call's keeps its hazards)."""
+        key = float(prior) if np.ndim(prior) == 0 else np.asarray(prior, float)[:self.ranks].tobytes()
+        if self._start is not None and self._start[0] == key and self._start[1] is self.prior:
+            return
         if np.ndim(prior) == 0:
             self.prior = np.full(self.ranks, float(prior))
         else:   # a table's hazards
             t = np.asarray(prior, float)[:self.ranks]
             left = 1.0 - np.concatenate([[0.0], np.cumsum(t)[:-1]])
             self.prior = np.clip(t / np.maximum(left, 1e-12), 0.0, 1.0)
+        self._start = (key, self.prior)
 
     @property
     def table(self) -> np.ndarray:
-        h = (self.hits + self.strength * self.prior) / (self.trials + self.strength)
-        t = h * np.concatenate([[1.0], np.cumprod(1.0 - h)[:-1]])
-        return np.minimum.accumulate(t)
+        key = (self.hits.tobytes(), self.trials.tobytes(), self.prior.tobytes(), self.strength)
+        if self._tab is None or self._tab[0] != key:   # computed once per hits, trials and prior
+            h = (self.hits + self.strength * self.prior) / (self.trials + self.strength)
+            t = h * np.concatenate([[1.0], np.cumprod(1.0 - h)[:-1]])
+            self._tab = (key, np.minimum.accumulate(t))
+        return self._tab[1].copy()
 
     def observe(self, trees, accepted: np.ndarray) -> None:
         """Add one step's rows: their trees (a Tree for all, or one per row) and accepted path lengths."""
@@ -155,13 +183,13 @@ class RankEstimate:
         keep = np.exp(-acc.size / self.memory)
         for g in self._groups.values():
             g[1] *= keep
-        seen: dict[int, list] = {}
-        for t, a in zip(rows(trees, acc.size), acc.tolist()):
+        for t, idx in _by_object(trees, acc.size):
             if t.nodes:   # nothing drafted, nothing learnt
-                g = seen.get(id(t))
+                g = self._groups.get(key := t.parent.tobytes())
                 if g is None:
-                    g = seen[id(t)] = self._groups.setdefault(t.parent.tobytes(), [t, np.zeros(t.max_depth + 1)])
-                g[1][a] += 1.0
+                    g = self._groups[key] = [t, np.zeros(t.max_depth + 1)]
+                if not (COMPILED and kernels_tree.add_ones(g[1], acc[idx])):
+                    np.add.at(g[1], acc[idx], 1.0)   # one row at a time, in row order
         self._new += acc.size
         self._kept = self._kept * keep + acc.size
         if self._new >= self.every * self._kept:
@@ -170,6 +198,8 @@ class RankEstimate:
     def refresh(self) -> None:
         """One EM iteration over the kept observations (tree shapes that decayed below 1e-3 rows are dropped)."""
         self._new = 0.0
+        if COMPILED and self._groups:
+            return self._refresh_compiled()
         self._groups = {k: g for k, g in self._groups.items() if g[1].sum() >= 1e-3}
         table = self.table
         hits, trials = np.zeros(self.ranks), np.zeros(self.ranks)
@@ -177,6 +207,23 @@ class RankEstimate:
             h, tr = self._expected_counts(t, counts, table)
             hits += h
             trials += tr
+        self.hits, self.trials = hits, trials
+
+    def _refresh_compiled(self) -> None:
+        """refresh by kernels_tree.expected_counts (the groups' trees end to end, kept while the shapes hold)."""
+        groups = list(self._groups.items())
+        keys = tuple(k for k, _ in groups)
+        if self._packed is None or self._packed[0] != keys:
+            ts = [g[0] for _, g in groups]
+            (par, noff), (dep, _), (rnk, _) = (_flat([getattr(t, a) for t in ts], np.int64)
+                                               for a in ("parent", "depth", "rank"))
+            self._packed = (keys, par, dep, rnk, np.append(noff, par.size))
+        _, par, dep, rnk, noff = self._packed
+        cnt, coff = _flat([g[1] for _, g in groups], float)
+        hits, trials, keep = np.zeros(self.ranks), np.zeros(self.ranks), np.zeros(len(groups), bool)
+        kernels_tree.expected_counts(par, dep, rnk, noff, cnt, np.append(coff, cnt.size), self.table, self.ranks,
+                                     hits, trials, keep)
+        self._groups = {k: g for (k, g), kp in zip(groups, keep.tolist()) if kp}
         self.hits, self.trials = hits, trials
 
     def _expected_counts(self, tree: Tree, counts: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -212,13 +259,10 @@ class RankConfidence:
     def __init__(self, ranks: int = 8, memory: float = 5000.0):
         self.ranks, self.memory = int(ranks), float(memory)
         self.sums, self.counts = np.zeros(self.ranks), np.zeros(self.ranks)
+        self._tab = None   # the last table and its inputs
 
     def observe(self, trees, confidences: np.ndarray) -> None:
-        ts = rows(trees, confidences.shape[0])
-        groups: dict[int, list] = {}
-        for i, t in enumerate(ts):
-            groups.setdefault(id(t), [t, []])[1].append(i)
-        for t, idx in groups.values():
+        for t, idx in _by_object(trees, confidences.shape[0]):
             if not t.nodes:
                 continue
             c = confidences[idx, :t.nodes]
@@ -233,7 +277,14 @@ class RankConfidence:
     def table(self, fallback: np.ndarray) -> np.ndarray:
         """The mean confidence per rank over the ranks drafted so far (0..k-1: trees are rank-contiguous), and past
         them the last one's hazard kept (each further rank takes that share of what is left): a rank never drafted
-        is priced as likely as the trend says, so that a tree may try it. `fallback` where nothing was drafted."""
+        is priced as likely as the trend says, so that a tree may try it. `fallback` where nothing was drafted.
+        Computed once per sums, counts and fallback."""
+        key = (self.sums.tobytes(), self.counts.tobytes(), np.asarray(fallback, float).tobytes())
+        if self._tab is None or self._tab[0] != key:
+            self._tab = (key, self._table(fallback))
+        return self._tab[1].copy()
+
+    def _table(self, fallback: np.ndarray) -> np.ndarray:
         drafted = self.counts > 0
         k = self.ranks if drafted.all() else int(np.argmin(drafted))   # the ranks 0..k-1 drafted
         if k == 0:
@@ -258,6 +309,7 @@ class TreePrice:
     def __init__(self, calibration=None):
         self.calibration = calibration
         self._key = None
+        self._memo: dict = {}   # plan_trees' candidate parts under the current tables
 
     def update(self, cost, ctx: np.ndarray) -> "TreePrice":
         n = int(ctx.size)
@@ -267,6 +319,7 @@ class TreePrice:
             self._key, self.cost, self.n, self.cbar = key, cost, n, cbar
             self._verify = np.zeros(0)
             self._draft = np.zeros(1)   # q = 0: no forward
+            self._memo = {}
         return self
 
     def _tables(self, nodes: float, q: float) -> tuple[np.ndarray, np.ndarray]:
@@ -279,11 +332,44 @@ class TreePrice:
                 self._verify = np.asarray(self.cost.verify_times(c, xs * n), float)
             else:
                 self._verify = np.array([self.cost.verify_time(c, np.full(n, x)) for x in xs])
+            self._memo = {}
         Q = int(np.ceil(q)) + 1
         if self._draft.size < Q + 1:
             more = [self.cost.draft_forward(c, np.full(n, qq, np.int64))[0] for qq in range(self._draft.size, Q + 1)]
             self._draft = np.concatenate([self._draft, more])
+            self._memo = {}
         return self._verify, self._draft
+
+    def candidates(self, pack: "_Orders | None", n: int, steps: int) -> tuple[float, np.ndarray, np.ndarray]:
+        """plan_trees' candidates priced by parts, as `seconds` prices them, the tables grown at once to the
+        plan's largest demand (an entry does not depend on the table's size): the zero plan's seconds, float
+        [4, candidates] (tokens, summed draft seconds, forwards, verify seconds) and each depth cap's first
+        candidate (and the end); kept while the tables hold."""
+        key = (None if pack is None else pack.key, n, steps)
+        hit = self._memo.get(key)
+        if hit is None:
+            some = pack is not None and pack.Ns.size > 0
+            v, dr = self._tables(float(pack.Ns.max()) if some else 0.0, float(pack.lmax.max()) if some else 0.0)
+            oh = float(getattr(self.cost, "position_overhead_s", 0.0))
+            zero = (0.0 + (0.0 + (kernels_tree.interp(0.0, dr, 0, dr.size) + oh * 0.0)),
+                    kernels_tree.interp(0.0, v, 0, v.size))
+            if some:
+                parts = kernels_tree.candidates(pack.probs, pack.poff, pack.levels, pack.loff, pack.Ns, pack.cols,
+                                                steps, n, v, dr, oh)
+                coff = np.concatenate([[0], np.cumsum(pack.Ns * steps + 1)])
+            else:
+                parts, coff = np.zeros((4, 0)), np.zeros(1, np.int64)
+            if len(self._memo) >= 64:
+                self._memo.clear()
+            hit = self._memo[key] = (zero, parts, coff)
+        return self._zero(*hit[0]), hit[1], hit[2]
+
+    def _zero(self, draft: float, verify: float) -> float:
+        """`seconds` of the plan without nodes from its summed draft and verify seconds."""
+        if self.calibration is not None:
+            (sd, cd), (sv, cv) = self.calibration.params("draft"), self.calibration.params("verify")
+            return float(sd * draft + cd * 0.0 + sv * verify + cv)
+        return float(draft + verify)
 
     def seconds(self, nodes: np.ndarray, levels: np.ndarray) -> np.ndarray:
         """Step seconds of plans where every row has `nodes[j]` nodes and `levels[j, d]` draft tokens at level d
@@ -313,6 +399,65 @@ class TreePlan:
     order: Order
 
 
+def _flat(arrays: list, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The arrays end to end (one new array of `dtype`) and each one's offset there."""
+    sizes = np.array([a.size for a in arrays], np.int64)
+    buf = np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(1, dtype)
+    return buf, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class _Orders:
+    """plan_trees' depth caps with nodes and their orders, flat for the compiled search: node probabilities and
+    levels end to end (offsets poff, loff), node counts Ns, level columns and each cap's most draft tokens."""
+    key: tuple
+    depths: list
+    orders: list
+    probs: np.ndarray
+    poff: np.ndarray
+    levels: np.ndarray
+    loff: np.ndarray
+    Ns: np.ndarray
+    cols: np.ndarray
+    lmax: np.ndarray
+
+
+@functools.lru_cache(maxsize=64)
+def _orders(key: tuple) -> _Orders:
+    """The depth caps plan_trees searches for (table bytes, max_nodes, max_depth, depths) and their orders."""
+    table, max_nodes, max_depth, depths = key
+    deepest = int(best_order(np.frombuffer(table, float), max_nodes, max_depth).depth.max(initial=0))
+    Ds = range(1, deepest + 1) if depths is None else [d for d in depths if 1 <= d <= deepest]
+    pairs = [(D, o) for D, o in ((D, best_order(np.frombuffer(table, float), max_nodes, D)) for D in Ds)
+             if o.parent.size]
+    orders = [o for _, o in pairs]
+    Ls = [o.levels() for o in orders]
+    probs, poff = _flat([o.prob for o in orders], float)
+    levels, loff = _flat([L.ravel() for L in Ls], np.int64)
+    return _Orders(key, [D for D, _ in pairs], orders, probs, poff, levels, loff,
+                   np.array([o.parent.size for o in orders], np.int64), np.array([L.shape[1] for L in Ls], np.int64),
+                   np.array([L[-1].max() for L in Ls], float))
+
+
+def _plan_compiled(table, price: TreePrice, n: int, max_nodes: int, max_depth: int, depths, steps: int) -> TreePlan:
+    """plan_trees by kernels_tree: the candidates' parts (kept by `price` while its tables hold) and the best."""
+    steps = max(1, min(int(steps), n))
+    ok = max_nodes > 0 and max_depth > 0
+    pack = _orders((np.asarray(table, float).tobytes(), int(max_nodes), int(max_depth),
+                    None if depths is None else tuple(int(d) for d in depths))) if ok else None
+    zero, parts, coff = price.candidates(pack, n, steps)
+    best = TreePlan(0, 0.0, float(n), float(n) / zero, None)
+    if not parts.shape[1]:
+        return best
+    cal = price.calibration
+    (sd, cd), (sv, cv) = (cal.params("draft"), cal.params("verify")) if cal is not None else ((1.0, 0.0), (1.0, 0.0))
+    s, j, g = kernels_tree.best_candidate(parts, coff, cal is not None, float(sd), float(cd), float(sv), float(cv),
+                                          best.goodput)
+    if s < 0:
+        return best
+    return TreePlan(pack.depths[s], float((j - coff[s]) / steps), float(parts[0, j]), float(g), pack.orders[s])
+
+
 def plan_trees(table, price: TreePrice, n: int, max_nodes: int, max_depth: int, depths=None,
                steps: int = 8) -> TreePlan:
     """The tree plan with the most expected tokens per second (n rows, each emitting 1 + its expected accepted
@@ -320,6 +465,8 @@ def plan_trees(table, price: TreePrice, n: int, max_nodes: int, max_depth: int, 
     max_nodes nodes reach give the same trees and are skipped) and each node count per row 0..max_nodes in
     `steps` fractions (a fraction f of the rows one node more than the rest, whose trees are the next in the
     best-first order). Every row shares `table`; `plan_rows` cuts the trees of rows that end early."""
+    if COMPILED and max_depth <= 128:   # the compiled pairwise sum covers rows of up to 128 levels
+        return _plan_compiled(table, price, n, max_nodes, max_depth, depths, steps)
     best = TreePlan(0, 0.0, float(n), float(n) / float(price.seconds(np.zeros(1), np.zeros((1, 1)))[0]), None)
     steps = max(1, min(int(steps), n))
     if max_nodes <= 0 or max_depth <= 0:
@@ -351,14 +498,23 @@ def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None) -> li
     base = int(np.floor(plan.nodes))
     extra = int(round((plan.nodes - base) * n))
     counts = np.full(n, base, np.int64)
-    counts[np.argsort(-caps, kind="stable")[:extra]] += 1
+    if extra:
+        counts[np.argsort(-caps, kind="stable")[:extra]] += 1
     cache = {} if cache is None else cache
-    out = []
-    for c, cap in zip(counts.tolist(), caps.tolist()):
-        d = min(int(cap), plan.depth)
-        key = tuple(plan.order.parent[:c].tolist()) + (d,) if c and d else ()
-        t = cache.get(key)
-        if t is None:
-            t = cache[key] = plan.order.tree(c, d) if key else chain(0)
-        out.append(t)
-    return out
+    d = np.minimum(caps.astype(np.int64), plan.depth)
+    if n and not extra and d.min() == d.max():   # every row the same tree
+        return [_cached_tree(plan.order, base, int(d[0]), cache)] * n
+    pairs = list(zip(counts.tolist(), d.tolist()))
+    trees = dict.fromkeys(pairs)   # each (nodes, depth cap) once, in first-row order
+    for c, dc in trees:
+        trees[c, dc] = _cached_tree(plan.order, c, dc, cache)
+    return [trees[p] for p in pairs]
+
+
+def _cached_tree(order: Order, c: int, d: int, cache: dict) -> Tree:
+    """order's first c nodes cut at depth d (no nodes: chain(0)), from `cache` by shape."""
+    key = tuple(order.parent[:c].tolist()) + (d,) if c and d else ()
+    t = cache.get(key)
+    if t is None:
+        t = cache[key] = order.tree(c, d) if key else chain(0)
+    return t

@@ -51,10 +51,11 @@ class Tree:
     """A draft tree by its parent array (see the module docstring), with each node's depth (1 below the
     root) and rank; immutable. Built by from_parents, from_choices, from_widths or chain."""
 
-    __slots__ = ("parent", "depth", "rank")
+    __slots__ = ("parent", "depth", "rank", "_max_depth")
 
     def __init__(self, parent: np.ndarray, depth: np.ndarray, rank: np.ndarray):
         self.parent, self.depth, self.rank = parent, depth, rank
+        self._max_depth = None
         for a in (parent, depth, rank):
             a.flags.writeable = False
 
@@ -64,7 +65,9 @@ class Tree:
 
     @property
     def max_depth(self) -> int:
-        return int(self.depth.max(initial=0))
+        if self._max_depth is None:   # the arrays are read-only: computed once
+            self._max_depth = int(self.depth.max(initial=0))
+        return self._max_depth
 
     @property
     def is_chain(self) -> bool:
@@ -272,28 +275,40 @@ def attention_mask(context: np.ndarray, trees: Tree | Sequence[Tree], bucket: in
 
 
 # ---- what a tree step costs ------------------------------------------------------------------------
+def _by_tree(ts: list[Tree]) -> list[tuple[Tree, list[int]]]:
+    """The distinct Tree objects of the rows (in first-row order), each with its rows."""
+    groups: dict[int, tuple[Tree, list[int]]] = {}
+    for i, t in enumerate(ts):
+        g = groups.get(id(t))
+        if g is None:
+            g = groups[id(t)] = (t, [])
+        g[1].append(i)
+    return list(groups.values())
+
+
 def level_counts(trees: Tree | Sequence[Tree], n: int | None = None) -> np.ndarray:
     """int64 [n, D]: row i's nodes at depths 1..D (D: the deepest tree; a chain of k: ones in its first k
-    columns). One Tree stands for all n rows."""
+    columns). One Tree stands for all n rows (rows that share a Tree object are counted once)."""
     ts = rows(trees, n)
-    D = max((t.max_depth for t in ts), default=0)
-    out = np.zeros((len(ts), D), np.int64)
-    for i, t in enumerate(ts):
-        out[i, :t.max_depth] = np.bincount(t.depth, minlength=t.max_depth + 1)[1:]
+    groups = _by_tree(ts)
+    out = np.zeros((len(ts), max((t.max_depth for t, _ in groups), default=0)), np.int64)
+    for t, idx in groups:
+        out[idx, :t.max_depth] = np.bincount(t.depth, minlength=t.max_depth + 1)[1:]
     return out
 
 
 def parent_counts(trees: Tree | Sequence[Tree], n: int | None = None) -> np.ndarray:
     """int64 [n, D]: the tokens row i's draft forward at level d (1..D) feeds to propose its depth-d nodes:
-    their distinct parents (the root, 1, at d = 1); 0 where the row has no depth-d node."""
+    their distinct parents (the root, 1, at d = 1); 0 where the row has no depth-d node. Rows that share a
+    Tree object are counted once."""
     ts = rows(trees, n)
-    D = max((t.max_depth for t in ts), default=0)
-    out = np.zeros((len(ts), D), np.int64)
-    for i, t in enumerate(ts):
+    groups = _by_tree(ts)
+    out = np.zeros((len(ts), max((t.max_depth for t, _ in groups), default=0)), np.int64)
+    for t, idx in groups:
         if t.nodes:
             par = np.unique(t.parent)                        # parents with children (-1: the root)
             pd = np.where(par >= 0, t.depth[np.maximum(par, 0)], 0)   # a parent's depth; its children at pd + 1
-            out[i, :t.max_depth] = np.bincount(pd, minlength=t.max_depth)[:t.max_depth]
+            out[idx, :t.max_depth] = np.bincount(pd, minlength=t.max_depth)[:t.max_depth]
     return out
 
 
