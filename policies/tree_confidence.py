@@ -4,7 +4,7 @@ from specdepth.errors import as_float, as_int
 from specdepth.policy import Policy
 from specdepth.tree import chain
 
-from .kit import PerRequest, best_order, draft_caps, kernels_tree
+from .kit import PerRequest, best_order, draft_caps, kernels
 from .kit import tree as kit_tree
 
 
@@ -76,7 +76,7 @@ class TreeConfidence(Policy):
             conf = view.confidences
             fast = kit_tree.COMPILED and conf is not None and conf.dtype == np.float64 and conf.shape[1] <= 128
             if fast and conf.size:
-                kernels_tree.row_means(conf, out)   # the numpy form's arithmetic, below
+                kernels.row_means(conf, out)   # the numpy form's arithmetic, below
             elif conf is not None and conf.size:
                 seen = ~np.isnan(conf)
                 cnt = seen.sum(axis=1)
@@ -88,7 +88,7 @@ class TreeConfidence(Policy):
         for u in dict.fromkeys(ids):   # each Tree object once, in first-row order
             t, idx = trees[ids.index(u)], np.flatnonzero(arr == u)
             if t.nodes and kit_tree.COMPILED and nc.dtype == np.float64 and t.nodes <= 128:
-                kernels_tree.picked_means(nc, idx, np.flatnonzero(t.rank == 0), out)   # the numpy form's arithmetic
+                kernels.picked_means(nc, idx, np.flatnonzero(t.rank == 0), out)   # the numpy form's arithmetic
             elif t.nodes:
                 out[idx] = nc[idx, :t.nodes][:, t.rank == 0].mean(axis=1)
         return out

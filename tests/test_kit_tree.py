@@ -165,7 +165,7 @@ def test_rank_estimate_prior_table_and_confidence_means():
 
 
 def test_compiled_interp_and_pairwise_are_numpys():
-    from specdepth.policies.kit import kernels_tree as KT
+    from specdepth.policies.kit import kernels as KT
     rng = np.random.default_rng(3)
     for size in (1, 2, 5, 40):
         fp = np.cumsum(rng.uniform(0, 1, size)) * 10.0 ** rng.integers(-6, 3)
@@ -177,7 +177,7 @@ def test_compiled_interp_and_pairwise_are_numpys():
 
 
 def test_compiled_plan_trees_is_the_numpy_search(monkeypatch):
-    """The compiled search (kernels_tree) chooses the plan the numpy loop does, to the bit, with and without a
+    """The compiled search (kit/kernels.py) chooses the plan the numpy loop does, to the bit, with and without a
     calibration and a per-level overhead, from fresh tables and from kept ones."""
     class Cal:
         def __init__(self, p):
@@ -217,7 +217,7 @@ def test_compiled_plan_trees_is_the_numpy_search(monkeypatch):
 
 
 def test_compiled_candidates_are_the_numpy_prices():
-    """Every candidate's parts from kernels_tree (tokens, summed draft seconds, forwards, verify seconds) are what
+    """Every candidate's parts from the compiled loops (tokens, summed draft seconds, forwards, verify seconds) are what
     plan_trees' numpy form computes from the same tables, to the bit."""
     rng = np.random.default_rng(4)
     for _ in range(12):
@@ -242,7 +242,7 @@ def test_compiled_candidates_are_the_numpy_prices():
 
 
 def test_compiled_rank_estimate_is_the_numpy_em(monkeypatch):
-    """RankEstimate's compiled refresh (kernels_tree.expected_counts) keeps the groups and the hits and trials the
+    """RankEstimate's compiled refresh (kernels.expected_counts) keeps the groups and the hits and trials the
     numpy EM step does, to the bit."""
     rng = np.random.default_rng(6)
     shapes = [T.chain(3), T.from_widths([2, 2]), T.EAGLE_TREE, K.best_tree([0.5, 0.3, 0.1], 20, 7), T.chain(0),
@@ -267,8 +267,8 @@ def test_compiled_rank_estimate_is_the_numpy_em(monkeypatch):
 
 
 def test_compiled_row_means_are_numpys():
-    """kernels_tree.row_means (tree_confidence's chain-step means) is the numpy form's arithmetic, to the bit."""
-    from specdepth.policies.kit import kernels_tree as KT
+    """kernels.row_means (tree_confidence's chain-step means) is the numpy form's arithmetic, to the bit."""
+    from specdepth.policies.kit import kernels as KT
     rng = np.random.default_rng(8)
     for K in (1, 3, 8, 13, 16, 40):
         conf = rng.uniform(0, 1, (50, K)) * 10.0 ** rng.integers(-5, 1, (50, K))
@@ -283,9 +283,9 @@ def test_compiled_row_means_are_numpys():
 
 
 def test_compiled_candidates_on_any_levels():
-    """kernels_tree.candidates on levels where a node moves several levels, or a level by more than one token,
+    """kernels.candidates on levels where a node moves several levels, or a level by more than one token,
     is the numpy form's arithmetic too."""
-    from specdepth.policies.kit import kernels_tree as KT
+    from specdepth.policies.kit import kernels as KT
     rng = np.random.default_rng(9)
     for _ in range(20):
         N, cols, steps, n = int(rng.integers(1, 30)), int(rng.integers(1, 20)), int(rng.integers(1, 9)), 37
@@ -307,8 +307,8 @@ def test_compiled_candidates_on_any_levels():
 
 
 def test_compiled_picked_means_are_numpys():
-    """kernels_tree.picked_means (tree_confidence's tree-step means) is the numpy form's arithmetic, to the bit."""
-    from specdepth.policies.kit import kernels_tree as KT
+    """kernels.picked_means (tree_confidence's tree-step means) is the numpy form's arithmetic, to the bit."""
+    from specdepth.policies.kit import kernels as KT
     rng = np.random.default_rng(10)
     for K, m in itertools.product((1, 2, 5, 8, 9, 16, 17, 60), (1, 2, 3, 7, 30)):
         x = rng.uniform(0, 1, (30, 70)) * 10.0 ** rng.integers(-5, 1, (30, 70))

@@ -23,9 +23,9 @@ import numpy as np
 
 from specdepth.tree import Tree, chain, from_parents, path_probs, rows
 
-from . import kernels_tree
+from . import kernels
 
-COMPILED = True   # the compiled loops (kit/kernels_tree.py); False: their numpy form, which they equal (tests compare)
+COMPILED = True   # the compiled loops (kit/kernels.py); False: their numpy form, which they equal (tests compare)
 
 
 # ---- a tree's expected accepted nodes -------------------------------------------------------------------------
@@ -188,7 +188,7 @@ class RankEstimate:
                 g = self._groups.get(key := t.parent.tobytes())
                 if g is None:
                     g = self._groups[key] = [t, np.zeros(t.max_depth + 1)]
-                if not (COMPILED and kernels_tree.add_ones(g[1], acc[idx])):
+                if not (COMPILED and kernels.add_ones(g[1], acc[idx])):
                     np.add.at(g[1], acc[idx], 1.0)   # one row at a time, in row order
         self._new += acc.size
         self._kept = self._kept * keep + acc.size
@@ -210,7 +210,7 @@ class RankEstimate:
         self.hits, self.trials = hits, trials
 
     def _refresh_compiled(self) -> None:
-        """refresh by kernels_tree.expected_counts (the groups' trees end to end, kept while the shapes hold)."""
+        """refresh by kernels.expected_counts (the groups' trees end to end, kept while the shapes hold)."""
         groups = list(self._groups.items())
         keys = tuple(k for k, _ in groups)
         if self._packed is None or self._packed[0] != keys:
@@ -221,7 +221,7 @@ class RankEstimate:
         _, par, dep, rnk, noff = self._packed
         cnt, coff = _flat([g[1] for _, g in groups], float)
         hits, trials, keep = np.zeros(self.ranks), np.zeros(self.ranks), np.zeros(len(groups), bool)
-        kernels_tree.expected_counts(par, dep, rnk, noff, cnt, np.append(coff, cnt.size), self.table, self.ranks,
+        kernels.expected_counts(par, dep, rnk, noff, cnt, np.append(coff, cnt.size), self.table, self.ranks,
                                      hits, trials, keep)
         self._groups = {k: g for (k, g), kp in zip(groups, keep.tolist()) if kp}
         self.hits, self.trials = hits, trials
@@ -351,10 +351,10 @@ class TreePrice:
             some = pack is not None and pack.Ns.size > 0
             v, dr = self._tables(float(pack.Ns.max()) if some else 0.0, float(pack.lmax.max()) if some else 0.0)
             oh = float(getattr(self.cost, "position_overhead_s", 0.0))
-            zero = (0.0 + (0.0 + (kernels_tree.interp(0.0, dr, 0, dr.size) + oh * 0.0)),
-                    kernels_tree.interp(0.0, v, 0, v.size))
+            zero = (0.0 + (0.0 + (kernels.interp(0.0, dr, 0, dr.size) + oh * 0.0)),
+                    kernels.interp(0.0, v, 0, v.size))
             if some:
-                parts = kernels_tree.candidates(pack.probs, pack.poff, pack.levels, pack.loff, pack.Ns, pack.cols,
+                parts = kernels.candidates(pack.probs, pack.poff, pack.levels, pack.loff, pack.Ns, pack.cols,
                                                 steps, n, v, dr, oh)
                 coff = np.concatenate([[0], np.cumsum(pack.Ns * steps + 1)])
             else:
@@ -440,7 +440,8 @@ def _orders(key: tuple) -> _Orders:
 
 
 def _plan_compiled(table, price: TreePrice, n: int, max_nodes: int, max_depth: int, depths, steps: int) -> TreePlan:
-    """plan_trees by kernels_tree: the candidates' parts (kept by `price` while its tables hold) and the best."""
+    """plan_trees by the compiled loops (kit/kernels.py): the candidates' parts (kept by `price` while its tables
+    hold) and the best."""
     steps = max(1, min(int(steps), n))
     ok = max_nodes > 0 and max_depth > 0
     pack = _orders((np.asarray(table, float).tobytes(), int(max_nodes), int(max_depth),
@@ -451,7 +452,7 @@ def _plan_compiled(table, price: TreePrice, n: int, max_nodes: int, max_depth: i
         return best
     cal = price.calibration
     (sd, cd), (sv, cv) = (cal.params("draft"), cal.params("verify")) if cal is not None else ((1.0, 0.0), (1.0, 0.0))
-    s, j, g = kernels_tree.best_candidate(parts, coff, cal is not None, float(sd), float(cd), float(sv), float(cv),
+    s, j, g = kernels.best_candidate(parts, coff, cal is not None, float(sd), float(cd), float(sv), float(cv),
                                           best.goodput)
     if s < 0:
         return best
