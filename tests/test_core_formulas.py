@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from sdtest import run_sim
-from specdepth.cost import RooflineCost
+from specdepth.cost import CostModel, RooflineCost
 from specdepth.app import make
 from sdtest import cfg
 
@@ -90,3 +90,15 @@ def test_step_time_tables_equal_the_per_shape_calls(compose, hw, model, extra):
         ms = np.arange(0, n + 1, max(1, n // 5)).astype(float)
         want = [cost.draft_time(np.full(int(m), ctx.mean())) if m else 0.0 for m in ms]
         np.testing.assert_allclose(cost.draft_times(float(ctx.mean()), ms), want, rtol=1e-12)
+        # the roofline's compiled tables are the per-point Python roofline's, to the bit
+        assert cost.verify_times(ctx, xs).tolist() == _per_point(cost, CostModel.verify_times, ctx, xs)
+        assert cost.draft_times(77.0, ms).tolist() == _per_point(cost, CostModel.draft_times, 77.0, ms)
+
+
+def _per_point(cost, method, *args) -> list:
+    """`method` with the base class's per-point `_time` loop (CostModel._times), as a list."""
+    class PerPoint(type(cost)):
+        _times = CostModel._times
+    obj = object.__new__(PerPoint)
+    obj.__dict__.update(cost.__dict__)
+    return method(obj, *args).tolist()

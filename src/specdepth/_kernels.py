@@ -340,6 +340,15 @@ _roofline_seconds = njit(cache=True, nogil=True, inline="always")(roofline_secon
 
 
 @njit(cache=True, nogil=True)
+def roofline_many(flops, tokens, ctx_tokens, w, kv, inv_f, inv_b, oh, ca):
+    """roofline_seconds of each forward of arrays of them (the same arithmetic)."""
+    out = np.empty(flops.shape[0])
+    for j in range(flops.shape[0]):
+        out[j] = _roofline_seconds(flops[j], tokens[j], ctx_tokens[j], w, kv, inv_f, inv_b, oh, ca)
+    return out
+
+
+@njit(cache=True, nogil=True)
 def roofline_forward(ctx, q, a, b, w, kv, inv_f, inv_b, oh, ca):
     """RooflineCost.target_forward/draft_forward over a ragged batch in one pass: (seconds, flops), the same
     arithmetic in the same order as the Python path (ragged_sums, then the roofline)."""

@@ -197,16 +197,23 @@ class CostModel:
         q = np.asarray(totals, float) / n + 1.0
         t = n * q
         flops = self._tf[0] * t + self._tf[1] * (q * c + n * q * (q + 1.0) * 0.5)   # _sums' pairs, closed form
-        return np.array([self._time("target", a, f, c, n) for a, f in zip(t.tolist(), flops.tolist())])
+        return self._times("target", t, flops, np.full(t.size, c), np.full(t.size, n))
 
     def draft_times(self, context: float, rows: np.ndarray) -> np.ndarray:
         """draft_time of rows[j] rows each at context `context`, for every j (0 rows: 0 seconds)."""
-        out = np.zeros(len(rows))
-        for j, m in enumerate(np.asarray(rows, float).tolist()):
-            if m:
-                c = m * context
-                out[j] = self._time("draft", m, self._df[0] * m + self._df[1] * (c + m), c, m)
+        m = np.asarray(rows, float)
+        out = np.zeros(m.size)
+        on = np.flatnonzero(m)
+        m = m[on]
+        c = m * context
+        out[on] = self._times("draft", m, self._df[0] * m + self._df[1] * (c + m), c, m)
         return out
+
+    def _times(self, which: str, tokens: np.ndarray, flops: np.ndarray, ctx_tokens: np.ndarray,
+               seqs: np.ndarray) -> np.ndarray:
+        """`_time` of each forward of arrays of them."""
+        return np.array([self._time(which, *a) for a in zip(tokens.tolist(), flops.tolist(), ctx_tokens.tolist(),
+                                                             seqs.tolist())], dtype=float).reshape(tokens.shape)
 
     def draft_time(self, ctx: np.ndarray) -> float:
         """Seconds of one draft forward (one token for each sequence in `ctx`)."""
@@ -278,6 +285,12 @@ class RooflineCost(CostModel):
         return _k.roofline_seconds(flops, tokens, ctx_tokens, self._w[which] if moe is None else moe(tokens),
                                    self._kv[which], self._inv_f[which], self._inv_b, self._oh[which],
                                    self._ca[which])
+
+    def _times(self, which, tokens, flops, ctx_tokens, seqs):
+        if self._moe[which] is not None:
+            return super()._times(which, tokens, flops, ctx_tokens, seqs)
+        return _k.roofline_many(flops, tokens, ctx_tokens, self._w[which], self._kv[which], self._inv_f[which],
+                                self._inv_b, self._oh[which], self._ca[which])   # the same roofline, compiled
 
     def target_forward(self, ctx, q=None):
         if (q is not None and self._moe["target"] is None and type(q) is np.ndarray and ctx.dtype == np.int64
