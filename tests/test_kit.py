@@ -140,6 +140,60 @@ def test_confidence_calibration_learns_an_under_confident_draft():
     assert float(cal(np.array([0.1]))[0]) == pytest.approx(0.6, abs=0.05)
 
 
+def _calibration_run(rng, steps=120):
+    """A ConfidenceCalibration fed random steps (NaN confidences, rows that drafted nothing, saturated confidences):
+    its fit, counts and acceptance map after each step, as bytes."""
+    cal = kit.ConfidenceCalibration(prior=float(rng.choice([0.01, 1.0, 20.0])), memory=float(rng.choice([50.0, 2e3])))
+    skew, scale, out = rng.uniform(-3, 3), rng.uniform(0.1, 5), []
+    for _ in range(steps):
+        rows, k = int(rng.integers(1, 70)), int(rng.integers(1, 9))
+        conf = rng.beta(rng.uniform(0.1, 3), rng.uniform(0.1, 3), (rows, k))
+        conf[rng.random((rows, k)) < 0.1] = np.nan
+        if rng.random() < 0.05:
+            conf[:] = rng.choice([0.0, 1.0, 1e-9])
+        drafted = rng.integers(0, k + 1, rows)
+        with np.errstate(all="ignore"):
+            p = np.nan_to_num(1 / (1 + np.exp(-(skew + scale * np.log(conf / (1 - conf))))), nan=0.5)
+        accepted = np.argmin(np.concatenate([rng.random((rows, k)) < p, np.zeros((rows, 1), bool)], axis=1), axis=1)
+        cal.add(conf, drafted, np.minimum(accepted, drafted))
+        c = rng.beta(0.5, 0.5, rows)
+        c[rng.random(rows) < 0.2] = np.nan
+        out.append((cal.a, cal.b, cal.n.tobytes(), cal.acc.tobytes(), cal(c).tobytes()))
+    return out
+
+
+def test_the_compiled_confidence_calibration_is_its_numpy_form_to_the_bit(monkeypatch):
+    import warnings
+    from specdepth.policies.kit import acceptance, kernels_blocks
+    assert kernels_blocks.blas_dot_matches()   # this machine's BLAS dot is the emulated one (else: numpy form)
+    compiled = [_calibration_run(np.random.default_rng(seed)) for seed in range(12)]
+    cal = kit.ConfidenceCalibration()
+    cal.a, cal.b = 3.0, 250.0   # exp's argument past its overflow: silenced as in the numpy form
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        steep = cal(np.array([0.001, 0.5, 0.999, np.nan])).tobytes()
+    monkeypatch.setattr(acceptance, "COMPILED", False)   # the numpy form
+    assert compiled == [_calibration_run(np.random.default_rng(seed)) for seed in range(12)]
+    assert cal(np.array([0.001, 0.5, 0.999, np.nan])).tobytes() == steep
+
+
+def test_the_block_kernels_compute_numpys_sums_dots_and_libm_calls_to_the_bit():
+    from specdepth.policies.kit import kernels_blocks as kb
+    rng = np.random.default_rng(4)
+    for n in list(range(0, 140)) + [300, 1001, 4099]:
+        a, b = rng.normal(size=n) * 10.0 ** rng.integers(-4, 5, n), rng.normal(size=n)
+        assert kb.vsum(a) == float(a.sum()) and kb.dot(a, b) == float(a @ b), n
+    z = np.concatenate([rng.normal(size=20000) * 10, rng.uniform(-800, 800, 2000), rng.normal(size=2000) * 1e-17,
+                        [0.0, -0.0, np.inf, -np.inf, 709.8, -745.2]])
+    t1, t2 = np.empty_like(z), np.empty_like(z)
+    kb.neg_softplus_pairs(z, t1, t2)
+    assert np.array_equal(t1, -np.logaddexp(0.0, -z)) and np.array_equal(t2, -np.logaddexp(0.0, z))
+    assert np.array_equal(kb.logaddexp0(z, np.empty_like(z)), np.logaddexp(0.0, z))
+    v = rng.normal(size=3000) * 10.0 ** rng.integers(-6, 3, 3000)
+    assert [kb.power(float(x), 2.0) for x in v] == [float(x) ** 2 for x in v]   # libm's pow, not x * x:
+    assert any(float(x) ** 2 != float(x) * float(x) for x in v)                  # they differ on some of these
+
+
 # ---- drain -----------------------------------------------------------------------------------------
 
 def test_expected_max_of_normals():

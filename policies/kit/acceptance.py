@@ -6,7 +6,9 @@ import math
 import numpy as np
 from numpy._core.umath import clip as _clip   # what np.clip calls on float arrays, without its wrapper
 
-from . import kernels
+from . import kernels, kernels_blocks
+
+COMPILED = True   # ConfidenceCalibration's compiled loops (kit/kernels_blocks.py); False: their numpy form (equal)
 
 
 class PositionFactors:
@@ -162,6 +164,7 @@ class ConfidenceCalibration:
         self.n = np.zeros(self.BINS)   # verified tokens per bin (forgetting)
         self.acc = np.zeros(self.BINS)   # ... accepted
         self.a, self.b = 0.0, 1.0
+        self._scratch, self._ok = np.empty((2, 0)), np.empty(0, bool)   # the compiled add's buffers
 
     @classmethod
     def logit(cls, c: np.ndarray) -> np.ndarray:
@@ -172,6 +175,8 @@ class ConfidenceCalibration:
 
     def __call__(self, c: np.ndarray) -> np.ndarray:
         """The acceptance probability of tokens drafted with confidence c (NaN stays NaN)."""
+        if COMPILED and c.dtype == np.float64 and c.ndim == 1:
+            return self._compiled_call(c)
         z = self.logit(c)
         z *= self.b
         z += self.a
@@ -181,6 +186,9 @@ class ConfidenceCalibration:
         """A step's verified drafts: row i's positions below min(drafted, accepted + 1), accepted below
         `accepted`. confidences: [rows, max depth] (view.confidences)."""
         if confidences is None or not drafted.any():
+            return
+        if COMPILED and confidences.dtype == np.float64 and kernels_blocks.blas_dot_matches():
+            self._compiled_add(confidences, drafted, accepted)
             return
         cols = np.arange(confidences.shape[1])[None, :]
         seen = cols < np.minimum(drafted, accepted + 1)[:, None]
@@ -193,9 +201,63 @@ class ConfidenceCalibration:
         keep = math.exp(-float(ok.sum()) / self.memory)
         self.n = self.n * keep + np.bincount(at, minlength=self.BINS)
         self.acc = self.acc * keep + np.bincount(at, (cols < accepted[:, None])[seen][ok], self.BINS)
-        self._fit()
+        self._fit_numpy()
+
+    def _compiled_call(self, c: np.ndarray) -> np.ndarray:
+        """__call__'s operations, the loops between numpy's log, log1p and exp compiled (`kernels_blocks`)."""
+        buf = np.empty((2, c.size))
+        kernels_blocks.conf_clip(c, 1e-6, 1.0 - 1e-6, buf)
+        lg, l1p = np.log(buf[0], out=buf[0]), np.log1p(buf[1], out=buf[1])
+        if kernels_blocks.conf_affine(lg, l1p, self.LIM, self.a, self.b):
+            with np.errstate(over="ignore"):
+                np.exp(lg, out=lg)
+        else:
+            np.exp(lg, out=lg)
+        kernels_blocks.conf_sigmoid(lg)
+        return lg
+
+    def _compiled_add(self, confidences: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        """add's operations, the loops around numpy's log and log1p compiled (`kernels_blocks`), then the fit."""
+        if self._scratch.shape[1] < confidences.size:
+            self._scratch, self._ok = np.empty((2, confidences.size)), np.empty(confidences.size, bool)
+        buf, ok = self._scratch, self._ok
+        m = kernels_blocks.conf_gather(confidences, drafted, accepted, 1e-6, 1.0 - 1e-6, buf, ok)
+        if not m:
+            return
+        lg, l1p = np.log(buf[0, :m]), np.log1p(buf[1, :m])
+        work = np.empty((10, self.BINS))
+        kernels_blocks.conf_bins(lg, l1p, ok[:m], math.exp(-float(m) / self.memory), self.n, self.acc, work, self.LIM,
+                                 self.BINS / (2.0 * self.LIM))
+        self.n, self.acc = work[kernels_blocks.N], work[kernels_blocks.ACC]
+        self._fit_compiled(work)
+
+    def _fit_compiled(self, work: np.ndarray, steps: int = 4) -> None:
+        """`_fit` (the same Newton steps and halvings) on a work array (`kernels_blocks.conf_start`), each step one
+        compiled loop around numpy's exp."""
+        k, lam = kernels_blocks, self.prior / 8.0
+        f, big = k.conf_start(work, self.x, self._xx, self.n, self.acc, self.a, self.b, lam, 2.0)
+        a, b, nz = self.a, self.b, work[k.NZ]
+        for _ in range(steps):
+            if big:
+                with np.errstate(over="ignore"):
+                    e = np.exp(nz)
+            else:
+                e = np.exp(nz)
+            a, b, f, state, big = k.conf_newton(e, work, a, b, f, lam, 2.0)
+            if state:
+                if state < 0:
+                    raise ZeroDivisionError("float division by zero")
+                break
+        self.a, self.b = a, b
 
     def _fit(self, steps: int = 4) -> None:
+        """The fit (`_fit_numpy`; compiled where `COMPILED`, the same operations)."""
+        if COMPILED and kernels_blocks.blas_dot_matches() and self.n.dtype == self.acc.dtype == np.float64:
+            self._fit_compiled(np.empty((10, self.BINS)), steps)
+        else:
+            self._fit_numpy(steps)
+
+    def _fit_numpy(self, steps: int = 4) -> None:
         """Newton on the ridge-penalised log-likelihood (penalty prior/8 x ((a)^2 + (b - 1)^2): Fisher
         information of `prior` tokens at p = 1/2 spread over the scale's both parameters), each step halved
         until the objective does not fall. A full step from a fit of nearly separated tokens (all rejected below

@@ -1,0 +1,346 @@
+"""Compiled loops of the kit's per-step blocks (numba, cached on disk): the confidence calibration's binning and
+Newton fit, and the confidence-to-acceptance map. Each computes what the numpy code it replaces computed: the
+same IEEE operations in the same order (no fused or reordered arithmetic except where numpy's own kernel fuses:
+`_ddot`), numpy's pairwise order for a contiguous sum (`_pairwise`), and libm's scalar functions where numpy
+calls them (np.logaddexp's exp and log1p; Python's float power). numpy's vectorised transcendentals (np.exp,
+np.log, np.log1p on arrays) are not computed here: their callers keep them as numpy calls between the loops.
+`blas_dot_matches()` says whether `_ddot` reproduces this machine's BLAS dot; where it does not, the callers
+keep their numpy form."""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import njit, types
+from numba.core.extending import intrinsic
+
+LOG2 = 0.693147180559945309417232121458176568   # numpy's NPY_LOGE2
+OVERFLOW = 709.0   # np.exp of a larger argument may overflow (to inf, with a warning numpy's callers silence)
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """A correctly rounded fused multiply-add (llvm.fma), as the BLAS dot kernel's vfmadd computes it."""
+    sig = types.float64(types.float64, types.float64, types.float64)
+
+    def codegen(context, builder, signature, args):
+        return builder.fma(*args)
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lane(x, y, n32, n1, q, lane):
+    """One of `_ddot`'s 16 accumulators (q, lane): its two 512-bit halves' FMA chains over the blocks of 32, added,
+    then its FMA chain over the blocks of 16 (each accumulator sees its own elements only)."""
+    lo, hi = 0.0, 0.0
+    for i in range(0, n32, 32):
+        lo = _fma(x[i + 8 * q + lane], y[i + 8 * q + lane], lo)
+        hi = _fma(x[i + 8 * q + lane + 4], y[i + 8 * q + lane + 4], hi)
+    acc = lo + hi
+    for i in range(n32, n1, 16):
+        acc = _fma(x[i + 4 * q + lane], y[i + 4 * q + lane], acc)
+    return acc
+
+
+@njit(cache=True, nogil=True)
+def _ddot(x, y):
+    """`x @ y` of two contiguous float64 vectors as numpy computes it (0.0 + OpenBLAS's SkylakeX ddot): 16 at a
+    time into 4 x 4 FMA accumulators (32 at a time into 4 x 8 first, folded to 4 x 4), those summed per lane in
+    order, the lanes as (0 + 2) + (1 + 3), then the rest (n mod 16) one FMA each."""
+    n = x.shape[0]
+    n1 = n & -16
+    dot = 0.0
+    if n1:
+        n32 = n1 & -32
+        v0 = ((_lane(x, y, n32, n1, 0, 0) + _lane(x, y, n32, n1, 1, 0)) + _lane(x, y, n32, n1, 2, 0)) \
+            + _lane(x, y, n32, n1, 3, 0)
+        v1 = ((_lane(x, y, n32, n1, 0, 1) + _lane(x, y, n32, n1, 1, 1)) + _lane(x, y, n32, n1, 2, 1)) \
+            + _lane(x, y, n32, n1, 3, 1)
+        v2 = ((_lane(x, y, n32, n1, 0, 2) + _lane(x, y, n32, n1, 1, 2)) + _lane(x, y, n32, n1, 2, 2)) \
+            + _lane(x, y, n32, n1, 3, 2)
+        v3 = ((_lane(x, y, n32, n1, 0, 3) + _lane(x, y, n32, n1, 1, 3)) + _lane(x, y, n32, n1, 2, 3)) \
+            + _lane(x, y, n32, n1, 3, 3)
+        dot = (v0 + v2) + (v1 + v3)
+    for i in range(n1, n):
+        dot = _fma(y[i], x[i], dot)
+    return 0.0 + dot
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _column(a, lo, j, end):
+    """Accumulator j of numpy's 8: a[lo + j] + a[lo + 8 + j] + ... (below lo + end), in order."""
+    r = a[lo + j]
+    for i in range(8, end, 8):
+        r += a[lo + i + j]
+    return r
+
+
+@njit(cache=True, nogil=True)
+def _block(a, lo, n):
+    """numpy's pairwise sum of a[lo:lo + n] for n <= 128: below 8 values one by one, else 8 accumulators."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    end = n - n % 8
+    res = ((_column(a, lo, 0, end) + _column(a, lo, 1, end)) + (_column(a, lo, 2, end) + _column(a, lo, 3, end))) \
+        + ((_column(a, lo, 4, end) + _column(a, lo, 5, end)) + (_column(a, lo, 6, end) + _column(a, lo, 7, end)))
+    for i in range(end, n):
+        res += a[lo + i]
+    return res
+
+
+@njit(cache=True, nogil=True)
+def _pairwise(a, lo, n):
+    """numpy's pairwise sum of a[lo:lo + n] (contiguous float64): `_block` up to 128 values, above that the
+    sum of both halves (split at a multiple of 8), evaluated with an explicit stack (numba's disk cache does
+    not keep recursive functions)."""
+    if n <= 128:
+        return _block(a, lo, n)
+    los, ns, stage = np.empty(64, np.int64), np.empty(64, np.int64), np.zeros(64, np.int64)
+    vals = np.empty(64)
+    top, nv = 0, 0
+    los[0], ns[0] = lo, n
+    while top >= 0:
+        m = ns[top]
+        half = m // 2 - (m // 2) % 8
+        if m <= 128:
+            vals[nv] = _block(a, los[top], m)
+            nv += 1
+            top -= 1
+        elif stage[top] == 0:
+            stage[top] = 1
+            los[top + 1], ns[top + 1], stage[top + 1] = los[top], half, 0
+            top += 1
+        elif stage[top] == 1:
+            stage[top] = 2
+            los[top + 1], ns[top + 1], stage[top + 1] = los[top] + half, m - half, 0
+            top += 1
+        else:
+            vals[nv - 2] = vals[nv - 2] + vals[nv - 1]
+            nv -= 1
+            top -= 1
+    return vals[0]
+
+
+@njit(cache=True, nogil=True)
+def _sum(a):
+    """`a.sum()` of a contiguous float64 vector (numpy's add.reduce: 0.0 + the pairwise sum)."""
+    return 0.0 + _pairwise(a, 0, a.shape[0])
+
+
+@njit(cache=True, nogil=True)
+def _logaddexp(x, y):
+    """numpy's npy_logaddexp (libm's exp and log1p)."""
+    if x == y:
+        return x + LOG2
+    tmp = x - y
+    if tmp > 0:
+        return x + math.log1p(math.exp(-tmp))
+    if tmp <= 0:
+        return y + math.log1p(math.exp(tmp))
+    return tmp
+
+
+@njit(cache=True, nogil=True)
+def _neg_softplus_pair(z):
+    """(-np.logaddexp(0.0, -z), -np.logaddexp(0.0, z)) with one exp and one log1p: both branches of
+    npy_logaddexp take log1p(exp(-|z|)) (0 - (-z) is z exactly), the one at z > 0 adds it to 0 and z, at z < 0
+    to -z and 0; z == 0 (either sign) is log 2 for both, NaN stays NaN."""
+    if z == 0.0:
+        return -(0.0 + LOG2), -(0.0 + LOG2)
+    if z > 0.0:
+        q = math.log1p(math.exp(-z))
+        return -(0.0 + q), -(z + q)
+    if z < 0.0:
+        q = math.log1p(math.exp(z))
+        return -(-z + q), -(0.0 + q)
+    return -z, -z
+
+
+@njit(cache=True, nogil=True)
+def _clip(v, lo, hi):
+    """numpy's clip of one float (NaN stays NaN)."""
+    if v != v:
+        return v
+    return hi if v > hi else (lo if v < lo else v)
+
+
+@njit(cache=True, nogil=True)
+def dot(x, y):
+    """`x @ y` (`_ddot`), for tests."""
+    return _ddot(x, y)
+
+
+@njit(cache=True, nogil=True)
+def vsum(a):
+    """`a.sum()` (`_sum`), for tests."""
+    return _sum(a)
+
+
+@njit(cache=True, nogil=True)
+def logaddexp0(z, out):
+    """out = np.logaddexp(0.0, z), for tests."""
+    for i in range(z.shape[0]):
+        out[i] = _logaddexp(0.0, z[i])
+    return out
+
+
+@njit(cache=True, nogil=True)
+def neg_softplus_pairs(z, t1, t2):
+    """`_neg_softplus_pair` over z into t1, t2, for tests."""
+    for i in range(z.shape[0]):
+        t1[i], t2[i] = _neg_softplus_pair(z[i])
+
+
+@njit(cache=True, nogil=True)
+def power(v, e):
+    """Python's float power v ** e (libm's pow), for tests."""
+    return v ** e
+
+
+@functools.lru_cache(maxsize=1)
+def blas_dot_matches() -> bool:
+    """Whether `_ddot` equals this machine's `x @ y` bit for bit on random vectors (lengths 1 to 80)."""
+    rng = np.random.default_rng(47)
+    for n in list(range(1, 81)) * 4:
+        x, y = rng.normal(size=n) * 10.0 ** rng.integers(-3, 4, n), rng.normal(size=n)
+        if _ddot(x, y) != float(x @ y):
+            return False
+    return True
+
+
+# ---- ConfidenceCalibration (kit.acceptance) ------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def conf_gather(conf, drafted, accepted, lo, hi, buf, ok):
+    """`ConfidenceCalibration.add`'s verified confidences (row by row: positions below min(drafted, accepted +
+    1), NaN left out) clipped to [lo, hi] into buf[0] and negated into buf[1], whether each was accepted into ok;
+    returns how many."""
+    m = 0
+    for i in range(conf.shape[0]):
+        top = min(min(drafted[i], accepted[i] + 1), conf.shape[1])
+        for j in range(top):
+            c = conf[i, j]
+            if c == c:
+                c = _clip(c, lo, hi)
+                buf[0, m] = c
+                buf[1, m] = -c
+                ok[m] = j < accepted[i]
+                m += 1
+    return m
+
+
+X, XX, N, ACC, REJ, R, W, T1, T2, NZ = range(10)   # the rows of the fit's work array ([10, bins])
+
+
+@njit(cache=True, nogil=True)
+def conf_bins(lg, l1p, ok, keep, n, acc, work, lim, scale):
+    """The bins' forgetting counts after a step, into work[N] and work[ACC]: z = clip(log c - log1p(-c), -lim, lim)
+    in bin min(int((z + lim) x scale), bins - 1); n x keep + tokens per bin, acc x keep + accepted per bin."""
+    bins = n.shape[0]
+    cnt, hit = work[R], work[W]
+    for k in range(bins):
+        cnt[k] = 0.0
+        hit[k] = 0.0
+    for t in range(lg.shape[0]):
+        z = _clip(lg[t] - l1p[t], -lim, lim)
+        k = min(int((z + lim) * scale), bins - 1)
+        cnt[k] += 1.0
+        hit[k] += 1.0 if ok[t] else 0.0
+    for k in range(bins):
+        work[N, k] = n[k] * keep + cnt[k]
+        work[ACC, k] = acc[k] * keep + hit[k]
+
+
+@njit(cache=True, nogil=True)
+def _objective(work, a, b, lam, two):
+    """`ConfidenceCalibration._fit`'s objective at (a, b); work[NZ] = -(a + b x) for the sigmoid's np.exp."""
+    x, t1, t2 = work[X], work[T1], work[T2]
+    for i in range(x.shape[0]):
+        z = a + b * x[i]
+        t1[i], t2[i] = _neg_softplus_pair(z)
+        work[NZ, i] = -z
+    return (_ddot(work[ACC], t1) + _ddot(work[REJ], t2)) - 0.5 * lam * (a * a + (b - 1.0) ** two)
+
+
+@njit(cache=True, nogil=True)
+def _big(nz):
+    """Whether np.exp(nz) may overflow."""
+    for i in range(nz.shape[0]):
+        if nz[i] > OVERFLOW:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def conf_start(work, x, xx, n, acc, a, b, lam, two):
+    """The fit's work array (x, x^2, the counts n and acc, rej = n - acc) and its first objective; returns (the
+    objective, whether np.exp(work[NZ]) may overflow)."""
+    for i in range(x.shape[0]):
+        work[X, i], work[XX, i], work[N, i], work[ACC, i] = x[i], xx[i], n[i], acc[i]
+        work[REJ, i] = n[i] - acc[i]
+    f = _objective(work, a, b, lam, two)
+    return f, _big(work[NZ])
+
+
+@njit(cache=True, nogil=True)
+def conf_newton(e, work, a, b, f, lam, two):
+    """One Newton step of `ConfidenceCalibration._fit` from (a, b) with objective f, e = exp(-(a + b x)): the
+    ridge-penalised gradient and Hessian, the step halved (at most 30 times) until the objective does not fall.
+    Returns (a, b, f, 1 where converged / 0 / -1 where the Hessian is singular (Python's float division raises
+    there: the caller does), whether np.exp of the next work[NZ] may overflow); work[NZ] = -(a + b x) at the new
+    (a, b)."""
+    x, n, acc, r, w = work[X], work[N], work[ACC], work[R], work[W]
+    for i in range(x.shape[0]):
+        p = 1.0 / (1.0 + e[i])
+        r[i] = acc[i] - n[i] * p
+        w[i] = n[i] * p * (1.0 - p)
+    g0, g1 = _sum(r) - lam * a, _ddot(r, x) - lam * (b - 1.0)
+    h00, h01, h11 = _sum(w) + lam, _ddot(w, x), _ddot(w, work[XX]) + lam
+    det = h00 * h11 - h01 * h01
+    if det == 0.0:
+        return a, b, f, -1, False
+    da, db = (h11 * g0 - h01 * g1) / det, (h00 * g1 - h01 * g0) / det
+    f_new = f
+    for _ in range(30):
+        f_new = _objective(work, a + da, b + db, lam, two)
+        if f_new >= f - 1e-12 * abs(f):
+            break
+        da, db = 0.5 * da, 0.5 * db
+    a, b = a + da, b + db
+    for i in range(x.shape[0]):
+        work[NZ, i] = -(a + b * x[i])
+    return a, b, f_new, 1 if abs(da) + abs(db) < 1e-6 else 0, _big(work[NZ])
+
+
+@njit(cache=True, nogil=True)
+def conf_clip(c, lo, hi, buf):
+    """`ConfidenceCalibration.logit`'s first step: c clipped to [lo, hi] into buf[0], negated into buf[1]."""
+    for i in range(c.shape[0]):
+        v = _clip(c[i], lo, hi)
+        buf[0, i] = v
+        buf[1, i] = -v
+
+
+@njit(cache=True, nogil=True)
+def conf_affine(lg, l1p, lim, a, b):
+    """lg = -(clip(lg - l1p, -lim, lim) x b + a) in place (the argument of the sigmoid's np.exp); returns whether
+    np.exp may overflow."""
+    big = False
+    for i in range(lg.shape[0]):
+        v = -(_clip(lg[i] - l1p[i], -lim, lim) * b + a)
+        lg[i] = v
+        big = big or v > OVERFLOW
+    return big
+
+
+@njit(cache=True, nogil=True)
+def conf_sigmoid(e):
+    """e = 1 / (1 + e) in place."""
+    for i in range(e.shape[0]):
+        e[i] = 1.0 / (e[i] + 1.0)
