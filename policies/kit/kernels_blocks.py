@@ -344,3 +344,38 @@ def conf_sigmoid(e):
     """e = 1 / (1 + e) in place."""
     for i in range(e.shape[0]):
         e[i] = 1.0 / (e[i] + 1.0)
+
+
+# ---- PerRequest (kit.state) -----------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def align_rows(old_ids, old, ids, init):
+    """`PerRequest.align`'s new rows: each id's row of `old` where old_ids holds it (its first row in a stable
+    sort of old_ids, as np.argsort(kind="stable") and np.searchsorted find it), else `init`."""
+    n, f = ids.shape[0], init.shape[0]
+    new = np.empty((n, f))
+    for i in range(n):
+        for j in range(f):
+            new[i, j] = init[j]
+    m = old_ids.shape[0]
+    if m == 0:
+        return new
+    ascending = True
+    for i in range(1, m):
+        if old_ids[i] < old_ids[i - 1]:
+            ascending = False
+            break
+    if ascending:   # already in order: the stable sort leaves it as it is
+        order, srt = np.arange(m), old_ids
+    else:
+        order = np.argsort(old_ids, kind="mergesort")
+        srt = np.empty(m, old_ids.dtype)
+        for i in range(m):
+            srt[i] = old_ids[order[i]]
+    for i in range(n):
+        at = min(np.searchsorted(srt, ids[i]), m - 1)
+        if srt[at] == ids[i]:
+            for j in range(f):
+                new[i, j] = old[order[at], j]
+    return new
