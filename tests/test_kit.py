@@ -148,6 +148,33 @@ def test_shrunk_rates_ignore_chance_and_follow_real_spread():
     assert apart[0] > 0.9 and apart[1] < 0.3
 
 
+def _rates_and_tokens(seed):
+    """shrunk_rates and expected_tokens (per position: factors and/or trials) on random rows, as bytes."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(30):
+        rows = int(rng.integers(1, 300))
+        acc = np.floor(rng.uniform(0, 40, rows) * (rng.random(rows) < 0.8))
+        rej = np.floor(rng.uniform(0, 40, rows) * (rng.random(rows) < 0.8) * rng.choice([0.0, 1.0, 3.0]))
+        level = np.full(rows, rng.uniform(0, 1)) if rng.random() < 0.7 else rng.uniform(-0.1, 1.1, rows)
+        out.append(kit.shrunk_rates(acc, rej, level).tobytes())
+        a = rng.uniform(-0.1, 1.1, rows)
+        a[rng.random(rows) < 0.05] = rng.choice([0.0, -0.0, 0.999, 1.0])
+        K = int(rng.integers(0, 12))
+        ks = np.arange(K + 1) if rng.random() < 0.7 else np.array([K])
+        f = rng.uniform(0.3, 1.6, K + int(rng.integers(0, 3)))
+        for factors, trials in ((f, None), (None, float(rng.uniform(1, 100))), (f, 7.0)):
+            out.append(kit.expected_tokens(a, ks, factors, trials).tobytes())
+    return out
+
+
+def test_the_compiled_rates_and_tokens_are_their_numpy_form(monkeypatch):
+    from specdepth.policies.kit import acceptance
+    compiled = [_rates_and_tokens(seed) for seed in range(8)]
+    monkeypatch.setattr(acceptance, "COMPILED", False)
+    assert compiled == [_rates_and_tokens(seed) for seed in range(8)]
+
+
 def test_tie_bands_average_estimates_within_the_tolerance():
     out = kit.tie_bands(np.array([0.80, 0.805, 0.5]), 0.01)
     assert out.tolist() == pytest.approx([0.8025, 0.8025, 0.5])
@@ -213,6 +240,10 @@ def test_the_block_kernels_compute_numpys_sums_dots_and_libm_calls_to_the_bit():
     kb.neg_softplus_pairs(z, t1, t2)
     assert np.array_equal(t1, -np.logaddexp(0.0, -z)) and np.array_equal(t2, -np.logaddexp(0.0, z))
     assert np.array_equal(kb.logaddexp0(z, np.empty_like(z)), np.logaddexp(0.0, z))
+    for lo, hi in ((0.0, 0.999), (-7.0, 7.0), (1e-6, 1.0 - 1e-6)):
+        got = kb.clip(z, lo, hi, np.empty_like(z))
+        want = np.clip(z, lo, hi)
+        assert np.array_equal(got, want, equal_nan=True) and np.array_equal(np.signbit(got), np.signbit(want))
     v = rng.normal(size=3000) * 10.0 ** rng.integers(-6, 3, 3000)
     assert [kb.power(float(x), 2.0) for x in v] == [float(x) ** 2 for x in v]   # libm's pow, not x * x:
     assert any(float(x) ** 2 != float(x) * float(x) for x in v)                  # they differ on some of these

@@ -89,6 +89,8 @@ def shrunk_rates(accepted: np.ndarray, rejected: np.ndarray, level: np.ndarray) 
     tau^2 / (tau^2 + sigma_i^2): tau^2 the spread between rows beyond what the counts' binomial noise sigma_i^2
     explains (by two standard errors of the spread's estimate, which few rows make loose). Rows that differ
     only by chance (and a single row) all get the level."""
+    if COMPILED and _floats(accepted, rejected, level) and level.size and accepted.shape == rejected.shape:
+        return kernels_blocks.shrunk(accepted, rejected, level)   # the same operations, compiled
     level = float(np.asarray(level).mean())
     n = accepted + rejected
     seen = n > 0
@@ -126,6 +128,13 @@ def expected_tokens(acceptance, ks: np.ndarray, factors: np.ndarray | None = Non
     tokens (a Beta(a t, (1 - a) t) belief), and the draft at position p survives, given the p before it did,
     with the posterior predictive probability (a t + p) / (t + p) (the chain gives E[a^(p+1)], not a^(p+1): a
     draft whose first guesses were accepted is likelier to be a good one). Equal to the plain a as t grows."""
+    if COMPILED and (factors is not None or trials is not None) and _floats(acceptance) and ks.ndim == 1 and ks.size \
+            and ks.dtype == np.int64 and (factors is None or (_floats(factors) and factors.size >= ks[-1])):
+        out, ok = kernels_blocks.survival_tokens(acceptance, ks, _NONE if factors is None else factors,
+                                                 factors is not None, 0.0 if trials is None else float(trials),
+                                                 trials is not None)   # the same operations, compiled
+        if ok:
+            return out
     a = _clip(np.asarray(acceptance, float), 0.0, 0.999)
     if factors is None and trials is None:
         return (1.0 - a[None, :] ** (ks[:, None] + 1)) / (1.0 - a[None, :])
@@ -138,6 +147,14 @@ def expected_tokens(acceptance, ks: np.ndarray, factors: np.ndarray | None = Non
         step = step * np.asarray(factors, float)[:k, None]
     survive = np.cumprod(np.minimum(step, 0.999), axis=0)
     return 1.0 + np.concatenate([np.zeros((1, a.size)), np.cumsum(survive, axis=0)])[ks]
+
+
+_NONE = np.zeros(0)
+
+
+def _floats(*arrays) -> bool:
+    """Whether every one is a 1-D float64 ndarray (the compiled loops' inputs)."""
+    return all(isinstance(a, np.ndarray) and a.dtype == np.float64 and a.ndim == 1 for a in arrays)
 
 
 class ConfidenceCalibration:

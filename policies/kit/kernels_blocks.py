@@ -163,10 +163,19 @@ def _neg_softplus_pair(z):
 
 @njit(cache=True, nogil=True)
 def _clip(v, lo, hi):
-    """numpy's clip of one float (NaN stays NaN)."""
+    """numpy's clip of one float: lo below lo, hi above hi, else v itself (NaN stays NaN, -0.0 at lo = 0.0 stays
+    -0.0: numpy keeps v where it is not strictly beyond a bound)."""
     if v != v:
         return v
     return hi if v > hi else (lo if v < lo else v)
+
+
+@njit(cache=True, nogil=True)
+def clip(a, lo, hi, out):
+    """out = np.clip(a, lo, hi), for tests."""
+    for i in range(a.shape[0]):
+        out[i] = _clip(a[i], lo, hi)
+    return out
 
 
 @njit(cache=True, nogil=True)
@@ -379,3 +388,87 @@ def align_rows(old_ids, old, ids, init):
             for j in range(f):
                 new[i, j] = old[order[at], j]
     return new
+
+
+# ---- shrunk_rates and expected_tokens (kit.acceptance) -------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _gathered_sum(v, mask, buf):
+    """v[mask].sum(): the masked values gathered in order, numpy's pairwise sum of them."""
+    m = 0
+    for i in range(v.shape[0]):
+        if mask[i]:
+            buf[m] = v[i]
+            m += 1
+    return _sum(buf[:m])
+
+
+@njit(cache=True, nogil=True)
+def shrunk(accepted, rejected, level):
+    """`acceptance.shrunk_rates`' operations in its order (pairwise sums, np.var's mean then mean square, numpy's
+    clip)."""
+    rows = accepted.shape[0]
+    lv = _sum(level) / level.shape[0]
+    n = np.empty(rows)
+    seen = np.empty(rows, np.bool_)
+    m = 0
+    for i in range(rows):
+        n[i] = accepted[i] + rejected[i]
+        seen[i] = n[i] > 0
+        m += seen[i]
+    out = np.empty(rows)
+    if m < 2:
+        out[:] = lv
+        return out
+    buf = np.empty(rows)
+    pooled = _gathered_sum(accepted, seen, buf) / _gathered_sum(n, seen, buf)
+    rate, noise = np.empty(rows), np.empty(rows)
+    for i in range(rows):
+        d = n[i] if n[i] > 1.0 or n[i] != n[i] else 1.0
+        rate[i] = accepted[i] / d if seen[i] else pooled
+        noise[i] = pooled * (1.0 - pooled) / d
+    mean = _gathered_sum(rate, seen, buf) / m
+    k = 0
+    for i in range(rows):
+        if seen[i]:
+            dev = rate[i] - mean
+            buf[k] = dev * dev
+            k += 1
+    var = _sum(buf[:m]) / m
+    t = var - _gathered_sum(noise, seen, buf) / m * (1.0 + 2.0 * math.sqrt(2.0 / (m - 1)))
+    tau2 = 0.0 if 0.0 > t else t
+    for i in range(rows):
+        shrink = tau2 / (tau2 + noise[i] + 1e-12) if seen[i] else 0.0
+        out[i] = _clip(lv + shrink * (rate[i] - pooled), 0.0, 0.999)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def survival_tokens(a, ks, factors, has_factors, trials, has_trials):
+    """`acceptance.expected_tokens` per position (factors and/or trials): a clipped to [0, 0.999], each position's
+    survival min(step, 0.999) multiplied down the positions (np.cumprod's order) and summed (np.cumsum's), 1 +
+    the sum read at each k of ks. Returns ([len(ks), rows], True), or (empty, False) where a k is outside 0..ks[-1].
+    """
+    rows, k = a.shape[0], ks[ks.shape[0] - 1]
+    for j in range(ks.shape[0]):
+        if ks[j] < 0 or ks[j] > k:   # not read at 0..ks[-1] (numpy's indexing wraps or raises): the numpy form
+            return np.empty((0, rows)), False
+    table = np.empty((k + 1, rows))
+    for i in range(rows):
+        ai = _clip(a[i], 0.0, 0.999)
+        surv, total = 0.0, 0.0
+        table[0, i] = 1.0 + 0.0
+        for p in range(k):
+            step = (ai * trials + p) / (trials + p) if has_trials else ai
+            if has_factors:
+                step = step * factors[p]
+            step = step if step <= 0.999 or step != step else 0.999
+            surv = step if p == 0 else surv * step
+            total = surv if p == 0 else total + surv
+            table[p + 1, i] = 1.0 + total
+    out = np.empty((ks.shape[0], rows))
+    for j in range(ks.shape[0]):
+        for i in range(rows):
+            out[j, i] = table[ks[j], i]
+    return out, True
