@@ -168,11 +168,62 @@ def _rates_and_tokens(seed):
     return out
 
 
-def test_the_compiled_rates_and_tokens_are_their_numpy_form(monkeypatch):
+def test_the_compiled_rates_tokens_and_bands_are_their_numpy_form(monkeypatch):
     from specdepth.policies.kit import acceptance
-    compiled = [_rates_and_tokens(seed) for seed in range(8)]
+    compiled = [_rates_and_tokens(seed) for seed in range(8)] + [_bands(seed) for seed in range(8)]
     monkeypatch.setattr(acceptance, "COMPILED", False)
-    assert compiled == [_rates_and_tokens(seed) for seed in range(8)]
+    assert compiled == [_rates_and_tokens(seed) for seed in range(8)] + [_bands(seed) for seed in range(8)]
+
+
+def _bands(seed):
+    """tie_bands on random estimates (rounded: ties; a zero, a NaN, one value), as bytes."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(40):
+        a = np.round(rng.uniform(0, 1, int(rng.integers(1, 300))) ** rng.uniform(0.2, 3), int(rng.integers(1, 5)))
+        if rng.random() < 0.1:
+            a[0] = rng.choice([0.0, -0.0, np.nan, a[-1]])
+        if rng.random() < 0.05:
+            a[:] = a[0]
+        with np.errstate(invalid="ignore"):
+            try:
+                out.append(kit.tie_bands(a, float(rng.choice([0.0, 0.001, 0.01, 0.1]))).tobytes())
+            except ValueError as e:   # a NaN: no band (np.bincount of -1)
+                out.append(str(e).encode())
+    return out
+
+
+def _position_run(seed, counts):
+    """PositionFactors (plain and paired) fed random masks (one column included) or counts: their sums and
+    factors after each step, as bytes."""
+    rng = np.random.default_rng(seed)
+    pfs = [kit.PositionFactors(prior=float(rng.uniform(0, 30)), optimism=float(rng.choice([0.0, 2.0])), paired=p)
+           for p in (False, True)]
+    out = []
+    for _ in range(40):
+        rows, k = int(rng.integers(1, 200)), int(rng.choice([1, 1, 2, 5, 9]))
+        drafted = rng.integers(0, k + 1, rows)
+        accepted = np.minimum(rng.integers(0, k + 1, rows), drafted)
+        verified = np.minimum(drafted, accepted + 1)
+        estimate = rng.uniform(0, 1, rows) * 10.0 ** rng.integers(-3, 3, rows)
+        cols = np.arange(k)[None, :]
+        for pf in pfs:
+            pf.forget(float(rng.uniform(0.9, 1.0)))
+            if counts and pf.accepted.size >= k:
+                pf.add_counts(k, verified, accepted, estimate, drafted)
+            else:
+                pf.add(cols < verified[:, None], (cols < accepted[:, None]) | (rng.random((rows, k)) < 0.05),
+                       estimate, drafted)
+            out.append(b"".join(a.tobytes() for a in (pf.accepted, pf.expected, pf.first_acc, pf.first_exp,
+                                                     pf.factor(int(rng.integers(1, 40))))))
+    return out
+
+
+def test_the_compiled_position_factors_are_their_numpy_form(monkeypatch):
+    from specdepth.policies.kit import acceptance
+    compiled = [_position_run(seed, counts) for seed in range(10) for counts in (False, True)]
+    monkeypatch.setattr(acceptance, "COMPILED", False)
+    assert compiled == [_position_run(seed, counts) for seed in range(10) for counts in (False, True)]
 
 
 def test_tie_bands_average_estimates_within_the_tolerance():

@@ -43,6 +43,11 @@ class PositionFactors:
         return c[2][:k]
 
     def _factor(self, k: int) -> np.ndarray:
+        if COMPILED and _floats(self.accepted, self.expected, self.first_acc, self.first_exp):
+            f, ok = kernels_blocks.position_factors(k, self.accepted, self.expected, self.first_acc, self.first_exp,
+                                                    float(self.prior), float(self.optimism), bool(self.paired))
+            if ok:   # the same operations, compiled
+                return f
         f = np.ones(k)
         m = min(k, self.accepted.size)
         e, P = self.expected[:m], self.prior
@@ -67,6 +72,13 @@ class PositionFactors:
             self.expected = np.concatenate([self.expected, np.zeros(grow)])
             self.first_acc = np.concatenate([self.first_acc, np.zeros(grow)])
             self.first_exp = np.concatenate([self.first_exp, np.zeros(grow)])
+        paired = self.paired and drafted is not None and k
+        if COMPILED and verified.dtype == accepted.dtype == np.bool_ and verified.shape == accepted.shape \
+                and _floats(estimate, self.accepted, self.expected, self.first_acc, self.first_exp) \
+                and estimate.size == verified.shape[0] and (not paired or drafted.shape == estimate.shape):
+            kernels_blocks.position_sums(verified, accepted, estimate, drafted if paired else _NO_ROWS, bool(paired),
+                                         self.accepted, self.expected, self.first_acc, self.first_exp)
+            return   # the same sums in the same order, compiled
         self.accepted[:k] += (verified & accepted).sum(axis=0)
         self.expected[:k] += (verified * estimate[:, None]).sum(axis=0)
         if self.paired and drafted is not None and k:
@@ -74,7 +86,27 @@ class PositionFactors:
             self.first_acc[:k] += (past & (verified[:, :1] & accepted[:, :1])).sum(axis=0)
             self.first_exp[:k] += (past * estimate[:, None]).sum(axis=0)
 
+    def add_counts(self, k: int, verified: np.ndarray, accepted: np.ndarray, estimate: np.ndarray,
+                   drafted: np.ndarray | None = None) -> None:
+        """`add` where row i verified positions 0..verified[i]-1 of k and accepted those below accepted[i] (the
+        masks cols < verified[:, None] and cols < accepted[:, None], without building them)."""
+        if COMPILED and _floats(estimate, self.accepted, self.expected, self.first_acc, self.first_exp) \
+                and self.accepted.size >= k and verified.ndim == accepted.ndim == 1 \
+                and verified.size == accepted.size == estimate.size and (drafted is None or drafted.size == verified.size):
+            self._cache = None
+            paired = self.paired and drafted is not None and k
+            kernels_blocks.position_sums_counts(k, verified, accepted, estimate, drafted if paired else _NO_ROWS,
+                                                bool(paired), self.accepted, self.expected, self.first_acc,
+                                                self.first_exp)
+            return
+        cols = np.arange(k)[None, :]
+        self.add(cols < verified[:, None], cols < accepted[:, None], estimate, drafted)
+
     def forget(self, keep: float) -> None:
+        if COMPILED and _floats(self.accepted, self.expected, self.first_acc, self.first_exp):
+            kernels_blocks.scale4(self.accepted, self.expected, self.first_acc, self.first_exp, float(keep))
+            self._cache = None
+            return
         self.accepted *= keep
         self.expected *= keep
         self.first_acc *= keep
@@ -113,6 +145,10 @@ def tie_bands(a: np.ndarray, tol: float) -> np.ndarray:
     of a few 1e-4 (rows with evidence vs rows still at the batch's prior). tol <= 0: `a` unchanged."""
     if tol <= 0.0 or a.size < 2:
         return a
+    if COMPILED and _floats(a):
+        out, ok = kernels_blocks.tie_bands(a, float(tol))
+        if ok:   # the same operations, compiled
+            return out
     u, inv, cnt = np.unique(a, return_inverse=True, return_counts=True)
     if u.size == 1:
         return a
@@ -150,6 +186,7 @@ def expected_tokens(acceptance, ks: np.ndarray, factors: np.ndarray | None = Non
 
 
 _NONE = np.zeros(0)
+_NO_ROWS = np.zeros(0, np.int64)
 
 
 def _floats(*arrays) -> bool:

@@ -15,6 +15,8 @@ import numpy as np
 from numba import njit, types
 from numba.core.extending import intrinsic
 
+from .kernels import bands
+
 LOG2 = 0.693147180559945309417232121458176568   # numpy's NPY_LOGE2
 OVERFLOW = 709.0   # np.exp of a larger argument may overflow (to inf, with a warning numpy's callers silence)
 
@@ -471,4 +473,128 @@ def survival_tokens(a, ks, factors, has_factors, trials, has_trials):
     for j in range(ks.shape[0]):
         for i in range(rows):
             out[j, i] = table[ks[j], i]
+    return out, True
+
+
+# ---- PositionFactors and tie_bands (kit.acceptance) ----------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def position_sums(verified, accepted, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp):
+    """`PositionFactors.add`'s column sums over the rows (bool [rows, k] masks), each in row order as numpy sums over
+    axis 0, then added at positions 0..k-1: acc_s += (verified & accepted), exp_s += (verified x estimate) and,
+    `paired`, first_acc += (drafted past p & position 0 verified and accepted), first_exp += (drafted past p x
+    estimate). numpy's sums over axis 0 run row by row, except over one column (pairwise, `_sum`)."""
+    rows, k = verified.shape
+    col = np.zeros((4, k))
+    if k == 1:   # one column: numpy's sum runs down a contiguous axis, pairwise
+        t = np.empty((2, rows))
+        for i in range(rows):
+            col[0, 0] += 1.0 if verified[i, 0] and accepted[i, 0] else 0.0
+            t[0, i] = (1.0 if verified[i, 0] else 0.0) * estimate[i]
+            col[2, 0] += 1.0 if paired and 0 < drafted[i] and verified[i, 0] and accepted[i, 0] else 0.0
+            t[1, i] = (1.0 if paired and 0 < drafted[i] else 0.0) * estimate[i]
+        col[1, 0], col[3, 0] = _sum(t[0]), _sum(t[1])
+        rows = 0
+    for i in range(rows):
+        e = estimate[i]
+        first = verified[i, 0] and accepted[i, 0] if k else False
+        for p in range(k):
+            col[0, p] += 1.0 if verified[i, p] and accepted[i, p] else 0.0
+            t = (1.0 if verified[i, p] else 0.0) * e
+            col[1, p] = t if i == 0 else col[1, p] + t
+            if paired:
+                past = p < drafted[i]
+                col[2, p] += 1.0 if past and first else 0.0
+                t = (1.0 if past else 0.0) * e
+                col[3, p] = t if i == 0 else col[3, p] + t
+    for p in range(k):
+        acc_s[p] += col[0, p]
+        exp_s[p] += col[1, p]
+        if paired:
+            first_acc[p] += col[2, p]
+            first_exp[p] += col[3, p]
+
+
+@njit(cache=True, nogil=True)
+def position_sums_counts(k, verified, accepted, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp):
+    """`position_sums` where row i verified its positions below verified[i] and accepted those below accepted[i]."""
+    rows = verified.shape[0]
+    vm, am = np.empty((rows, k), np.bool_), np.empty((rows, k), np.bool_)
+    for i in range(rows):
+        for p in range(k):
+            vm[i, p], am[i, p] = p < verified[i], p < accepted[i]
+    position_sums(vm, am, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp)
+
+
+@njit(cache=True, nogil=True)
+def scale4(a, b, c, d, keep):
+    """a, b, c, d *= keep (`PositionFactors.forget`)."""
+    for x in (a, b, c, d):
+        for i in range(x.shape[0]):
+            x[i] *= keep
+
+
+@njit(cache=True, nogil=True)
+def position_factors(k, accepted, expected, first_acc, first_exp, prior, optimism, paired):
+    """`PositionFactors._factor`'s operations: (accepted + P) / (expected + P); paired, divided by the selection
+    ratio (first_acc + P f_0) / (first_exp + P) and multiplied by f_0; raised by optimism x 0.5 sqrt(e) / (e + P),
+    at most to max(f, 1); 1 past the sums. Returns (f, True), or (f, False) where an expected sum is negative (np.sqrt
+    warns there: the numpy form)."""
+    f = np.ones(k)
+    m = min(k, accepted.shape[0])
+    for p in range(m):
+        if expected[p] < 0.0:
+            return f, False
+    for p in range(m):
+        f[p] = (accepted[p] + prior) / (expected[p] + prior)
+    if paired and m > 1:
+        m0 = f[0]
+        for p in range(1, m):
+            sel = (first_acc[p] + prior * m0) / (first_exp[p] + prior)
+            f[p] = f[p] / sel * m0
+    if optimism:
+        c = optimism * 0.5
+        for p in range(m):
+            e = expected[p]
+            up = f[p] + c * math.sqrt(e) / (e + prior)
+            cap = f[p] if f[p] >= 1.0 or f[p] != f[p] else 1.0
+            f[p] = up if up <= cap or up != up else cap
+    return f, True
+
+
+@njit(cache=True, nogil=True)
+def tie_bands(a, tol):
+    """`acceptance.tie_bands` past its early returns: np.unique's sorted distinct values, counts and inverse, the
+    bands (kernels.bands), each band's mean sum(u x count) / sum(count) summed in ascending order (np.bincount's),
+    read back per value. Returns (the values, True), or (a, False) where a holds NaN or a zero (np.unique's pick
+    between -0.0 and 0.0) or one distinct value: the numpy form."""
+    n = a.shape[0]
+    for i in range(n):
+        if a[i] != a[i] or a[i] == 0.0:
+            return a, False
+    order = np.argsort(a)
+    inv = np.empty(n, np.int64)
+    u, cnt = np.empty(n), np.zeros(n)
+    m = -1
+    for i in range(n):
+        v = a[order[i]]
+        if m < 0 or v != u[m]:
+            m += 1
+            u[m] = v
+        cnt[m] += 1.0
+        inv[order[i]] = m
+    m += 1
+    if m == 1:
+        return a, False
+    band = bands(u[:m], tol)
+    nb = band.max() + 1
+    num, den = np.zeros(nb), np.zeros(nb)
+    for j in range(m):
+        num[band[j]] += u[j] * cnt[j]
+        den[band[j]] += cnt[j]
+    out = np.empty(n)
+    for i in range(n):
+        b = band[inv[i]]
+        out[i] = num[b] / den[b]
     return out, True
