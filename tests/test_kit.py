@@ -121,6 +121,33 @@ def test_cost_calibration_learns_a_verify_scale_and_a_draft_fixed_cost():
 
 # ---- acceptance ------------------------------------------------------------------------------------
 
+def _padding_run(seed):
+    """PaddingFit fed steps of random regimes (padded or not, a fixed cost or not, a constant padding feature,
+    noise): its pad and fit after each step."""
+    rng = np.random.default_rng(seed)
+    fit = kit.PaddingFit(float(rng.choice([20.0, 200.0])), sticky=bool(rng.random() < 0.7),
+                         cautious=bool(rng.random() < 0.7))
+    out = []
+    for step in range(300):
+        if step % 60 == 0:
+            scale, fixed, padded = rng.uniform(0.5, 2), rng.choice([0.0, 1e-3, -1e-3]), rng.choice([0.0, 0.5, 1.0])
+            const, noise = rng.random() < 0.3, rng.choice([0.0, 1e-5, 1e-3])
+        predicted = rng.uniform(0.01, 0.03)
+        pad = 0.004 if const else rng.uniform(0, 0.01) * (rng.random() < 0.6)
+        measured = scale * predicted + fixed + padded * pad + noise * rng.normal()
+        fit.update(predicted, pad, measured)
+        out.append((fit.pad, fit.fit, fit.xx, fit.xy, fit.yy, fit.w))
+    return out
+
+
+def test_the_compiled_padding_fit_is_its_python_form(monkeypatch):
+    from specdepth.policies.kit import calibration
+    compiled = [_padding_run(seed) for seed in range(30)]
+    assert {f[0] > 0 for run in compiled for f in run} == {True, False}   # padding found and not
+    monkeypatch.setattr(calibration, "COMPILED", False)
+    assert compiled == [_padding_run(seed) for seed in range(30)]
+
+
 def test_expected_tokens_is_leviathans_formula():
     a, ks = np.array([0.5, 0.9]), np.arange(4)
     want = (1.0 - a[None, :] ** (ks[:, None] + 1)) / (1.0 - a[None, :])

@@ -5,7 +5,10 @@ import math
 
 import numpy as np
 
+from . import kernels_blocks
 from .cost import Tables, every_row_deep
+
+COMPILED = True   # PaddingFit's update compiled (kernels_blocks.padding_update); False: its Python form (equal)
 
 
 _UPPER3 = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))   # a symmetric 3 x 3 matrix's upper triangle
@@ -164,11 +167,16 @@ class PaddingFit:
 
     def __init__(self, memory: float, sticky: bool = True, cautious: bool = True):
         self.memory, self.sticky, self.cautious = memory, sticky, cautious
-        # decayed X'X (its upper triangle, row by row), X'y, y'y and weight for x = (predicted, 1, pad); plain floats:
-        # the fit runs every step, on 3 features
-        self.xx, self.xy, self.yy, self.w = [0.0] * 6, [0.0] * 3, 0.0, 0.0
+        # decayed X'X (its upper triangle, row by row), X'y, y'y and weight for x = (predicted, 1, pad), in one array
+        # (the compiled update's state; `xx`, `xy`, `yy`, `w` read and write it)
+        self._s = np.zeros(11)
         self.pad = 0.0
         self.fit = None
+
+    xx = property(lambda self: self._s[0:6].tolist(), lambda self, v: self._s.__setitem__(slice(0, 6), v))
+    xy = property(lambda self: self._s[6:9].tolist(), lambda self, v: self._s.__setitem__(slice(6, 9), v))
+    yy = property(lambda self: float(self._s[9]), lambda self, v: self._s.__setitem__(9, v))
+    w = property(lambda self: float(self._s[10]), lambda self, v: self._s.__setitem__(10, v))
 
     def update(self, predicted: float, pad: float, measured: float) -> None:
         """measured = scale x predicted + fixed + pad x (padded - predicted), least squares with the same
@@ -181,6 +189,12 @@ class PaddingFit:
         there would let a padded verify pass for a fixed cost in the verify-only fit, pricing drafts as nearly
         free."""
         keep = math.exp(-1.0 / self.memory)
+        if COMPILED:   # the same operations, compiled
+            self.pad, scale, fixed, taken = kernels_blocks.padding_update(
+                self._s, float(predicted), float(pad), float(measured), keep, float(self.pad), bool(self.sticky),
+                bool(self.cautious), 2.0)
+            self.fit = (scale, fixed) if taken else None
+            return
         x = (predicted, 1.0, pad)
         self.xx = [v * keep + x[a] * x[b] for v, (a, b) in zip(self.xx, _UPPER3)]
         self.xy = [v * keep + x[a] * measured for a, v in enumerate(self.xy)]

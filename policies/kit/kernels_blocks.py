@@ -598,3 +598,113 @@ def tie_bands(a, tol):
         b = band[inv[i]]
         out[i] = num[b] / den[b]
     return out, True
+
+
+# ---- PaddingFit (kit.calibration) ------------------------------------------------------------------------------
+# the state: s[0:6] the decayed X'X's upper triangle (x = predicted, 1, pad), s[6:9] X'y, s[9] y'y, s[10] the weight
+
+
+@njit(cache=True, nogil=True)
+def _pf_rss(s, c0, c1, c2):
+    """`PaddingFit._rss`: the residual sum of squares at (c0, c1, c2), Python's sum's order (from 0)."""
+    quad = 0.0 + c0 * c0 * s[0] * 1.0
+    quad = quad + c0 * c1 * s[1] * 2.0
+    quad = quad + c0 * c2 * s[2] * 2.0
+    quad = quad + c1 * c1 * s[3] * 1.0
+    quad = quad + c1 * c2 * s[4] * 2.0
+    quad = quad + c2 * c2 * s[5] * 1.0
+    v = s[9] - 2.0 * (c0 * s[6] + c1 * s[7] + c2 * s[8]) + quad
+    return 0.0 if 0.0 > v else v
+
+
+@njit(cache=True, nogil=True)
+def _pf_solve3(s, A):
+    """`PaddingFit._solve` on all three features: (solved, c0, c1, c2, the padding's standard error)."""
+    a00, a01, a02, a11, a12, a22 = A[0], A[1], A[2], A[3], A[4], A[5]
+    m00, m01, m02 = a11 * a22 - a12 * a12, a02 * a12 - a01 * a22, a01 * a12 - a02 * a11
+    m11, m12, m22 = a00 * a22 - a02 * a02, a01 * a02 - a00 * a12, a00 * a11 - a01 * a01
+    det = a00 * m00 + a01 * m01 + a02 * m02
+    if det == 0.0:
+        return False, 0.0, 0.0, 0.0, 0.0
+    y0, y1, y2 = s[6], s[7], s[8]
+    c0 = (m00 * y0 + m01 * y1 + m02 * y2) / det
+    c1 = (m01 * y0 + m11 * y1 + m12 * y2) / det
+    c2 = (m02 * y0 + m12 * y1 + m22 * y2) / det
+    last = m22 / det
+    return True, c0, c1, c2, math.sqrt(_pf_rss(s, c0, c1, c2) / (s[10] - 3) * (0.0 if 0.0 > last else last))
+
+
+@njit(cache=True, nogil=True)
+def _pf_solve2(s, A, i, j):
+    """`PaddingFit._solve` on features i < j (the other at 0): (solved, c0, c1, c2, the last one's standard
+    error)."""
+    at = np.array([[0, 1, 2], [1, 3, 4], [2, 4, 5]])
+    aii, aij, ajj = A[at[i, i]], A[at[i, j]], A[at[j, j]]
+    det = aii * ajj - aij * aij
+    if det == 0.0:
+        return False, 0.0, 0.0, 0.0, 0.0
+    c = np.zeros(3)
+    c[i], c[j] = (ajj * s[6 + i] - aij * s[6 + j]) / det, (aii * s[6 + j] - aij * s[6 + i]) / det
+    last = aii / det
+    se = math.sqrt(_pf_rss(s, c[0], c[1], c[2]) / (s[10] - 2) * (0.0 if 0.0 > last else last))
+    return True, c[0], c[1], c[2], se
+
+
+@njit(cache=True, nogil=True)
+def _pf_keep_pad(s, A, prev):
+    """`PaddingFit._keep_pad`: the padding held at prev, the scale and fixed part refitted; returns (pad, scale,
+    fixed, taken)."""
+    if prev <= 0.0:
+        return 0.0, 0.0, 0.0, False
+    y0, y1 = s[6] - prev * A[2], s[7] - prev * A[4]
+    det = A[0] * A[3] - A[1] * A[1]
+    if det <= 0.0:
+        return 0.0, 0.0, 0.0, False
+    scale, fixed = (A[3] * y0 - A[1] * y1) / det, (A[0] * y1 - A[1] * y0) / det
+    if fixed < 0.0:
+        scale, fixed = y0 / A[0], 0.0
+    if scale > 0.0:
+        return (scale if scale < prev else prev), scale, fixed, True
+    return 0.0, 0.0, 0.0, False
+
+
+@njit(cache=True, nogil=True)
+def _pf_hold(s, A, prev, upper, has_upper, sticky, cautious):
+    """`PaddingFit._hold` (with `_doubt`): the term found earlier (sticky), else what the data cannot rule out."""
+    if sticky and prev > 0.0:
+        return _pf_keep_pad(s, A, prev)
+    if not cautious or (has_upper and upper < 0.5):
+        doubt = 0.0
+    else:
+        doubt = (1.0 if 1.0 < upper else upper) if has_upper else 1.0
+    return _pf_keep_pad(s, A, doubt)
+
+
+@njit(cache=True, nogil=True)
+def padding_update(s, predicted, pad, measured, keep, prev, sticky, cautious, two):
+    """`PaddingFit.update` then `_refit` on the state s (in place): returns (pad, scale, fixed, whether a fit is
+    taken)."""
+    x = (predicted, 1.0, pad)
+    s[0], s[1], s[2] = s[0] * keep + x[0] * x[0], s[1] * keep + x[0] * x[1], s[2] * keep + x[0] * x[2]
+    s[3], s[4], s[5] = s[3] * keep + x[1] * x[1], s[4] * keep + x[1] * x[2], s[5] * keep + x[2] * x[2]
+    s[6], s[7], s[8] = s[6] * keep + x[0] * measured, s[7] * keep + x[1] * measured, s[8] * keep + x[2] * measured
+    s[9], s[10] = s[9] * keep + measured * measured, s[10] * keep + 1.0
+    if s[10] < 4.0 or s[5] <= 0.0:
+        return 0.0, 0.0, 0.0, False
+    A = s[:6].copy()
+    for d in (0, 3, 5):
+        A[d] = A[d] + A[d] * 1e-9
+    ok, c0, c1, c2, se = _pf_solve3(s, A)
+    if ok and c1 < 0.0:
+        ok, c0, c1, c2, se = _pf_solve2(s, A, 0, 2)
+    if not ok:
+        return _pf_hold(s, A, prev, 0.0, False, sticky, cautious)
+    okp, p0, p1, p2, _ = _pf_solve2(s, A, 0, 1)
+    if not okp:
+        return _pf_hold(s, A, prev, 0.0, False, sticky, cautious)
+    gain = (_pf_rss(s, p0, p1, p2) - _pf_rss(s, c0, c1, c2)) / s[10] >= (0.01 * s[7] / s[10]) ** two
+    if gain and c0 > 0.0 and c2 > 3.0 * se and c2 > 0.02 * c0:
+        return (c0 if c0 < c2 else c2), c0, c1, True
+    if not c2 + 3.0 * se < prev:
+        return _pf_hold(s, A, prev, c2 + 3.0 * se, True, sticky, cautious)
+    return _pf_hold(s, A, 0.0, c2 + 3.0 * se, True, sticky, cautious)
