@@ -83,6 +83,42 @@ def test_step_cost_tables_are_the_cost_models_prices():
     assert t.draft[0] == 0.0 and t.draft[3] == pytest.approx(1e-3 + 3e-5)
 
 
+def _tables_run(seed):
+    """as_padded, pad_extra (with and without a view), CostCalibration.correct and the catch-up's lag test on random
+    tables and rows, as bytes and floats."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(60):
+        n, K = int(rng.integers(1, 70)), int(rng.integers(1, 9))
+        verify = np.cumsum(rng.uniform(0, 1e-4, n * K + 1)) + 0.01
+        costs = kit.Tables(verify, np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1e-4, n)) + 2e-3]))
+        padded = kit.as_padded(costs, n)
+        out.append((padded.verify.tobytes(), padded.pad.tobytes()))
+        drafted = rng.integers(0, K + 1, n) * (rng.random() < 0.9)
+        ctx = rng.integers(100, 110, n) if rng.random() < 0.7 else np.full(n, 105)
+        view = SimpleNamespace(predicted_verify_s=float(verify[0] * 1.1), context_lens=ctx, cost=LinearCost(v1=1e-5))
+        out.append((kit.pad_extra(costs, drafted), kit.pad_extra(costs, drafted, view),
+                    kit.pad_extra(costs, np.zeros(0, np.int64))))
+        cal = kit.CostCalibration()
+        for _ in range(3):
+            cal.update("verify", float(rng.uniform(0.01, 0.02)), 1.0, float(rng.uniform(0.01, 0.03)))
+            cal.update("draft", float(rng.uniform(1e-3, 2e-3)), 2.0, float(rng.uniform(1e-3, 5e-3)))
+        t = cal.correct(costs)
+        out.append((t.verify.tobytes(), t.draft.tobytes()))
+        lag, mask = rng.integers(0, 5, n), rng.random(n) < 0.5
+        feed = SimpleNamespace(draft_forward=lambda c, q: np.array([1e-4 * q.sum() + 1e-7 * c.sum()]))
+        out.append(kit.catch_up_s(SimpleNamespace(draft_lag=lag, context_lens=ctx, cost=feed), mask))
+    return out
+
+
+def test_the_compiled_table_loops_are_their_numpy_form(monkeypatch):
+    from specdepth.policies.kit import calibration, cost
+    compiled = [_tables_run(seed) for seed in range(6)]
+    monkeypatch.setattr(cost, "COMPILED", False)
+    monkeypatch.setattr(calibration, "COMPILED", False)
+    assert compiled == [_tables_run(seed) for seed in range(6)]
+
+
 def test_policy_time_prices_idle_seconds_on_every_plan_and_the_rest_on_the_first_position():
     pt = kit.PolicyTime(memory=1.0)
     tables = kit.Tables(np.array([1.0, 2.0, 3.0]), np.array([0.0, 0.5]))

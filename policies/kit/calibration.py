@@ -144,6 +144,9 @@ class CostCalibration:
         """Corrected StepCost tables: verify[x] (x drafts, one forward) and draft[m] (one forward of m rows)."""
         sv, cv = self._fit["verify"]
         sd, cd = self._fit["draft"]
+        if COMPILED and not self.pad and _tables(costs.verify, costs.draft):   # the same operations, one loop
+            return Tables(*kernels_blocks.corrected(costs.verify, float(sv), float(cv), costs.draft, float(sd),
+                                                    float(cd)))
         d = sd * costs.draft + cd
         d[0] = 0.0
         if not self.pad:
@@ -156,6 +159,11 @@ class CostCalibration:
         if vp is None:   # the padded verify at the batch's mean context (without StepCost.pad_context)
             vp = every_row_deep(v, n)
         return Tables((sv - pv) * v + cv + pv * vp[0], d, pv * np.diff(vp))
+
+
+def _tables(*arrays) -> bool:
+    """Whether each is a non-empty 1-D float64 ndarray (the compiled loops' tables)."""
+    return all(isinstance(a, np.ndarray) and a.dtype == np.float64 and a.ndim == 1 and a.size for a in arrays)
 
 
 class PaddingFit:

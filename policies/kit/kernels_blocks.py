@@ -708,3 +708,62 @@ def padding_update(s, predicted, pad, measured, keep, prev, sticky, cautious, tw
     if not c2 + 3.0 * se < prev:
         return _pf_hold(s, A, prev, c2 + 3.0 * se, True, sticky, cautious)
     return _pf_hold(s, A, 0.0, c2 + 3.0 * se, True, sticky, cautious)
+
+
+# ---- step cost tables (kit.cost, kit.calibration, kit.idle) ---------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def int_stats(a):
+    """(min, max, sum) of an integer vector (exact; min and max 0 where it is empty: the callers guard)."""
+    lo, hi, total = 0, 0, 0
+    for i in range(a.shape[0]):
+        v = a[i]
+        if i == 0 or v < lo:
+            lo = v
+        if i == 0 or v > hi:
+            hi = v
+        total += v
+    return lo, hi, total
+
+
+@njit(cache=True, nogil=True)
+def masked_max(a, mask):
+    """The largest a[i] where mask[i] (integers), and how many rows the mask holds."""
+    best, count = 0, 0
+    for i in range(a.shape[0]):
+        if mask[i]:
+            if count == 0 or a[i] > best:
+                best = a[i]
+            count += 1
+    return best, count
+
+
+@njit(cache=True, nogil=True)
+def padded_tables(verify, n):
+    """`cost.as_padded`'s tables: the verify without drafts at every x (np.full_like), and np.diff of the verify read
+    every n drafts (`every_row_deep`)."""
+    size = verify.shape[0]
+    flat = np.empty(size)
+    for i in range(size):
+        flat[i] = verify[0]
+    deep = size // max(n, 1) + 1
+    pad = np.empty(deep - 1)
+    prev = verify[0]
+    for p in range(1, deep):
+        cur = verify[min(p * n, size - 1)]
+        pad[p - 1] = cur - prev
+        prev = cur
+    return flat, pad
+
+
+@njit(cache=True, nogil=True)
+def corrected(verify, sv, cv, draft, sd, cd):
+    """`CostCalibration.correct`'s unpadded tables: sv x verify + cv and sd x draft + cd with draft[0] = 0."""
+    v, d = np.empty(verify.shape[0]), np.empty(draft.shape[0])
+    for i in range(verify.shape[0]):
+        v[i] = sv * verify[i] + cv
+    for i in range(draft.shape[0]):
+        d[i] = sd * draft[i] + cd
+    d[0] = 0.0
+    return v, d
