@@ -113,6 +113,11 @@ def _tables_run(seed):
 
 def test_the_compiled_table_loops_are_their_numpy_form(monkeypatch):
     from specdepth.policies.kit import calibration, cost
+    rng = np.random.default_rng(9)
+    for start, num in ((32, 40), (8, 12), (100, 64)):   # the grid's geometric part, geomspace spelled out
+        for stop in list(range(start + 1, start + 3000)) + rng.integers(10 ** 4, 10 ** 9, 300).tolist():
+            assert np.array_equal(cost._geometric(start, stop, num),
+                                  np.unique(np.rint(np.geomspace(start, stop, num)))), (start, stop, num)
     compiled = [_tables_run(seed) for seed in range(6)]
     monkeypatch.setattr(cost, "COMPILED", False)
     monkeypatch.setattr(calibration, "COMPILED", False)

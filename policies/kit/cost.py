@@ -18,10 +18,28 @@ def _grid(n: int, dense: int = 32, points: int = 40) -> np.ndarray:
     one array per argument (geomspace and unique cost ~0.1 ms, on the plan's critical path on backend=hf)."""
     if n <= dense + points:
         g = np.arange(n + 1, dtype=float)
+    elif COMPILED:
+        g = np.concatenate([np.arange(dense, dtype=float), _geometric(dense, n, points)])
     else:
         g = np.concatenate([np.arange(dense, dtype=float), np.unique(np.rint(np.geomspace(dense, n, points)))])
     g.flags.writeable = False
     return g
+
+
+def _geometric(start: int, stop: int, num: int) -> np.ndarray:
+    """np.unique(np.rint(np.geomspace(start, stop, num))) for 0 < start < stop, geomspace's operations spelled out
+    (log10 of both ends, linspace's arange x step + start with its last point the stop, power of 10, the ends
+    reset to start and stop), without its Python overhead; the distinct values in one loop where ascending."""
+    ends = np.log10(np.array([float(start), float(stop)]))
+    y = np.arange(0, num, dtype=float)
+    y *= (ends[1] - ends[0]) / (num - 1)
+    y += ends[0]
+    y[-1] = ends[1]
+    r = np.power(10.0, y)
+    r[0], r[-1] = start, stop
+    np.rint(r, out=r)
+    out, ok = kernels_blocks.ascending_distinct(r)
+    return out if ok else np.unique(r)
 
 
 class StepCost:

@@ -767,3 +767,19 @@ def corrected(verify, sv, cv, draft, sd, cd):
         d[i] = sd * draft[i] + cd
     d[0] = 0.0
     return v, d
+
+
+@njit(cache=True, nogil=True)
+def ascending_distinct(r):
+    """np.unique(r) for a non-decreasing r (its values once each, in order); (r, False) where r decreases anywhere
+    (np.unique's sort then decides: the numpy form)."""
+    n = r.shape[0]
+    out = np.empty(n)
+    m = 0
+    for i in range(n):
+        if i and r[i] < r[i - 1]:
+            return r, False
+        if i == 0 or r[i] != r[i - 1]:
+            out[m] = r[i]
+            m += 1
+    return out[:m].copy(), True
