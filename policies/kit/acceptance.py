@@ -189,9 +189,15 @@ _NONE = np.zeros(0)
 _NO_ROWS = np.zeros(0, np.int64)
 
 
+_F64 = np.dtype(np.float64)
+
+
 def _floats(*arrays) -> bool:
-    """Whether every one is a 1-D float64 ndarray (the compiled loops' inputs)."""
-    return all(isinstance(a, np.ndarray) and a.dtype == np.float64 and a.ndim == 1 for a in arrays)
+    """Whether every one is a 1-D native float64 ndarray (the compiled loops' inputs)."""
+    for a in arrays:
+        if type(a) is not np.ndarray or a.dtype is not _F64 or a.ndim != 1:
+            return False
+    return True
 
 
 class ConfidenceCalibration:

@@ -65,8 +65,10 @@ class CostCalibration:
 
     def update(self, phase: str, predicted: float, count: float, measured: float) -> None:
         keep = math.exp(-1.0 / self.memory)
-        x = (predicted * predicted, predicted * count, count * count, predicted * measured, count * measured, 1.0)
-        s = self._sums[phase] = [v * keep + d for v, d in zip(self._sums[phase], x)]
+        s0, s1, s2, s3, s4, s5 = self._sums[phase]   # each v x keep + its feature product, written out
+        s = self._sums[phase] = [s0 * keep + predicted * predicted, s1 * keep + predicted * count,
+                                 s2 * keep + count * count, s3 * keep + predicted * measured,
+                                 s4 * keep + count * measured, s5 * keep + 1.0]
         self._fit[phase] = self._solve_fixed(s) if self.draft_fixed and phase == "draft" else self._solve(s)
 
     def _solve_fixed(self, s):
@@ -161,9 +163,15 @@ class CostCalibration:
         return Tables((sv - pv) * v + cv + pv * vp[0], d, pv * np.diff(vp))
 
 
+_F64 = np.dtype(np.float64)
+
+
 def _tables(*arrays) -> bool:
-    """Whether each is a non-empty 1-D float64 ndarray (the compiled loops' tables)."""
-    return all(isinstance(a, np.ndarray) and a.dtype == np.float64 and a.ndim == 1 and a.size for a in arrays)
+    """Whether each is a non-empty 1-D native float64 ndarray (the compiled loops' tables)."""
+    for a in arrays:
+        if type(a) is not np.ndarray or a.dtype is not _F64 or a.ndim != 1 or not a.size:
+            return False
+    return True
 
 
 class PaddingFit:

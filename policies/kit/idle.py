@@ -57,9 +57,12 @@ def may_probe(probes: int, evidence: float, prior: float, batch: int) -> bool:
     return probes < PROBE_ROUNDS and thin_evidence(evidence, prior, batch)
 
 
+_I64, _BOOL = np.dtype(np.int64), np.dtype(np.bool_)
+
+
 def _lag_at_most(lag: np.ndarray, drafting: np.ndarray, most: int) -> bool:
     """Whether no row of `drafting` (bool mask) lags more than `most` tokens (true where none drafts)."""
-    if lag.dtype == np.int64 and drafting.dtype == np.bool_ and lag.shape == drafting.shape and lag.ndim == 1:
+    if lag.dtype is _I64 and drafting.dtype is _BOOL and lag.ndim == 1 and lag.shape == drafting.shape:
         top, count = kernels_blocks.masked_max(lag, drafting)   # one loop, the same integers
         return count == 0 or int(top) <= most
     lag = lag[drafting]
