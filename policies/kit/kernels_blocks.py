@@ -5,7 +5,8 @@ same IEEE operations in the same order (no fused or reordered arithmetic except 
 calls them (np.logaddexp's exp and log1p; Python's float power). numpy's vectorised transcendentals (np.exp,
 np.log, np.log1p on arrays) are not computed here: their callers keep them as numpy calls between the loops.
 `blas_dot_matches()` says whether `_ddot` reproduces this machine's BLAS dot; where it does not, the callers
-keep their numpy form."""
+keep their numpy form. Kernels standing for numpy arithmetic divide as numpy does (error_model="numpy": x / 0 is
+inf or NaN, not an exception; numpy's warning is not raised)."""
 from __future__ import annotations
 
 import functools
@@ -299,7 +300,7 @@ def conf_start(work, x, xx, n, acc, a, b, lam, two):
     return f, _big(work[NZ])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def conf_newton(e, work, a, b, f, lam, two):
     """One Newton step of `ConfidenceCalibration._fit` from (a, b) with objective f, e = exp(-(a + b x)): the
     ridge-penalised gradient and Hessian, the step halved (at most 30 times) until the objective does not fall.
@@ -350,7 +351,7 @@ def conf_affine(lg, l1p, lim, a, b):
     return big
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def conf_sigmoid(e):
     """e = 1 / (1 + e) in place."""
     for i in range(e.shape[0]):
@@ -406,7 +407,7 @@ def _gathered_sum(v, mask, buf):
     return _sum(buf[:m])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def shrunk(accepted, rejected, level):
     """`acceptance.shrunk_rates`' operations in its order (pairwise sums, np.var's mean then mean square, numpy's
     clip)."""
@@ -446,7 +447,7 @@ def shrunk(accepted, rejected, level):
     return out
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def survival_tokens(a, ks, factors, has_factors, trials, has_trials):
     """`acceptance.expected_tokens` per position (factors and/or trials): a clipped to [0, 0.999], each position's
     survival min(step, 0.999) multiplied down the positions (np.cumprod's order) and summed (np.cumsum's), 1 +
@@ -535,7 +536,7 @@ def scale4(a, b, c, d, keep):
             x[i] *= keep
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def position_factors(k, accepted, expected, first_acc, first_exp, prior, optimism, paired):
     """`PositionFactors._factor`'s operations: (accepted + P) / (expected + P); paired, divided by the selection
     ratio (first_acc + P f_0) / (first_exp + P) and multiplied by f_0; raised by optimism x 0.5 sqrt(e) / (e + P),
@@ -563,7 +564,7 @@ def position_factors(k, accepted, expected, first_acc, first_exp, prior, optimis
     return f, True
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def tie_bands(a, tol):
     """`acceptance.tie_bands` past its early returns: np.unique's sorted distinct values, counts and inverse, the
     bands (kernels.bands), each band's mean sum(u x count) / sum(count) summed in ascending order (np.bincount's),
