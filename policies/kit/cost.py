@@ -75,12 +75,7 @@ class StepCost:
         cost = view.cost if cost is None else cost
         ctx = view.context_lens
         n = ctx.size
-        top = None   # ctx.max(), where computed with the sum
-        if COMPILED and n and ctx.dtype == np.int64 and ctx.ndim == 1:
-            _, top, total = kernels_blocks.int_stats(ctx)   # the same integer sum and max, one loop
-            cbar = float(total) / n
-        else:
-            cbar = float(ctx.sum()) / n if n else 0.0
+        cbar, top = _mean_context(ctx)
         self.vpad = self._vpad(cost, ctx, kmax, top) if self.pad_context else None
         key = (n, kmax, int(math.log1p(cbar) * 50.0), id(cost))
         if key == self.key:
@@ -130,6 +125,16 @@ class StepCost:
             v = np.array([cost.verify_time(full, np.full(n, p, np.int64)) for p in range(kmax + 1)])
         self._vkey, self._vval = key, v
         return v
+
+
+def _mean_context(ctx: np.ndarray) -> tuple[float, int | None]:
+    """The contexts' mean (0 for none) and, where computed with it (one compiled loop: the same integer sum), their
+    max, else None."""
+    n = ctx.size
+    if COMPILED and n and ctx.dtype == np.int64 and ctx.ndim == 1:
+        _, top, total = kernels_blocks.int_stats(ctx)
+        return float(total) / n, top
+    return (float(ctx.sum()) / n if n else 0.0), None
 
 
 def row_cost(cost, ctx: np.ndarray) -> float:
