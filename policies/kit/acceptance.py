@@ -286,16 +286,18 @@ class ConfidenceCalibration:
             return
         lg, l1p = np.log(buf[0, :m]), np.log1p(buf[1, :m])
         work = np.empty((10, self.BINS))
-        kernels_blocks.conf_bins(lg, l1p, ok[:m], math.exp(-float(m) / self.memory), self.n, self.acc, work, self.LIM,
-                                 self.BINS / (2.0 * self.LIM))
+        start = kernels_blocks.conf_bins(lg, l1p, ok[:m], math.exp(-float(m) / self.memory), self.n, self.acc, work,
+                                         self.LIM, self.BINS / (2.0 * self.LIM), self.x, self._xx, self.a, self.b,
+                                         self.prior / 8.0, 2.0)
         self.n, self.acc = work[kernels_blocks.N], work[kernels_blocks.ACC]
-        self._fit_compiled(work)
+        self._fit_compiled(work, start)
 
-    def _fit_compiled(self, work: np.ndarray, steps: int = 4) -> None:
-        """`_fit` (the same Newton steps and halvings) on a work array (`kernels_blocks.conf_start`), each step one
-        compiled loop around numpy's exp."""
+    def _fit_compiled(self, work: np.ndarray, start=None, steps: int = 4) -> None:
+        """`_fit` (the same Newton steps and halvings) on a work array (`kernels_blocks.conf_start`; `start`: its
+        (objective, overflow) where computed), each step one compiled loop around numpy's exp."""
         k, lam = kernels_blocks, self.prior / 8.0
-        f, big = k.conf_start(work, self.x, self._xx, self.n, self.acc, self.a, self.b, lam, 2.0)
+        f, big = k.conf_start(work, self.x, self._xx, self.n, self.acc, self.a, self.b, lam, 2.0) if start is None \
+            else start
         a, b, nz = self.a, self.b, work[k.NZ]
         for _ in range(steps):
             if big:
@@ -313,7 +315,7 @@ class ConfidenceCalibration:
     def _fit(self, steps: int = 4) -> None:
         """The fit (`_fit_numpy`; compiled where `COMPILED`, the same operations)."""
         if COMPILED and kernels_blocks.blas_dot_matches() and self.n.dtype == self.acc.dtype == np.float64:
-            self._fit_compiled(np.empty((10, self.BINS)), steps)
+            self._fit_compiled(np.empty((10, self.BINS)), None, steps)
         else:
             self._fit_numpy(steps)
 

@@ -251,25 +251,6 @@ X, XX, N, ACC, REJ, R, W, T1, T2, NZ = range(10)   # the rows of the fit's work 
 
 
 @njit(cache=True, nogil=True)
-def conf_bins(lg, l1p, ok, keep, n, acc, work, lim, scale):
-    """The bins' forgetting counts after a step, into work[N] and work[ACC]: z = clip(log c - log1p(-c), -lim, lim)
-    in bin min(int((z + lim) x scale), bins - 1); n x keep + tokens per bin, acc x keep + accepted per bin."""
-    bins = n.shape[0]
-    cnt, hit = work[R], work[W]
-    for k in range(bins):
-        cnt[k] = 0.0
-        hit[k] = 0.0
-    for t in range(lg.shape[0]):
-        z = _clip(lg[t] - l1p[t], -lim, lim)
-        k = min(int((z + lim) * scale), bins - 1)
-        cnt[k] += 1.0
-        hit[k] += 1.0 if ok[t] else 0.0
-    for k in range(bins):
-        work[N, k] = n[k] * keep + cnt[k]
-        work[ACC, k] = acc[k] * keep + hit[k]
-
-
-@njit(cache=True, nogil=True)
 def _objective(work, a, b, lam, two):
     """`ConfidenceCalibration._fit`'s objective at (a, b); work[NZ] = -(a + b x) for the sigmoid's np.exp."""
     x, t1, t2 = work[X], work[T1], work[T2]
@@ -298,6 +279,27 @@ def conf_start(work, x, xx, n, acc, a, b, lam, two):
         work[REJ, i] = n[i] - acc[i]
     f = _objective(work, a, b, lam, two)
     return f, _big(work[NZ])
+
+
+@njit(cache=True, nogil=True)
+def conf_bins(lg, l1p, ok, keep, n, acc, work, lim, scale, x, xx, a, b, lam, two):
+    """The bins' forgetting counts after a step, into work[N] and work[ACC]: z = clip(log c - log1p(-c), -lim, lim)
+    in bin min(int((z + lim) x scale), bins - 1); n x keep + tokens per bin, acc x keep + accepted per bin. Then
+    the fit's start on them (`conf_start`): returns (the objective at (a, b), whether np.exp may overflow)."""
+    bins = n.shape[0]
+    cnt, hit = work[R], work[W]
+    for k in range(bins):
+        cnt[k] = 0.0
+        hit[k] = 0.0
+    for t in range(lg.shape[0]):
+        z = _clip(lg[t] - l1p[t], -lim, lim)
+        k = min(int((z + lim) * scale), bins - 1)
+        cnt[k] += 1.0
+        hit[k] += 1.0 if ok[t] else 0.0
+    for k in range(bins):
+        work[N, k] = n[k] * keep + cnt[k]
+        work[ACC, k] = acc[k] * keep + hit[k]
+    return conf_start(work, x, xx, work[N], work[ACC], a, b, lam, two)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
