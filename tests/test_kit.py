@@ -112,7 +112,7 @@ def _tables_run(seed):
 
 
 def test_the_compiled_table_loops_are_their_numpy_form(monkeypatch):
-    from specdepth.policies.kit import calibration, cost
+    from specdepth.policies.kit import calibration, cost, idle
     rng = np.random.default_rng(9)
     for start, num in ((32, 40), (8, 12), (100, 64)):   # the grid's geometric part, geomspace spelled out
         for stop in list(range(start + 1, start + 3000)) + rng.integers(10 ** 4, 10 ** 9, 300).tolist():
@@ -121,6 +121,7 @@ def test_the_compiled_table_loops_are_their_numpy_form(monkeypatch):
     compiled = [_tables_run(seed) for seed in range(6)]
     monkeypatch.setattr(cost, "COMPILED", False)
     monkeypatch.setattr(calibration, "COMPILED", False)
+    monkeypatch.setattr(idle, "COMPILED", False)
     assert compiled == [_tables_run(seed) for seed in range(6)]
 
 

@@ -90,9 +90,10 @@ class PositionFactors:
                    drafted: np.ndarray | None = None) -> None:
         """`add` where row i verified positions 0..verified[i]-1 of k and accepted those below accepted[i] (the
         masks cols < verified[:, None] and cols < accepted[:, None], without building them)."""
+        rows = verified.size
         if COMPILED and _floats(estimate, self.accepted, self.expected, self.first_acc, self.first_exp) \
                 and self.accepted.size >= k and verified.ndim == accepted.ndim == 1 \
-                and verified.size == accepted.size == estimate.size and (drafted is None or drafted.size == verified.size):
+                and accepted.size == estimate.size == rows and (drafted is None or drafted.size == rows):
             self._cache = None
             paired = self.paired and drafted is not None and k
             kernels_blocks.position_sums_counts(k, verified, accepted, estimate, drafted if paired else _NO_ROWS,
