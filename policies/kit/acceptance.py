@@ -194,9 +194,10 @@ _F64 = np.dtype(np.float64)
 
 
 def _floats(*arrays) -> bool:
-    """Whether every one is a 1-D native float64 ndarray (the compiled loops' inputs)."""
+    """Whether every one is a 1-D native float64 ndarray (the compiled loops' inputs; numpy's arrays share one float64
+    dtype object, numba's carry an equal one)."""
     for a in arrays:
-        if type(a) is not np.ndarray or a.dtype is not _F64 or a.ndim != 1:
+        if type(a) is not np.ndarray or a.ndim != 1 or (a.dtype is not _F64 and a.dtype != _F64):
             return False
     return True
 

@@ -169,7 +169,7 @@ _F64 = np.dtype(np.float64)
 def _tables(*arrays) -> bool:
     """Whether each is a non-empty 1-D native float64 ndarray (the compiled loops' tables)."""
     for a in arrays:
-        if type(a) is not np.ndarray or a.dtype is not _F64 or a.ndim != 1 or not a.size:
+        if type(a) is not np.ndarray or a.ndim != 1 or not a.size or (a.dtype is not _F64 and a.dtype != _F64):
             return False
     return True
 
