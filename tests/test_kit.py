@@ -31,6 +31,30 @@ def test_per_request_fields_follow_requests_by_id():
         moved.unknown  # noqa: B018
 
 
+def _align_run(seed):
+    """A PerRequest aligned to random id sequences (rows leaving, joining, reordered, repeated ids), its fields
+    written between steps: the rows after each step, as bytes."""
+    rng = np.random.default_rng(seed)
+    st, out, ids = kit.PerRequest(a=0.5, b=-1.0), [], np.arange(int(rng.integers(0, 40)), dtype=np.int64)
+    for _ in range(60):
+        keep = ids[rng.random(ids.size) < 0.8]
+        ids = np.concatenate([keep, rng.integers(0, 120, int(rng.integers(0, 6)))]).astype(np.int64)
+        if rng.random() < 0.3:
+            ids = rng.permutation(ids)
+        rows = st.align(ids if rng.random() < 0.9 else ids.copy())
+        rows.a += rng.random(len(rows))
+        rows.b -= 1.0
+        out.append(rows.array.tobytes())
+    return out
+
+
+def test_the_compiled_alignment_is_its_numpy_form(monkeypatch):
+    from specdepth.policies.kit import state
+    compiled = [_align_run(seed) for seed in range(20)]
+    monkeypatch.setattr(state, "COMPILED", False)
+    assert compiled == [_align_run(seed) for seed in range(20)]
+
+
 def test_the_old_private_module_warns_and_names_the_kit():
     import importlib
     import sys
@@ -57,6 +81,48 @@ def test_step_cost_tables_are_the_cost_models_prices():
     assert t.verify[0] == pytest.approx(10e-3 + 2e-4 * 4)   # one token a row
     assert t.verify[5] == pytest.approx(10e-3 + 2e-4 * 9)
     assert t.draft[0] == 0.0 and t.draft[3] == pytest.approx(1e-3 + 3e-5)
+
+
+def _tables_run(seed):
+    """as_padded, pad_extra (with and without a view), CostCalibration.correct and the catch-up's lag test on random
+    tables and rows, as bytes and floats."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(60):
+        n, K = int(rng.integers(1, 70)), int(rng.integers(1, 9))
+        verify = np.cumsum(rng.uniform(0, 1e-4, n * K + 1)) + 0.01
+        costs = kit.Tables(verify, np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1e-4, n)) + 2e-3]))
+        padded = kit.as_padded(costs, n)
+        out.append((padded.verify.tobytes(), padded.pad.tobytes()))
+        drafted = rng.integers(0, K + 1, n) * (rng.random() < 0.9)
+        ctx = rng.integers(100, 110, n) if rng.random() < 0.7 else np.full(n, 105)
+        view = SimpleNamespace(predicted_verify_s=float(verify[0] * 1.1), context_lens=ctx, cost=LinearCost(v1=1e-5))
+        out.append((kit.pad_extra(costs, drafted), kit.pad_extra(costs, drafted, view),
+                    kit.pad_extra(costs, np.zeros(0, np.int64))))
+        cal = kit.CostCalibration()
+        for _ in range(3):
+            cal.update("verify", float(rng.uniform(0.01, 0.02)), 1.0, float(rng.uniform(0.01, 0.03)))
+            cal.update("draft", float(rng.uniform(1e-3, 2e-3)), 2.0, float(rng.uniform(1e-3, 5e-3)))
+        t = cal.correct(costs)
+        out.append((t.verify.tobytes(), t.draft.tobytes()))
+        lag, mask = rng.integers(0, 5, n), rng.random(n) < 0.5
+        feed = SimpleNamespace(draft_forward=lambda c, q: np.array([1e-4 * q.sum() + 1e-7 * c.sum()]))
+        out.append(kit.catch_up_s(SimpleNamespace(draft_lag=lag, context_lens=ctx, cost=feed), mask))
+    return out
+
+
+def test_the_compiled_table_loops_are_their_numpy_form(monkeypatch):
+    from specdepth.policies.kit import calibration, cost, idle
+    rng = np.random.default_rng(9)
+    for start, num in ((32, 40), (8, 12), (100, 64)):   # the grid's geometric part, geomspace spelled out
+        for stop in list(range(start + 1, start + 3000)) + rng.integers(10 ** 4, 10 ** 9, 300).tolist():
+            assert np.array_equal(cost._geometric(start, stop, num),
+                                  np.unique(np.rint(np.geomspace(start, stop, num)))), (start, stop, num)
+    compiled = [_tables_run(seed) for seed in range(6)]
+    monkeypatch.setattr(cost, "COMPILED", False)
+    monkeypatch.setattr(calibration, "COMPILED", False)
+    monkeypatch.setattr(idle, "COMPILED", False)
+    assert compiled == [_tables_run(seed) for seed in range(6)]
 
 
 def test_policy_time_prices_idle_seconds_on_every_plan_and_the_rest_on_the_first_position():
@@ -97,6 +163,33 @@ def test_cost_calibration_learns_a_verify_scale_and_a_draft_fixed_cost():
 
 # ---- acceptance ------------------------------------------------------------------------------------
 
+def _padding_run(seed):
+    """PaddingFit fed steps of random regimes (padded or not, a fixed cost or not, a constant padding feature,
+    noise): its pad and fit after each step."""
+    rng = np.random.default_rng(seed)
+    fit = kit.PaddingFit(float(rng.choice([20.0, 200.0])), sticky=bool(rng.random() < 0.7),
+                         cautious=bool(rng.random() < 0.7))
+    out = []
+    for step in range(300):
+        if step % 60 == 0:
+            scale, fixed, padded = rng.uniform(0.5, 2), rng.choice([0.0, 1e-3, -1e-3]), rng.choice([0.0, 0.5, 1.0])
+            const, noise = rng.random() < 0.3, rng.choice([0.0, 1e-5, 1e-3])
+        predicted = rng.uniform(0.01, 0.03)
+        pad = 0.004 if const else rng.uniform(0, 0.01) * (rng.random() < 0.6)
+        measured = scale * predicted + fixed + padded * pad + noise * rng.normal()
+        fit.update(predicted, pad, measured)
+        out.append((fit.pad, fit.fit, fit.xx, fit.xy, fit.yy, fit.w))
+    return out
+
+
+def test_the_compiled_padding_fit_is_its_python_form(monkeypatch):
+    from specdepth.policies.kit import calibration
+    compiled = [_padding_run(seed) for seed in range(30)]
+    assert {f[0] > 0 for run in compiled for f in run} == {True, False}   # padding found and not
+    monkeypatch.setattr(calibration, "COMPILED", False)
+    assert compiled == [_padding_run(seed) for seed in range(30)]
+
+
 def test_expected_tokens_is_leviathans_formula():
     a, ks = np.array([0.5, 0.9]), np.arange(4)
     want = (1.0 - a[None, :] ** (ks[:, None] + 1)) / (1.0 - a[None, :])
@@ -124,6 +217,96 @@ def test_shrunk_rates_ignore_chance_and_follow_real_spread():
     assert apart[0] > 0.9 and apart[1] < 0.3
 
 
+def _rates_and_tokens(seed):
+    """shrunk_rates and expected_tokens (per position: factors and/or trials) on random rows, as bytes."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(30):
+        rows = int(rng.integers(1, 300))
+        acc = np.floor(rng.uniform(0, 40, rows) * (rng.random(rows) < 0.8))
+        rej = np.floor(rng.uniform(0, 40, rows) * (rng.random(rows) < 0.8) * rng.choice([0.0, 1.0, 3.0]))
+        level = np.full(rows, rng.uniform(0, 1)) if rng.random() < 0.7 else rng.uniform(-0.1, 1.1, rows)
+        out.append(kit.shrunk_rates(acc, rej, level).tobytes())
+        a = rng.uniform(-0.1, 1.1, rows)
+        a[rng.random(rows) < 0.05] = rng.choice([0.0, -0.0, 0.999, 1.0])
+        K = int(rng.integers(0, 12))
+        ks = np.arange(K + 1) if rng.random() < 0.7 else np.array([K])
+        f = rng.uniform(0.3, 1.6, K + int(rng.integers(0, 3)))
+        for factors, trials in ((f, None), (None, float(rng.uniform(1, 100))), (f, 7.0)):
+            out.append(kit.expected_tokens(a, ks, factors, trials).tobytes())
+    return out
+
+
+def test_the_compiled_rates_tokens_and_bands_are_their_numpy_form(monkeypatch):
+    from specdepth.policies.kit import acceptance
+    compiled = [_rates_and_tokens(seed) for seed in range(8)] + [_bands(seed) for seed in range(8)]
+    monkeypatch.setattr(acceptance, "COMPILED", False)
+    assert compiled == [_rates_and_tokens(seed) for seed in range(8)] + [_bands(seed) for seed in range(8)]
+
+
+def _bands(seed):
+    """tie_bands on random estimates (rounded: ties; a zero, a NaN, one value), as bytes."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(40):
+        a = np.round(rng.uniform(0, 1, int(rng.integers(1, 300))) ** rng.uniform(0.2, 3), int(rng.integers(1, 5)))
+        if rng.random() < 0.1:
+            a[0] = rng.choice([0.0, -0.0, np.nan, a[-1]])
+        if rng.random() < 0.05:
+            a[:] = a[0]
+        with np.errstate(invalid="ignore"):
+            try:
+                out.append(kit.tie_bands(a, float(rng.choice([0.0, 0.001, 0.01, 0.1]))).tobytes())
+            except ValueError as e:   # a NaN: no band (np.bincount of -1)
+                out.append(str(e).encode())
+    return out
+
+
+def _position_run(seed, counts):
+    """PositionFactors (plain and paired) fed random masks (one column included) or counts: their sums and
+    factors after each step, as bytes."""
+    rng = np.random.default_rng(seed)
+    pfs = [kit.PositionFactors(prior=float(rng.uniform(0, 30)), optimism=float(rng.choice([0.0, 2.0])), paired=p)
+           for p in (False, True)]
+    out = []
+    for _ in range(40):
+        rows, k = int(rng.integers(1, 200)), int(rng.choice([1, 1, 2, 5, 9]))
+        drafted = rng.integers(0, k + 1, rows)
+        accepted = np.minimum(rng.integers(0, k + 1, rows), drafted)
+        verified = np.minimum(drafted, accepted + 1)
+        estimate = rng.uniform(0, 1, rows) * 10.0 ** rng.integers(-3, 3, rows)
+        cols = np.arange(k)[None, :]
+        for pf in pfs:
+            pf.forget(float(rng.uniform(0.9, 1.0)))
+            if counts and pf.accepted.size >= k:
+                pf.add_counts(k, verified, accepted, estimate, drafted)
+            else:
+                pf.add(cols < verified[:, None], (cols < accepted[:, None]) | (rng.random((rows, k)) < 0.05),
+                       estimate, drafted)
+            out.append(b"".join(a.tobytes() for a in (pf.accepted, pf.expected, pf.first_acc, pf.first_exp,
+                                                     pf.factor(int(rng.integers(1, 40))))))
+    return out
+
+
+def test_the_compiled_position_factors_are_their_numpy_form(monkeypatch):
+    import warnings
+    from specdepth.policies.kit import acceptance
+    with warnings.catch_warnings():   # no prior, a position never verified: 0 / 0 is NaN in both forms
+        warnings.simplefilter("ignore", RuntimeWarning)
+        degenerate = []
+        for compiled in (True, False):
+            monkeypatch.setattr(acceptance, "COMPILED", compiled)
+            pf = kit.PositionFactors(prior=0.0)
+            pf.add(np.zeros((3, 4), bool), np.zeros((3, 4), bool), np.ones(3))
+            degenerate.append((pf.factor(5).tobytes(), kit.expected_tokens(np.array([0.5]), np.arange(3), None,
+                                                                            0.0).tobytes()))
+        assert degenerate[0] == degenerate[1]
+    monkeypatch.setattr(acceptance, "COMPILED", True)
+    compiled = [_position_run(seed, counts) for seed in range(10) for counts in (False, True)]
+    monkeypatch.setattr(acceptance, "COMPILED", False)
+    assert compiled == [_position_run(seed, counts) for seed in range(10) for counts in (False, True)]
+
+
 def test_tie_bands_average_estimates_within_the_tolerance():
     out = kit.tie_bands(np.array([0.80, 0.805, 0.5]), 0.01)
     assert out.tolist() == pytest.approx([0.8025, 0.8025, 0.5])
@@ -138,6 +321,64 @@ def test_confidence_calibration_learns_an_under_confident_draft():
         acc = (rng.random(32) < 0.6).astype(np.int64)
         cal.add(conf, np.ones(32, np.int64), acc)
     assert float(cal(np.array([0.1]))[0]) == pytest.approx(0.6, abs=0.05)
+
+
+def _calibration_run(rng, steps=120):
+    """A ConfidenceCalibration fed random steps (NaN confidences, rows that drafted nothing, saturated confidences):
+    its fit, counts and acceptance map after each step, as bytes."""
+    cal = kit.ConfidenceCalibration(prior=float(rng.choice([0.01, 1.0, 20.0])), memory=float(rng.choice([50.0, 2e3])))
+    skew, scale, out = rng.uniform(-3, 3), rng.uniform(0.1, 5), []
+    for _ in range(steps):
+        rows, k = int(rng.integers(1, 70)), int(rng.integers(1, 9))
+        conf = rng.beta(rng.uniform(0.1, 3), rng.uniform(0.1, 3), (rows, k))
+        conf[rng.random((rows, k)) < 0.1] = np.nan
+        if rng.random() < 0.05:
+            conf[:] = rng.choice([0.0, 1.0, 1e-9])
+        drafted = rng.integers(0, k + 1, rows)
+        with np.errstate(all="ignore"):
+            p = np.nan_to_num(1 / (1 + np.exp(-(skew + scale * np.log(conf / (1 - conf))))), nan=0.5)
+        accepted = np.argmin(np.concatenate([rng.random((rows, k)) < p, np.zeros((rows, 1), bool)], axis=1), axis=1)
+        cal.add(conf, drafted, np.minimum(accepted, drafted))
+        c = rng.beta(0.5, 0.5, rows)
+        c[rng.random(rows) < 0.2] = np.nan
+        out.append((cal.a, cal.b, cal.n.tobytes(), cal.acc.tobytes(), cal(c).tobytes()))
+    return out
+
+
+def test_the_compiled_confidence_calibration_is_its_numpy_form_to_the_bit(monkeypatch):
+    import warnings
+    from specdepth.policies.kit import acceptance, kernels_blocks
+    assert kernels_blocks.blas_dot_matches()   # this machine's BLAS dot is the emulated one (else: numpy form)
+    compiled = [_calibration_run(np.random.default_rng(seed)) for seed in range(12)]
+    cal = kit.ConfidenceCalibration()
+    cal.a, cal.b = 3.0, 250.0   # exp's argument past its overflow: silenced as in the numpy form
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        steep = cal(np.array([0.001, 0.5, 0.999, np.nan])).tobytes()
+    monkeypatch.setattr(acceptance, "COMPILED", False)   # the numpy form
+    assert compiled == [_calibration_run(np.random.default_rng(seed)) for seed in range(12)]
+    assert cal(np.array([0.001, 0.5, 0.999, np.nan])).tobytes() == steep
+
+
+def test_the_block_kernels_compute_numpys_sums_dots_and_libm_calls_to_the_bit():
+    from specdepth.policies.kit import kernels_blocks as kb
+    rng = np.random.default_rng(4)
+    for n in list(range(0, 140)) + [300, 1001, 4099]:
+        a, b = rng.normal(size=n) * 10.0 ** rng.integers(-4, 5, n), rng.normal(size=n)
+        assert kb.vsum(a) == float(a.sum()) and kb.dot(a, b) == float(a @ b), n
+    z = np.concatenate([rng.normal(size=20000) * 10, rng.uniform(-800, 800, 2000), rng.normal(size=2000) * 1e-17,
+                        [0.0, -0.0, np.inf, -np.inf, 709.8, -745.2]])
+    t1, t2 = np.empty_like(z), np.empty_like(z)
+    kb.neg_softplus_pairs(z, t1, t2)
+    assert np.array_equal(t1, -np.logaddexp(0.0, -z)) and np.array_equal(t2, -np.logaddexp(0.0, z))
+    assert np.array_equal(kb.logaddexp0(z, np.empty_like(z)), np.logaddexp(0.0, z))
+    for lo, hi in ((0.0, 0.999), (-7.0, 7.0), (1e-6, 1.0 - 1e-6)):
+        got = kb.clip(z, lo, hi, np.empty_like(z))
+        want = np.clip(z, lo, hi)
+        assert np.array_equal(got, want, equal_nan=True) and np.array_equal(np.signbit(got), np.signbit(want))
+    v = rng.normal(size=3000) * 10.0 ** rng.integers(-6, 3, 3000)
+    assert [kb.power(float(x), 2.0) for x in v] == [float(x) ** 2 for x in v]   # libm's pow, not x * x:
+    assert any(float(x) ** 2 != float(x) * float(x) for x in v)                  # they differ on some of these
 
 
 # ---- drain -----------------------------------------------------------------------------------------

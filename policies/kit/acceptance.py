@@ -6,7 +6,9 @@ import math
 import numpy as np
 from numpy._core.umath import clip as _clip   # what np.clip calls on float arrays, without its wrapper
 
-from . import kernels
+from . import kernels, kernels_blocks
+
+COMPILED = True   # ConfidenceCalibration's compiled loops (kit/kernels_blocks.py); False: their numpy form (equal)
 
 
 class PositionFactors:
@@ -41,6 +43,11 @@ class PositionFactors:
         return c[2][:k]
 
     def _factor(self, k: int) -> np.ndarray:
+        if COMPILED and _floats(self.accepted, self.expected, self.first_acc, self.first_exp):
+            f, ok = kernels_blocks.position_factors(k, self.accepted, self.expected, self.first_acc, self.first_exp,
+                                                    float(self.prior), float(self.optimism), bool(self.paired))
+            if ok:   # the same operations, compiled
+                return f
         f = np.ones(k)
         m = min(k, self.accepted.size)
         e, P = self.expected[:m], self.prior
@@ -65,6 +72,13 @@ class PositionFactors:
             self.expected = np.concatenate([self.expected, np.zeros(grow)])
             self.first_acc = np.concatenate([self.first_acc, np.zeros(grow)])
             self.first_exp = np.concatenate([self.first_exp, np.zeros(grow)])
+        paired = self.paired and drafted is not None and k
+        if COMPILED and verified.dtype == accepted.dtype == np.bool_ and verified.shape == accepted.shape \
+                and _floats(estimate, self.accepted, self.expected, self.first_acc, self.first_exp) \
+                and estimate.size == verified.shape[0] and (not paired or drafted.shape == estimate.shape):
+            kernels_blocks.position_sums(verified, accepted, estimate, drafted if paired else _NO_ROWS, bool(paired),
+                                         self.accepted, self.expected, self.first_acc, self.first_exp)
+            return   # the same sums in the same order, compiled
         self.accepted[:k] += (verified & accepted).sum(axis=0)
         self.expected[:k] += (verified * estimate[:, None]).sum(axis=0)
         if self.paired and drafted is not None and k:
@@ -72,7 +86,28 @@ class PositionFactors:
             self.first_acc[:k] += (past & (verified[:, :1] & accepted[:, :1])).sum(axis=0)
             self.first_exp[:k] += (past * estimate[:, None]).sum(axis=0)
 
+    def add_counts(self, k: int, verified: np.ndarray, accepted: np.ndarray, estimate: np.ndarray,
+                   drafted: np.ndarray | None = None) -> None:
+        """`add` where row i verified positions 0..verified[i]-1 of k and accepted those below accepted[i] (the
+        masks cols < verified[:, None] and cols < accepted[:, None], without building them)."""
+        rows = verified.size
+        if COMPILED and _floats(estimate, self.accepted, self.expected, self.first_acc, self.first_exp) \
+                and self.accepted.size >= k and verified.ndim == accepted.ndim == 1 \
+                and accepted.size == estimate.size == rows and (drafted is None or drafted.size == rows):
+            self._cache = None
+            paired = self.paired and drafted is not None and k
+            kernels_blocks.position_sums_counts(k, verified, accepted, estimate, drafted if paired else _NO_ROWS,
+                                                bool(paired), self.accepted, self.expected, self.first_acc,
+                                                self.first_exp)
+            return
+        cols = np.arange(k)[None, :]
+        self.add(cols < verified[:, None], cols < accepted[:, None], estimate, drafted)
+
     def forget(self, keep: float) -> None:
+        if COMPILED and _floats(self.accepted, self.expected, self.first_acc, self.first_exp):
+            kernels_blocks.scale4(self.accepted, self.expected, self.first_acc, self.first_exp, float(keep))
+            self._cache = None
+            return
         self.accepted *= keep
         self.expected *= keep
         self.first_acc *= keep
@@ -87,6 +122,8 @@ def shrunk_rates(accepted: np.ndarray, rejected: np.ndarray, level: np.ndarray) 
     tau^2 / (tau^2 + sigma_i^2): tau^2 the spread between rows beyond what the counts' binomial noise sigma_i^2
     explains (by two standard errors of the spread's estimate, which few rows make loose). Rows that differ
     only by chance (and a single row) all get the level."""
+    if COMPILED and _floats(accepted, rejected, level) and level.size and accepted.shape == rejected.shape:
+        return kernels_blocks.shrunk(accepted, rejected, level)   # the same operations, compiled
     level = float(np.asarray(level).mean())
     n = accepted + rejected
     seen = n > 0
@@ -109,6 +146,10 @@ def tie_bands(a: np.ndarray, tol: float) -> np.ndarray:
     of a few 1e-4 (rows with evidence vs rows still at the batch's prior). tol <= 0: `a` unchanged."""
     if tol <= 0.0 or a.size < 2:
         return a
+    if COMPILED and _floats(a):
+        out, ok = kernels_blocks.tie_bands(a, float(tol))
+        if ok:   # the same operations, compiled
+            return out
     u, inv, cnt = np.unique(a, return_inverse=True, return_counts=True)
     if u.size == 1:
         return a
@@ -124,6 +165,13 @@ def expected_tokens(acceptance, ks: np.ndarray, factors: np.ndarray | None = Non
     tokens (a Beta(a t, (1 - a) t) belief), and the draft at position p survives, given the p before it did,
     with the posterior predictive probability (a t + p) / (t + p) (the chain gives E[a^(p+1)], not a^(p+1): a
     draft whose first guesses were accepted is likelier to be a good one). Equal to the plain a as t grows."""
+    if COMPILED and (factors is not None or trials is not None) and _floats(acceptance) and ks.ndim == 1 and ks.size \
+            and ks.dtype == np.int64 and (factors is None or (_floats(factors) and factors.size >= ks[-1])):
+        out, ok = kernels_blocks.survival_tokens(acceptance, ks, _NONE if factors is None else factors,
+                                                 factors is not None, 0.0 if trials is None else float(trials),
+                                                 trials is not None)   # the same operations, compiled
+        if ok:
+            return out
     a = _clip(np.asarray(acceptance, float), 0.0, 0.999)
     if factors is None and trials is None:
         return (1.0 - a[None, :] ** (ks[:, None] + 1)) / (1.0 - a[None, :])
@@ -136,6 +184,22 @@ def expected_tokens(acceptance, ks: np.ndarray, factors: np.ndarray | None = Non
         step = step * np.asarray(factors, float)[:k, None]
     survive = np.cumprod(np.minimum(step, 0.999), axis=0)
     return 1.0 + np.concatenate([np.zeros((1, a.size)), np.cumsum(survive, axis=0)])[ks]
+
+
+_NONE = np.zeros(0)
+_NO_ROWS = np.zeros(0, np.int64)
+
+
+_F64 = np.dtype(np.float64)
+
+
+def _floats(*arrays) -> bool:
+    """Whether every one is a 1-D native float64 ndarray (the compiled loops' inputs; numpy's arrays share one float64
+    dtype object, numba's carry an equal one)."""
+    for a in arrays:
+        if type(a) is not np.ndarray or a.ndim != 1 or (a.dtype is not _F64 and a.dtype != _F64):
+            return False
+    return True
 
 
 class ConfidenceCalibration:
@@ -162,6 +226,7 @@ class ConfidenceCalibration:
         self.n = np.zeros(self.BINS)   # verified tokens per bin (forgetting)
         self.acc = np.zeros(self.BINS)   # ... accepted
         self.a, self.b = 0.0, 1.0
+        self._scratch, self._ok = np.empty((2, 0)), np.empty(0, bool)   # the compiled add's buffers
 
     @classmethod
     def logit(cls, c: np.ndarray) -> np.ndarray:
@@ -172,6 +237,8 @@ class ConfidenceCalibration:
 
     def __call__(self, c: np.ndarray) -> np.ndarray:
         """The acceptance probability of tokens drafted with confidence c (NaN stays NaN)."""
+        if COMPILED and c.dtype == np.float64 and c.ndim == 1:
+            return self._compiled_call(c)
         z = self.logit(c)
         z *= self.b
         z += self.a
@@ -181,6 +248,9 @@ class ConfidenceCalibration:
         """A step's verified drafts: row i's positions below min(drafted, accepted + 1), accepted below
         `accepted`. confidences: [rows, max depth] (view.confidences)."""
         if confidences is None or not drafted.any():
+            return
+        if COMPILED and confidences.dtype == np.float64 and kernels_blocks.blas_dot_matches():
+            self._compiled_add(confidences, drafted, accepted)
             return
         cols = np.arange(confidences.shape[1])[None, :]
         seen = cols < np.minimum(drafted, accepted + 1)[:, None]
@@ -193,9 +263,65 @@ class ConfidenceCalibration:
         keep = math.exp(-float(ok.sum()) / self.memory)
         self.n = self.n * keep + np.bincount(at, minlength=self.BINS)
         self.acc = self.acc * keep + np.bincount(at, (cols < accepted[:, None])[seen][ok], self.BINS)
-        self._fit()
+        self._fit_numpy()
+
+    def _compiled_call(self, c: np.ndarray) -> np.ndarray:
+        """__call__'s operations, the loops between numpy's log, log1p and exp compiled (`kernels_blocks`)."""
+        buf = np.empty((2, c.size))
+        kernels_blocks.conf_clip(c, 1e-6, 1.0 - 1e-6, buf)
+        lg, l1p = np.log(buf[0], out=buf[0]), np.log1p(buf[1], out=buf[1])
+        if kernels_blocks.conf_affine(lg, l1p, self.LIM, self.a, self.b):
+            with np.errstate(over="ignore"):
+                np.exp(lg, out=lg)
+        else:
+            np.exp(lg, out=lg)
+        kernels_blocks.conf_sigmoid(lg)
+        return lg
+
+    def _compiled_add(self, confidences: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        """add's operations, the loops around numpy's log and log1p compiled (`kernels_blocks`), then the fit."""
+        if self._scratch.shape[1] < confidences.size:
+            self._scratch, self._ok = np.empty((2, confidences.size)), np.empty(confidences.size, bool)
+        buf, ok = self._scratch, self._ok
+        m = kernels_blocks.conf_gather(confidences, drafted, accepted, 1e-6, 1.0 - 1e-6, buf, ok)
+        if not m:
+            return
+        lg, l1p = np.log(buf[0, :m]), np.log1p(buf[1, :m])
+        work = np.empty((10, self.BINS))
+        start = kernels_blocks.conf_bins(lg, l1p, ok[:m], math.exp(-float(m) / self.memory), self.n, self.acc, work,
+                                         self.LIM, self.BINS / (2.0 * self.LIM), self.x, self._xx, self.a, self.b,
+                                         self.prior / 8.0, 2.0)
+        self.n, self.acc = work[kernels_blocks.N], work[kernels_blocks.ACC]
+        self._fit_compiled(work, start)
+
+    def _fit_compiled(self, work: np.ndarray, start=None, steps: int = 4) -> None:
+        """`_fit` (the same Newton steps and halvings) on a work array (`kernels_blocks.conf_start`; `start`: its
+        (objective, overflow) where computed), each step one compiled loop around numpy's exp."""
+        k, lam = kernels_blocks, self.prior / 8.0
+        f, big = k.conf_start(work, self.x, self._xx, self.n, self.acc, self.a, self.b, lam, 2.0) if start is None \
+            else start
+        a, b, nz = self.a, self.b, work[k.NZ]
+        for _ in range(steps):
+            if big:
+                with np.errstate(over="ignore"):
+                    e = np.exp(nz)
+            else:
+                e = np.exp(nz)
+            a, b, f, state, big = k.conf_newton(e, work, a, b, f, lam, 2.0)
+            if state:
+                if state < 0:
+                    raise ZeroDivisionError("float division by zero")
+                break
+        self.a, self.b = a, b
 
     def _fit(self, steps: int = 4) -> None:
+        """The fit (`_fit_numpy`; compiled where `COMPILED`, the same operations)."""
+        if COMPILED and kernels_blocks.blas_dot_matches() and self.n.dtype == self.acc.dtype == np.float64:
+            self._fit_compiled(np.empty((10, self.BINS)), None, steps)
+        else:
+            self._fit_numpy(steps)
+
+    def _fit_numpy(self, steps: int = 4) -> None:
         """Newton on the ridge-penalised log-likelihood (penalty prior/8 x ((a)^2 + (b - 1)^2): Fisher
         information of `prior` tokens at p = 1/2 spread over the scale's both parameters), each step halved
         until the objective does not fall. A full step from a fit of nearly separated tokens (all rejected below

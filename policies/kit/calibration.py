@@ -5,7 +5,10 @@ import math
 
 import numpy as np
 
+from . import kernels_blocks
 from .cost import Tables, every_row_deep
+
+COMPILED = True   # PaddingFit's update compiled (kernels_blocks.padding_update); False: its Python form (equal)
 
 
 _UPPER3 = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))   # a symmetric 3 x 3 matrix's upper triangle
@@ -62,8 +65,10 @@ class CostCalibration:
 
     def update(self, phase: str, predicted: float, count: float, measured: float) -> None:
         keep = math.exp(-1.0 / self.memory)
-        x = (predicted * predicted, predicted * count, count * count, predicted * measured, count * measured, 1.0)
-        s = self._sums[phase] = [v * keep + d for v, d in zip(self._sums[phase], x)]
+        s0, s1, s2, s3, s4, s5 = self._sums[phase]   # each v x keep + its feature product, written out
+        s = self._sums[phase] = [s0 * keep + predicted * predicted, s1 * keep + predicted * count,
+                                 s2 * keep + count * count, s3 * keep + predicted * measured,
+                                 s4 * keep + count * measured, s5 * keep + 1.0]
         self._fit[phase] = self._solve_fixed(s) if self.draft_fixed and phase == "draft" else self._solve(s)
 
     def _solve_fixed(self, s):
@@ -141,6 +146,9 @@ class CostCalibration:
         """Corrected StepCost tables: verify[x] (x drafts, one forward) and draft[m] (one forward of m rows)."""
         sv, cv = self._fit["verify"]
         sd, cd = self._fit["draft"]
+        if COMPILED and not self.pad and _tables(costs.verify, costs.draft):   # the same operations, one loop
+            return Tables(*kernels_blocks.corrected(costs.verify, float(sv), float(cv), costs.draft, float(sd),
+                                                    float(cd)))
         d = sd * costs.draft + cd
         d[0] = 0.0
         if not self.pad:
@@ -155,6 +163,17 @@ class CostCalibration:
         return Tables((sv - pv) * v + cv + pv * vp[0], d, pv * np.diff(vp))
 
 
+_F64 = np.dtype(np.float64)
+
+
+def _tables(*arrays) -> bool:
+    """Whether each is a non-empty 1-D native float64 ndarray (the compiled loops' tables)."""
+    for a in arrays:
+        if type(a) is not np.ndarray or a.ndim != 1 or not a.size or (a.dtype is not _F64 and a.dtype != _F64):
+            return False
+    return True
+
+
 class PaddingFit:
     """Whether the engine pads the verify to the deepest row: the verify's measured seconds fitted on (predicted,
     1, pad), the padding feature being what a padded verify would cost more than the ragged prediction. `pad` is
@@ -164,11 +183,16 @@ class PaddingFit:
 
     def __init__(self, memory: float, sticky: bool = True, cautious: bool = True):
         self.memory, self.sticky, self.cautious = memory, sticky, cautious
-        # decayed X'X (its upper triangle, row by row), X'y, y'y and weight for x = (predicted, 1, pad); plain floats:
-        # the fit runs every step, on 3 features
-        self.xx, self.xy, self.yy, self.w = [0.0] * 6, [0.0] * 3, 0.0, 0.0
+        # decayed X'X (its upper triangle, row by row), X'y, y'y and weight for x = (predicted, 1, pad), in one array
+        # (the compiled update's state; `xx`, `xy`, `yy`, `w` read and write it)
+        self._s = np.zeros(11)
         self.pad = 0.0
         self.fit = None
+
+    xx = property(lambda self: self._s[0:6].tolist(), lambda self, v: self._s.__setitem__(slice(0, 6), v))
+    xy = property(lambda self: self._s[6:9].tolist(), lambda self, v: self._s.__setitem__(slice(6, 9), v))
+    yy = property(lambda self: float(self._s[9]), lambda self, v: self._s.__setitem__(9, v))
+    w = property(lambda self: float(self._s[10]), lambda self, v: self._s.__setitem__(10, v))
 
     def update(self, predicted: float, pad: float, measured: float) -> None:
         """measured = scale x predicted + fixed + pad x (padded - predicted), least squares with the same
@@ -181,6 +205,12 @@ class PaddingFit:
         there would let a padded verify pass for a fixed cost in the verify-only fit, pricing drafts as nearly
         free."""
         keep = math.exp(-1.0 / self.memory)
+        if COMPILED:   # the same operations, compiled
+            self.pad, scale, fixed, taken = kernels_blocks.padding_update(
+                self._s, float(predicted), float(pad), float(measured), keep, float(self.pad), bool(self.sticky),
+                bool(self.cautious), 2.0)
+            self.fit = (scale, fixed) if taken else None
+            return
         x = (predicted, 1.0, pad)
         self.xx = [v * keep + x[a] * x[b] for v, (a, b) in zip(self.xx, _UPPER3)]
         self.xy = [v * keep + x[a] * measured for a, v in enumerate(self.xy)]

@@ -7,6 +7,10 @@ import math
 
 import numpy as np
 
+from . import kernels_blocks
+
+COMPILED = True   # the small loops of as_padded, pad_extra and StepCost compiled (kernels_blocks); False: numpy form
+
 
 @functools.lru_cache(maxsize=1024)
 def _grid(n: int, dense: int = 32, points: int = 40) -> np.ndarray:
@@ -14,10 +18,28 @@ def _grid(n: int, dense: int = 32, points: int = 40) -> np.ndarray:
     one array per argument (geomspace and unique cost ~0.1 ms, on the plan's critical path on backend=hf)."""
     if n <= dense + points:
         g = np.arange(n + 1, dtype=float)
+    elif COMPILED:
+        g = np.concatenate([np.arange(dense, dtype=float), _geometric(dense, n, points)])
     else:
         g = np.concatenate([np.arange(dense, dtype=float), np.unique(np.rint(np.geomspace(dense, n, points)))])
     g.flags.writeable = False
     return g
+
+
+def _geometric(start: int, stop: int, num: int) -> np.ndarray:
+    """np.unique(np.rint(np.geomspace(start, stop, num))) for 0 < start < stop, geomspace's operations spelled out
+    (log10 of both ends, linspace's arange x step + start with its last point the stop, power of 10, the ends
+    reset to start and stop), without its Python overhead; the distinct values in one loop where ascending."""
+    ends = np.log10(np.array([float(start), float(stop)]))
+    y = np.arange(0, num, dtype=float)
+    y *= (ends[1] - ends[0]) / (num - 1)
+    y += ends[0]
+    y[-1] = ends[1]
+    r = np.power(10.0, y)
+    r[0], r[-1] = start, stop
+    np.rint(r, out=r)
+    out, ok = kernels_blocks.ascending_distinct(r)
+    return out if ok else np.unique(r)
 
 
 class StepCost:
@@ -53,8 +75,8 @@ class StepCost:
         cost = view.cost if cost is None else cost
         ctx = view.context_lens
         n = ctx.size
-        cbar = float(ctx.sum()) / n if n else 0.0
-        self.vpad = self._vpad(cost, ctx, kmax) if self.pad_context else None
+        cbar, top = _mean_context(ctx)
+        self.vpad = self._vpad(cost, ctx, kmax, top) if self.pad_context else None
         key = (n, kmax, int(math.log1p(cbar) * 50.0), id(cost))
         if key == self.key:
             return self
@@ -86,12 +108,13 @@ class StepCost:
         self._tables[key] = (self.verify, self.draft, self.pad)
         return self
 
-    def _vpad(self, cost, ctx: np.ndarray, kmax: int):
+    def _vpad(self, cost, ctx: np.ndarray, kmax: int, top=None):
         """vpad[p]: the verify with every row p deep at the batch's longest context, as an engine that pads ragged
-        forwards runs it (the query and the KV to the longest row); None for a cost that pads already."""
+        forwards runs it (the query and the KV to the longest row); None for a cost that pads already. `top`:
+        ctx.max() where the caller has it."""
         if getattr(cost, "pad_ragged", False) or ctx.size == 0:
             return None
-        n, cmax = ctx.size, int(ctx.max())
+        n, cmax = ctx.size, int(ctx.max() if top is None else top)
         key = (n, kmax, int(math.log1p(cmax) * 50.0), id(cost))
         if self._vkey == key:
             return self._vval
@@ -102,6 +125,16 @@ class StepCost:
             v = np.array([cost.verify_time(full, np.full(n, p, np.int64)) for p in range(kmax + 1)])
         self._vkey, self._vval = key, v
         return v
+
+
+def _mean_context(ctx: np.ndarray) -> tuple[float, int | None]:
+    """The contexts' mean (0 for none) and, where computed with it (one compiled loop: the same integer sum), their
+    max, else None."""
+    n = ctx.size
+    if COMPILED and n and ctx.dtype == np.int64 and ctx.ndim == 1:
+        _, top, total = kernels_blocks.int_stats(ctx)
+        return float(total) / n, top
+    return (float(ctx.sum()) / n if n else 0.0), None
 
 
 def row_cost(cost, ctx: np.ndarray) -> float:
@@ -137,6 +170,10 @@ def as_padded(costs, n: int) -> Tables:
     less: a price that never falls short of the engine's."""
     if costs.pad is not None and len(costs.pad):
         return costs
+    v = costs.verify
+    if COMPILED and isinstance(v, np.ndarray) and v.dtype == np.float64 and v.ndim == 1 and v.size and n >= 0:
+        flat, pad = kernels_blocks.padded_tables(v, int(n))   # the same values, one loop
+        return Tables(flat, costs.draft, pad)
     return Tables(np.full_like(costs.verify, costs.verify[0]), costs.draft, np.diff(every_row_deep(costs.verify, n)))
 
 
@@ -147,18 +184,27 @@ def pad_extra(costs, drafted: np.ndarray, view=None) -> float:
     to the deepest row's and its context (KV) to the longest row's, against view.predicted_verify_s (the view's
     cost at the rows' own contexts and drafts); a step that drafted nothing pads its contexts too."""
     n = drafted.size
-    k = int(drafted.max(initial=0))
+    fast = COMPILED and n and drafted.dtype == np.int64 and drafted.ndim == 1
+    if fast:   # min, max and sum in one loop (the same integers)
+        dmin, k, dsum = kernels_blocks.int_stats(drafted)
+        k = max(int(k), 0)
+    else:
+        k = int(drafted.max(initial=0))
     predicted = None if view is None else view.predicted_verify_s   # None before verification
     if predicted is not None and n:
         ctx = view.context_lens
-        top = int(ctx.max())
-        if n == 1 or (int(ctx.min()) == top and int(drafted.min()) == k):   # nothing to pad: the same shapes
-            return 0.0                                                      # as predicted (one cost-model call less)
+        if fast and ctx.dtype == np.int64 and ctx.ndim == 1:
+            cmin, top, _ = kernels_blocks.int_stats(ctx)
+        else:
+            cmin, top, dmin = ctx.min(), ctx.max(), drafted.min()
+        top = int(top)
+        if n == 1 or (int(cmin) == top and int(dmin) == k):   # nothing to pad: the same shapes as predicted
+            return 0.0                                        # (one cost-model call less)
         return float(view.cost.verify_time(np.full(n, top, np.int64), np.full(n, k, np.int64)) - predicted)
     if n == 0 or k == 0:   # nothing drafted: nothing to pad (and a plan that drafts nothing may build no tables)
         return 0.0
     v = costs.verify
-    return float(v[min(n * k, v.size - 1)] - v[min(int(drafted.sum()), v.size - 1)])
+    return float(v[min(n * k, v.size - 1)] - v[min(int(dsum if fast else drafted.sum()), v.size - 1)])
 
 
 class PolicyTime:

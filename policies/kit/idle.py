@@ -6,6 +6,10 @@ import math
 
 import numpy as np
 
+from . import kernels_blocks
+
+COMPILED = True   # the catch-up's lag test compiled (kernels_blocks.masked_max); False: its numpy form (equal)
+
 
 class IdleReplan:
     """Plans that draft nothing, kept without replanning (`idle_replan` of goodput, batch_scaled, confidence): after
@@ -55,6 +59,18 @@ def may_probe(probes: int, evidence: float, prior: float, batch: int) -> bool:
     return probes < PROBE_ROUNDS and thin_evidence(evidence, prior, batch)
 
 
+_I64, _BOOL = np.dtype(np.int64), np.dtype(np.bool_)
+
+
+def _lag_at_most(lag: np.ndarray, drafting: np.ndarray, most: int) -> bool:
+    """Whether no row of `drafting` (bool mask) lags more than `most` tokens (true where none drafts)."""
+    if COMPILED and lag.dtype == _I64 and drafting.dtype == _BOOL and lag.ndim == 1 and lag.shape == drafting.shape:
+        top, count = kernels_blocks.masked_max(lag, drafting)   # one loop, the same integers
+        return count == 0 or int(top) <= most
+    lag = lag[drafting]
+    return lag.size == 0 or int(lag.max()) <= most
+
+
 def catch_up_s(view, drafting: np.ndarray, cost=None, padded: bool = False) -> float:
     """Seconds the draft's catch-up tokens add to a step's first draft forward over the rows `drafting` (bool
     mask): each row feeds its view.draft_lag tokens there instead of the 1-2 of a row that drafted the step
@@ -62,9 +78,9 @@ def catch_up_s(view, drafting: np.ndarray, cost=None, padded: bool = False) -> f
     simulator's true cost pads as its clock does). `padded`: the engine pads every row of a forward to the
     largest context and query, so one lagging row makes every drafting row feed that many tokens. 0 where no
     drafting row lags more than 2 tokens."""
-    lag = view.draft_lag[drafting]
-    if lag.size == 0 or int(lag.max()) <= 2:
+    if _lag_at_most(view.draft_lag, drafting, 2):
         return 0.0
+    lag = view.draft_lag[drafting]
     cost = view.cost if cost is None else cost
     ctx = np.maximum(view.context_lens[drafting] - lag, 0)
     q0 = np.minimum(lag, 2)
@@ -148,7 +164,7 @@ class CatchUpPadding:
 
     def planned(self, view, drafting: np.ndarray, cost=None) -> None:
         self._est = None
-        self.caught_up = bool(drafting.any()) and int(view.draft_lag[drafting].max()) > 2
+        self.caught_up = not _lag_at_most(view.draft_lag, drafting, 2)
         if self.caught_up:
             self._est = (catch_up_s(view, drafting, cost, False), catch_up_s(view, drafting, cost, True))
 
