@@ -6,9 +6,9 @@ import math
 import numpy as np
 from numpy._core.umath import clip as _clip   # what np.clip calls on float arrays, without its wrapper
 
-from . import kernels, kernels_blocks
+from . import kernels
 
-COMPILED = True   # ConfidenceCalibration's compiled loops (kit/kernels_blocks.py); False: their numpy form (equal)
+COMPILED = True   # ConfidenceCalibration's compiled loops (kit/kernels.py); False: their numpy form (equal)
 
 
 class PositionFactors:
@@ -44,8 +44,8 @@ class PositionFactors:
 
     def _factor(self, k: int) -> np.ndarray:
         if COMPILED and _floats(self.accepted, self.expected, self.first_acc, self.first_exp):
-            f, ok = kernels_blocks.position_factors(k, self.accepted, self.expected, self.first_acc, self.first_exp,
-                                                    float(self.prior), float(self.optimism), bool(self.paired))
+            f, ok = kernels.position_factors(k, self.accepted, self.expected, self.first_acc, self.first_exp,
+                                             float(self.prior), float(self.optimism), bool(self.paired))
             if ok:   # the same operations, compiled
                 return f
         f = np.ones(k)
@@ -76,8 +76,8 @@ class PositionFactors:
         if COMPILED and verified.dtype == accepted.dtype == np.bool_ and verified.shape == accepted.shape \
                 and _floats(estimate, self.accepted, self.expected, self.first_acc, self.first_exp) \
                 and estimate.size == verified.shape[0] and (not paired or drafted.shape == estimate.shape):
-            kernels_blocks.position_sums(verified, accepted, estimate, drafted if paired else _NO_ROWS, bool(paired),
-                                         self.accepted, self.expected, self.first_acc, self.first_exp)
+            kernels.position_sums(verified, accepted, estimate, drafted if paired else _NO_ROWS, bool(paired),
+                                  self.accepted, self.expected, self.first_acc, self.first_exp)
             return   # the same sums in the same order, compiled
         self.accepted[:k] += (verified & accepted).sum(axis=0)
         self.expected[:k] += (verified * estimate[:, None]).sum(axis=0)
@@ -96,16 +96,16 @@ class PositionFactors:
                 and accepted.size == estimate.size == rows and (drafted is None or drafted.size == rows):
             self._cache = None
             paired = self.paired and drafted is not None and k
-            kernels_blocks.position_sums_counts(k, verified, accepted, estimate, drafted if paired else _NO_ROWS,
-                                                bool(paired), self.accepted, self.expected, self.first_acc,
-                                                self.first_exp)
+            kernels.position_sums_counts(k, verified, accepted, estimate, drafted if paired else _NO_ROWS,
+                                         bool(paired), self.accepted, self.expected, self.first_acc,
+                                         self.first_exp)
             return
         cols = np.arange(k)[None, :]
         self.add(cols < verified[:, None], cols < accepted[:, None], estimate, drafted)
 
     def forget(self, keep: float) -> None:
         if COMPILED and _floats(self.accepted, self.expected, self.first_acc, self.first_exp):
-            kernels_blocks.scale4(self.accepted, self.expected, self.first_acc, self.first_exp, float(keep))
+            kernels.scale4(self.accepted, self.expected, self.first_acc, self.first_exp, float(keep))
             self._cache = None
             return
         self.accepted *= keep
@@ -123,7 +123,7 @@ def shrunk_rates(accepted: np.ndarray, rejected: np.ndarray, level: np.ndarray) 
     explains (by two standard errors of the spread's estimate, which few rows make loose). Rows that differ
     only by chance (and a single row) all get the level."""
     if COMPILED and _floats(accepted, rejected, level) and level.size and accepted.shape == rejected.shape:
-        return kernels_blocks.shrunk(accepted, rejected, level)   # the same operations, compiled
+        return kernels.shrunk(accepted, rejected, level)   # the same operations, compiled
     level = float(np.asarray(level).mean())
     n = accepted + rejected
     seen = n > 0
@@ -147,7 +147,7 @@ def tie_bands(a: np.ndarray, tol: float) -> np.ndarray:
     if tol <= 0.0 or a.size < 2:
         return a
     if COMPILED and _floats(a):
-        out, ok = kernels_blocks.tie_bands(a, float(tol))
+        out, ok = kernels.tie_bands(a, float(tol))
         if ok:   # the same operations, compiled
             return out
     u, inv, cnt = np.unique(a, return_inverse=True, return_counts=True)
@@ -167,9 +167,9 @@ def expected_tokens(acceptance, ks: np.ndarray, factors: np.ndarray | None = Non
     draft whose first guesses were accepted is likelier to be a good one). Equal to the plain a as t grows."""
     if COMPILED and (factors is not None or trials is not None) and _floats(acceptance) and ks.ndim == 1 and ks.size \
             and ks.dtype == np.int64 and (factors is None or (_floats(factors) and factors.size >= ks[-1])):
-        out, ok = kernels_blocks.survival_tokens(acceptance, ks, _NONE if factors is None else factors,
-                                                 factors is not None, 0.0 if trials is None else float(trials),
-                                                 trials is not None)   # the same operations, compiled
+        out, ok = kernels.survival_tokens(acceptance, ks, _NONE if factors is None else factors,
+                                          factors is not None, 0.0 if trials is None else float(trials),
+                                          trials is not None)   # the same operations, compiled
         if ok:
             return out
     a = _clip(np.asarray(acceptance, float), 0.0, 0.999)
@@ -249,7 +249,7 @@ class ConfidenceCalibration:
         `accepted`. confidences: [rows, max depth] (view.confidences)."""
         if confidences is None or not drafted.any():
             return
-        if COMPILED and confidences.dtype == np.float64 and kernels_blocks.blas_dot_matches():
+        if COMPILED and confidences.dtype == np.float64 and kernels.blas_dot_matches():
             self._compiled_add(confidences, drafted, accepted)
             return
         cols = np.arange(confidences.shape[1])[None, :]
@@ -266,38 +266,38 @@ class ConfidenceCalibration:
         self._fit_numpy()
 
     def _compiled_call(self, c: np.ndarray) -> np.ndarray:
-        """__call__'s operations, the loops between numpy's log, log1p and exp compiled (`kernels_blocks`)."""
+        """__call__'s operations, the loops between numpy's log, log1p and exp compiled (`kernels`)."""
         buf = np.empty((2, c.size))
-        kernels_blocks.conf_clip(c, 1e-6, 1.0 - 1e-6, buf)
+        kernels.conf_clip(c, 1e-6, 1.0 - 1e-6, buf)
         lg, l1p = np.log(buf[0], out=buf[0]), np.log1p(buf[1], out=buf[1])
-        if kernels_blocks.conf_affine(lg, l1p, self.LIM, self.a, self.b):
+        if kernels.conf_affine(lg, l1p, self.LIM, self.a, self.b):
             with np.errstate(over="ignore"):
                 np.exp(lg, out=lg)
         else:
             np.exp(lg, out=lg)
-        kernels_blocks.conf_sigmoid(lg)
+        kernels.conf_sigmoid(lg)
         return lg
 
     def _compiled_add(self, confidences: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
-        """add's operations, the loops around numpy's log and log1p compiled (`kernels_blocks`), then the fit."""
+        """add's operations, the loops around numpy's log and log1p compiled (`kernels`), then the fit."""
         if self._scratch.shape[1] < confidences.size:
             self._scratch, self._ok = np.empty((2, confidences.size)), np.empty(confidences.size, bool)
         buf, ok = self._scratch, self._ok
-        m = kernels_blocks.conf_gather(confidences, drafted, accepted, 1e-6, 1.0 - 1e-6, buf, ok)
+        m = kernels.conf_gather(confidences, drafted, accepted, 1e-6, 1.0 - 1e-6, buf, ok)
         if not m:
             return
         lg, l1p = np.log(buf[0, :m]), np.log1p(buf[1, :m])
         work = np.empty((10, self.BINS))
-        start = kernels_blocks.conf_bins(lg, l1p, ok[:m], math.exp(-float(m) / self.memory), self.n, self.acc, work,
-                                         self.LIM, self.BINS / (2.0 * self.LIM), self.x, self._xx, self.a, self.b,
-                                         self.prior / 8.0, 2.0)
-        self.n, self.acc = work[kernels_blocks.N], work[kernels_blocks.ACC]
+        start = kernels.conf_bins(lg, l1p, ok[:m], math.exp(-float(m) / self.memory), self.n, self.acc, work,
+                                  self.LIM, self.BINS / (2.0 * self.LIM), self.x, self._xx, self.a, self.b,
+                                  self.prior / 8.0, 2.0)
+        self.n, self.acc = work[kernels.N], work[kernels.ACC]
         self._fit_compiled(work, start)
 
     def _fit_compiled(self, work: np.ndarray, start=None, steps: int = 4) -> None:
-        """`_fit` (the same Newton steps and halvings) on a work array (`kernels_blocks.conf_start`; `start`: its
-        (objective, overflow) where computed), each step one compiled loop around numpy's exp."""
-        k, lam = kernels_blocks, self.prior / 8.0
+        """`_fit` (the same Newton steps and halvings) on a work array (`kernels.conf_start`; `start`: its
+ (objective, overflow) where computed), each step one compiled loop around numpy's exp."""
+        k, lam = kernels, self.prior / 8.0
         f, big = k.conf_start(work, self.x, self._xx, self.n, self.acc, self.a, self.b, lam, 2.0) if start is None \
             else start
         a, b, nz = self.a, self.b, work[k.NZ]
@@ -316,7 +316,7 @@ class ConfidenceCalibration:
 
     def _fit(self, steps: int = 4) -> None:
         """The fit (`_fit_numpy`; compiled where `COMPILED`, the same operations)."""
-        if COMPILED and kernels_blocks.blas_dot_matches() and self.n.dtype == self.acc.dtype == np.float64:
+        if COMPILED and kernels.blas_dot_matches() and self.n.dtype == self.acc.dtype == np.float64:
             self._fit_compiled(np.empty((10, self.BINS)), None, steps)
         else:
             self._fit_numpy(steps)

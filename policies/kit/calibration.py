@@ -5,10 +5,10 @@ import math
 
 import numpy as np
 
-from . import kernels_blocks
+from . import kernels
 from .cost import Tables, every_row_deep
 
-COMPILED = True   # PaddingFit's update compiled (kernels_blocks.padding_update); False: its Python form (equal)
+COMPILED = True   # PaddingFit's update compiled (kernels.padding_update); False: its Python form (equal)
 
 
 _UPPER3 = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))   # a symmetric 3 x 3 matrix's upper triangle
@@ -147,8 +147,8 @@ class CostCalibration:
         sv, cv = self._fit["verify"]
         sd, cd = self._fit["draft"]
         if COMPILED and not self.pad and _tables(costs.verify, costs.draft):   # the same operations, one loop
-            return Tables(*kernels_blocks.corrected(costs.verify, float(sv), float(cv), costs.draft, float(sd),
-                                                    float(cd)))
+            return Tables(*kernels.corrected(costs.verify, float(sv), float(cv), costs.draft, float(sd),
+                                             float(cd)))
         d = sd * costs.draft + cd
         d[0] = 0.0
         if not self.pad:
@@ -206,7 +206,7 @@ class PaddingFit:
         free."""
         keep = math.exp(-1.0 / self.memory)
         if COMPILED:   # the same operations, compiled
-            self.pad, scale, fixed, taken = kernels_blocks.padding_update(
+            self.pad, scale, fixed, taken = kernels.padding_update(
                 self._s, float(predicted), float(pad), float(measured), keep, float(self.pad), bool(self.sticky),
                 bool(self.cautious), 2.0)
             self.fit = (scale, fixed) if taken else None

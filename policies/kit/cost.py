@@ -7,9 +7,9 @@ import math
 
 import numpy as np
 
-from . import kernels_blocks
+from . import kernels
 
-COMPILED = True   # the small loops of as_padded, pad_extra and StepCost compiled (kernels_blocks); False: numpy form
+COMPILED = True   # the small loops of as_padded, pad_extra and StepCost compiled (kernels); False: numpy form
 
 
 @functools.lru_cache(maxsize=1024)
@@ -38,7 +38,7 @@ def _geometric(start: int, stop: int, num: int) -> np.ndarray:
     r = np.power(10.0, y)
     r[0], r[-1] = start, stop
     np.rint(r, out=r)
-    out, ok = kernels_blocks.ascending_distinct(r)
+    out, ok = kernels.ascending_distinct(r)
     return out if ok else np.unique(r)
 
 
@@ -132,7 +132,7 @@ def _mean_context(ctx: np.ndarray) -> tuple[float, int | None]:
     max, else None."""
     n = ctx.size
     if COMPILED and n and ctx.dtype == np.int64 and ctx.ndim == 1:
-        _, top, total = kernels_blocks.int_stats(ctx)
+        _, top, total = kernels.int_stats(ctx)
         return float(total) / n, top
     return (float(ctx.sum()) / n if n else 0.0), None
 
@@ -172,7 +172,7 @@ def as_padded(costs, n: int) -> Tables:
         return costs
     v = costs.verify
     if COMPILED and isinstance(v, np.ndarray) and v.dtype == np.float64 and v.ndim == 1 and v.size and n >= 0:
-        flat, pad = kernels_blocks.padded_tables(v, int(n))   # the same values, one loop
+        flat, pad = kernels.padded_tables(v, int(n))   # the same values, one loop
         return Tables(flat, costs.draft, pad)
     return Tables(np.full_like(costs.verify, costs.verify[0]), costs.draft, np.diff(every_row_deep(costs.verify, n)))
 
@@ -186,7 +186,7 @@ def pad_extra(costs, drafted: np.ndarray, view=None) -> float:
     n = drafted.size
     fast = COMPILED and n and drafted.dtype == np.int64 and drafted.ndim == 1
     if fast:   # min, max and sum in one loop (the same integers)
-        dmin, k, dsum = kernels_blocks.int_stats(drafted)
+        dmin, k, dsum = kernels.int_stats(drafted)
         k = max(int(k), 0)
     else:
         k = int(drafted.max(initial=0))
@@ -194,7 +194,7 @@ def pad_extra(costs, drafted: np.ndarray, view=None) -> float:
     if predicted is not None and n:
         ctx = view.context_lens
         if fast and ctx.dtype == np.int64 and ctx.ndim == 1:
-            cmin, top, _ = kernels_blocks.int_stats(ctx)
+            cmin, top, _ = kernels.int_stats(ctx)
         else:
             cmin, top, dmin = ctx.min(), ctx.max(), drafted.min()
         top = int(top)

@@ -181,15 +181,8 @@ class CostAwareDepth:
             self._pool = np.array([p0 * keep + acc, p1 * keep + rej])
             if self.positions and self._level is not None:
                 self._pos.forget(keep)
-                self._pos.add(*self._verified(drafted, accepted, deep), np.full(drafted.size, self._level))
-
-    @staticmethod
-    def _verified(drafted, accepted, deep):
-        """[rows, deep] masks of the positions verified (below min(drafted, accepted + 1)) and accepted."""
-        if search.COMPILED and accepted.dtype.kind == drafted.dtype.kind == "i":
-            return kernels.verified_masks(drafted, accepted, deep)
-        cols = np.arange(deep)[None, :]
-        return cols < np.minimum(drafted, accepted + 1)[:, None], cols < accepted[:, None]
+                self._pos.add_counts(deep, np.minimum(drafted, accepted + 1), accepted,
+                                     np.full(drafted.size, self._level))
 
     @staticmethod
     def _tally(accepted, drafted, st):

@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from . import kernels_blocks
+from . import kernels
 
-COMPILED = True   # the catch-up's lag test compiled (kernels_blocks.masked_max); False: its numpy form (equal)
+COMPILED = True   # the catch-up's lag test compiled (kernels.masked_max); False: its numpy form (equal)
 
 
 class IdleReplan:
@@ -65,7 +65,7 @@ _I64, _BOOL = np.dtype(np.int64), np.dtype(np.bool_)
 def _lag_at_most(lag: np.ndarray, drafting: np.ndarray, most: int) -> bool:
     """Whether no row of `drafting` (bool mask) lags more than `most` tokens (true where none drafts)."""
     if COMPILED and lag.dtype == _I64 and drafting.dtype == _BOOL and lag.ndim == 1 and lag.shape == drafting.shape:
-        top, count = kernels_blocks.masked_max(lag, drafting)   # one loop, the same integers
+        top, count = kernels.masked_max(lag, drafting)   # one loop, the same integers
         return count == 0 or int(top) <= most
     lag = lag[drafting]
     return lag.size == 0 or int(lag.max()) <= most

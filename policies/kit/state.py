@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import kernels_blocks
+from . import kernels
 
-COMPILED = True   # align's row matching compiled (kernels_blocks.align_rows); False: its numpy form (equal)
+COMPILED = True   # align's row matching compiled (kernels.align_rows); False: its numpy form (equal)
 
 
 class Rows:
@@ -63,7 +63,7 @@ class PerRequest:
                 return self.rows
         old = self.rows.array
         if COMPILED and ids.dtype == np.int64 and ids.ndim == 1 and old.dtype == np.float64 and old.ndim == 2:
-            new = kernels_blocks.align_rows(self.ids, old, ids, self.init)
+            new = kernels.align_rows(self.ids, old, ids, self.init)
             self.ids, self.rows = np.array(ids, np.int64), self._rows(new)
             return self.rows
         new = np.empty((ids.size, self.init.size))
