@@ -165,6 +165,29 @@ def step_seconds(x, deep, verify, draft_n, pad):
 
 
 @njit(cache=True, nogil=True)
+def level_column(a, k, factors, has_factors, trials, has_trials):
+    """`search._level_column`: where every a holds the same value, `search._one_row` of it (the clip, each position's
+    survival, its product and its running sum, in its order) and True; else (an empty row, False)."""
+    for i in range(1, a.shape[0]):
+        if not a[i] == a[0]:
+            return np.empty(0), False
+    x = a[0]
+    x = 0.999 if x > 0.999 else (x if x > 0.0 else 0.0)
+    out = np.empty(k + 1)
+    out[0] = 1.0
+    surv, total = 1.0, 0.0
+    for p in range(k):
+        step = (x * trials + float(p)) / (trials + float(p)) if has_trials else x
+        if has_factors:
+            step = step * factors[p]
+        step = 0.999 if 0.999 < step else step   # Python's min(step, 0.999)
+        surv = step if p == 0 else surv * step
+        total = surv if p == 0 else total + surv
+        out[p + 1] = 1.0 + total
+    return out, True
+
+
+@njit(cache=True, nogil=True)
 def uniform_best(col, ends, has_ends, n, verify, draft_n, pad):
     """`search.uniform_depth` where every row has the same expected tokens col[k] at depth k and no row is
     draining: per depth k the rows' tokens (col[min(k, ends_i)] where `has_ends`) summed in np.sum's order over

@@ -325,9 +325,14 @@ def _level_column(a, kmax: int, factors, trials) -> np.ndarray | None:
     """Where every row has the same estimate and `_row_tokens` computes one row: that row (expected tokens at
     depths 0..kmax), else None."""
     a = np.asarray(a, float)
-    if a.size > 1 and (factors is not None or trials is not None) and bool((a == a[0]).all()):
-        return _one_row(float(a[0]), kmax, factors, trials)
-    return None
+    if a.size < 2 or (factors is None and trials is None):
+        return None
+    f = _NO_PAD if factors is None else np.asarray(factors)
+    if f.dtype == np.float64 and f.size >= kmax:   # compiled (`kernels.level_column`: the same operations)
+        col, same = kernels.level_column(a, kmax, f, factors is not None, 0.0 if trials is None else float(trials),
+                                         trials is not None)
+        return col if same else None
+    return _one_row(float(a[0]), kmax, factors, trials) if bool((a == a[0]).all()) else None
 
 
 def _float_tables(costs, n: int) -> bool:
