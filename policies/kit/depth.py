@@ -71,9 +71,13 @@ class CostAwareDepth:
         self._start(view)
         st = self._seq.align(view.request_ids)
         P = self.prior_tokens
-        trials = float(st.array.sum()) + P   # (sums of counts: exact in any order)
+        if search.COMPILED and st.array.dtype == np.float64:   # (sums of counts: exact in any order)
+            total, acc = kernels.count_sums(st.array, 0)   # (accepted is the first field)
+        else:
+            total, acc = float(st.array.sum()), float(st.accepted.sum())
+        trials = total + P
         pool = self._pool.tolist()
-        return min((float(st.accepted.sum()) + P * pool[0] / (pool[0] + pool[1])) / trials, 0.999), trials
+        return min((acc + P * pool[0] / (pool[0] + pool[1])) / trials, 0.999), trials
 
     def depth(self, view, kmax: int) -> int:
         self.held = None

@@ -245,6 +245,27 @@ def capped(depths, remaining, kmax, room):
     return out, total <= room
 
 
+@njit(cache=True, nogil=True)
+def caps(remaining, kmax):
+    """`search.draft_caps`: min(max(remaining - 1, 0), kmax) per row."""
+    out = np.empty(remaining.shape[0], np.int64)
+    for i in range(remaining.shape[0]):
+        out[i] = min(max(remaining[i] - 1, 0), kmax)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def count_sums(table, col):
+    """The sum of a [rows, fields] table of counts and of its column `col`, in order (counts below 2^53 are
+    exact floats, so any order gives numpy's sums)."""
+    total, part = 0.0, 0.0
+    for i in range(table.shape[0]):
+        for j in range(table.shape[1]):
+            total += table[i, j]
+        part += table[i, col]
+    return total, part
+
+
 # ---- confidence's keep_drafting ---------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True)
