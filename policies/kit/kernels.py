@@ -1446,19 +1446,6 @@ def _sum(a):
 
 
 @njit(cache=True, nogil=True)
-def _logaddexp(x, y):
-    """numpy's npy_logaddexp (libm's exp and log1p)."""
-    if x == y:
-        return x + LOG2
-    tmp = x - y
-    if tmp > 0:
-        return x + math.log1p(math.exp(-tmp))
-    if tmp <= 0:
-        return y + math.log1p(math.exp(tmp))
-    return tmp
-
-
-@njit(cache=True, nogil=True)
 def _neg_softplus_pair(z):
     """(-np.logaddexp(0.0, -z), -np.logaddexp(0.0, z)) with one exp and one log1p: both branches of
     npy_logaddexp take log1p(exp(-|z|)) (0 - (-z) is z exactly), the one at z > 0 adds it to 0 and z, at z < 0
@@ -1481,47 +1468,6 @@ def _clip(v, lo, hi):
     if v != v:
         return v
     return hi if v > hi else (lo if v < lo else v)
-
-
-@njit(cache=True, nogil=True)
-def clip(a, lo, hi, out):
-    """out = np.clip(a, lo, hi), for tests."""
-    for i in range(a.shape[0]):
-        out[i] = _clip(a[i], lo, hi)
-    return out
-
-
-@njit(cache=True, nogil=True)
-def dot(x, y):
-    """`x @ y` (`_ddot`), for tests."""
-    return _ddot(x, y)
-
-
-@njit(cache=True, nogil=True)
-def vsum(a):
-    """`a.sum()` (`_sum`), for tests."""
-    return _sum(a)
-
-
-@njit(cache=True, nogil=True)
-def logaddexp0(z, out):
-    """out = np.logaddexp(0.0, z), for tests."""
-    for i in range(z.shape[0]):
-        out[i] = _logaddexp(0.0, z[i])
-    return out
-
-
-@njit(cache=True, nogil=True)
-def neg_softplus_pairs(z, t1, t2):
-    """`_neg_softplus_pair` over z into t1, t2, for tests."""
-    for i in range(z.shape[0]):
-        t1[i], t2[i] = _neg_softplus_pair(z[i])
-
-
-@njit(cache=True, nogil=True)
-def power(v, e):
-    """Python's float power v ** e (libm's pow), for tests."""
-    return v ** e
 
 
 @functools.lru_cache(maxsize=1)
