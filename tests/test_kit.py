@@ -678,3 +678,16 @@ def test_compiled_and_numpy_forms_run_the_same(policy, monkeypatch):
             got.append((res.steps, res.requests))
         runs.append(repr(got))
     assert runs[0] == runs[1]
+
+
+def test_the_search_blocks_name_a_length_mismatch():
+    """One value per row: a shorter array is a one-line ValueError naming the block (the compiled loops would read
+    past its end)."""
+    costs = kit.Tables(np.full(9, 10e-3), np.r_[0.0, np.full(4, 1e-3)])
+    with pytest.raises(ValueError, match="uniform_depth: ends"):
+        kit.uniform_depth(np.full(4, 0.8), costs, 2, ends=np.array([1, 2]))
+    with pytest.raises(ValueError, match="plan_by_position: tie"):
+        kit.plan_by_position(np.full((4, 2), 0.5), costs, tie=np.array([1, 2]))
+    view = drafting_view(make_view(4, remaining=np.array([9, 9, 9, 9])), 2)
+    with pytest.raises(ValueError, match="keep_by_margin: 2 values for 3 rows"):
+        kit.keep_by_margin(view, 0, np.array([0, 1, 2]), np.array([0.5, 0.4]), costs, 10.0)

@@ -24,6 +24,8 @@ def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | No
     without drafts (default: one token per row). Returns (depths, G)."""
     n, K = S.shape
     key = np.zeros(n) if tie is None else -np.asarray(tie, float)
+    if key.shape != (n,):
+        raise ValueError(f"plan_by_position: tie has shape {key.shape}, S has {n} rows (one tie value per row)")
     base = float(n) if base is None else base
     g_none = base / costs.verify[0]
     if nested and n > _SMALL and COMPILED and _compiled_tables(S, costs, n, K) and not kernels._any_nan(S, key):
@@ -69,7 +71,7 @@ def _depths(ms: list, column, order: np.ndarray, by_column: bool) -> np.ndarray:
     """The depths of a plan that drafts the best m_p rows at each position p (`ms`), ranked by `order` (or by
     the nested columns' own choice, `by_column`)."""
     n = order.shape[0]
-    if isinstance(column, _NestedColumns):   # compiled, the same rows
+    if COMPILED and isinstance(column, _NestedColumns):   # compiled, the same rows
         return kernels.nested_depths(order, np.array(ms, np.int64), n)
     depths = np.zeros(n, np.int64)
     rows = np.arange(n)
@@ -187,8 +189,7 @@ def _by_position(column, K, G, costs, n, base):
     ms, x, e, tdraft, prev = [], 0, base, 0.0, n
     ver, dr, pad = costs.verify, costs.draft, costs.pad
     nested = isinstance(column, _NestedColumns)
-    if COMPILED and ver.size > n * K and dr.size > n and (pad is None or pad.size >= K) and _floats(column, ver, dr,
-                                                                                                      pad):
+    if COMPILED and _compiled_tables(column.S if nested else column.C, costs, n, K):
         args = (K, float(G), ver, dr, _NO_PAD if pad is None else pad, pad is not None, n, float(base))
         if nested:
             got, m, e, t = kernels.nested_by_position(column.S, column.order, *args)
@@ -220,12 +221,6 @@ def _compiled_tables(S, costs, n: int, K: int) -> bool:
     ver, dr, pad = costs.verify, costs.draft, costs.pad
     return (ver.size > n * K and dr.size > n and (pad is None or pad.size >= K)
             and all(a is None or a.dtype == np.float64 for a in (S, ver, dr, pad)))
-
-
-def _floats(column, *tables) -> bool:
-    """Whether the compiled search computes in the same precision: float64 tables and column values."""
-    values = column.S if isinstance(column, _NestedColumns) else getattr(column, "C", None)
-    return values is not None and all(a is None or a.dtype == np.float64 for a in (values,) + tables)
 
 
 def _by_position_small(column, K, G, costs, n, base):
@@ -272,6 +267,8 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
     e.g. `draft_caps`): row i drafts min(k, ends_i), and the step pays for those drafts and for as many draft
     forwards (and padded positions) as the deepest row gets. Returns (k, predicted goodput)."""
     n = len(acceptance)
+    if ends is not None and np.shape(ends) != (n,):
+        raise ValueError(f"uniform_depth: ends has shape {np.shape(ends)}, acceptance has {n} rows (one end per row)")
     best = _uniform_compiled(acceptance, costs, kmax, remaining, rates, factors, trials, ends, spread) \
         if COMPILED else None
     if best is not None:
@@ -439,6 +436,8 @@ def keep_by_margin(view, position: int, idx: np.ndarray, v, costs, G: float, rat
             dt = dt + float(pad[min(position + 1, pad.size - 1)])
         return _keep_one(keep, int(idx[0]), v, dt, G, ratio)
     padp = float(pad[min(position + 1, pad.size - 1)]) if pad is not None and pad.size else None
+    if np.shape(v) != idx.shape:   # (the compiled loop would read past the values' end)
+        raise ValueError(f"keep_by_margin: {np.size(v)} values for {idx.size} rows (one value per row of idx)")
     rem = view.remaining
     if (COMPILED and v.dtype == costs.draft.dtype == costs.verify.dtype == np.float64 and rem.dtype == np.int64
             and costs.draft.size > idx.size):
