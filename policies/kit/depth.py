@@ -233,10 +233,6 @@ class CostAwarePolicy(Policy):
     def finish(self, depths: np.ndarray, view) -> np.ndarray:
         """A plan's last step: no row past its request's end (`draft_caps`), then within the engine's token cap
         (`fit_token_cap`)."""
-        if search.COMPILED and depths.dtype == np.int64:
-            out, fits = kernels.capped(depths, view.remaining, self.cap(view),
-                                       view.max_num_batched_tokens - view.batch_size)
-            return out if fits else fit_token_cap(out, view)
         return fit_token_cap(np.minimum(depths, draft_caps(view, self.cap(view))), view)
 
     def reset(self):

@@ -234,18 +234,6 @@ def tally(accepted, drafted, acc, rej):
 
 
 @njit(cache=True, nogil=True)
-def capped(depths, remaining, kmax, room):
-    """`CostAwarePolicy.finish`'s first part: min(depths, `search.draft_caps`) per row, and whether their sum fits
-    in `room` (then `search.fit_token_cap` keeps them)."""
-    out = np.empty(depths.shape[0], np.int64)
-    total = 0
-    for i in range(depths.shape[0]):
-        out[i] = min(depths[i], min(max(remaining[i] - 1, 0), kmax))
-        total += out[i]
-    return out, total <= room
-
-
-@njit(cache=True, nogil=True)
 def caps(remaining, kmax):
     """`search.draft_caps`: min(max(remaining - 1, 0), kmax) per row."""
     out = np.empty(remaining.shape[0], np.int64)

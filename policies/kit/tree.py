@@ -351,8 +351,7 @@ class TreePrice:
             some = pack is not None and pack.Ns.size > 0
             v, dr = self._tables(float(pack.Ns.max()) if some else 0.0, float(pack.lmax.max()) if some else 0.0)
             oh = float(getattr(self.cost, "position_overhead_s", 0.0))
-            zero = (0.0 + (0.0 + (kernels.interp(0.0, dr, 0, dr.size) + oh * 0.0)),
-                    kernels.interp(0.0, v, 0, v.size))
+            zero = (0.0, float(v[0]))   # the plan without nodes: no draft forward, a verify of one token a row
             if some:
                 parts = kernels.candidates(pack.probs, pack.poff, pack.levels, pack.loff, pack.Ns, pack.cols,
                                                 steps, n, v, dr, oh)
