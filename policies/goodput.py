@@ -147,7 +147,7 @@ class Goodput(Policy):
         c1 = self._row_cost(cost, view.context_lens)
         c1 *= self._calib.verify_scale() if self.cost == "calibrated" else 1.0
         return (r.est.a, self._pool.dbar, r.est.rows.drafted, self.est.prior_strength,
-                view.remaining, c1, float(r.costs.verify[0]))
+                r.est.rem, c1, float(r.costs.verify[0]))
 
     def _search(self, view, r):
         """The plan and its goodput, from the last plan's (Dinkelbach)."""
@@ -166,7 +166,7 @@ class Goodput(Policy):
         if gates.ends_later(depths, S, costs, G, r.weights, r.est.rem, self._stream.closed, judged):
             return np.zeros(n, np.int64), float(n if w is None else w.sum()) / float(costs.verify[0]), False
         if not depths.any() and self.probe:
-            rows = gates.probe_rows(view, self._seq.align(view.request_ids), self._pool, self.est.calibration_prior)
+            rows = gates.probe_rows(view, r.est.rows, self._pool, self.est.calibration_prior)
             if rows is not None:
                 pricing = gates.catch_up_pricing(view, self.cost, self._pad, self._calib) if self.catch_up else None
                 depths = gates.probe(view, S, costs, G, w, r.est.rowcap, rows, self._pool, self.probe, pricing)

@@ -43,7 +43,7 @@ class PositionFactors:
         return c[2][:k]
 
     def _factor(self, k: int) -> np.ndarray:
-        if COMPILED and _floats(self.accepted, self.expected, self.first_acc, self.first_exp):
+        if COMPILED and kernels.floats(self.accepted, self.expected, self.first_acc, self.first_exp):
             f, ok = kernels.position_factors(k, self.accepted, self.expected, self.first_acc, self.first_exp,
                                              float(self.prior), float(self.optimism), bool(self.paired))
             if ok:   # the same operations, compiled
@@ -74,7 +74,7 @@ class PositionFactors:
             self.first_exp = np.concatenate([self.first_exp, np.zeros(grow)])
         paired = self.paired and drafted is not None and k
         if COMPILED and verified.dtype == accepted.dtype == np.bool_ and verified.shape == accepted.shape \
-                and _floats(estimate, self.accepted, self.expected, self.first_acc, self.first_exp) \
+                and kernels.floats(estimate, self.accepted, self.expected, self.first_acc, self.first_exp) \
                 and estimate.size == verified.shape[0] and (not paired or drafted.shape == estimate.shape):
             kernels.position_sums(verified, accepted, estimate, drafted if paired else _NO_ROWS, bool(paired),
                                   self.accepted, self.expected, self.first_acc, self.first_exp)
@@ -91,7 +91,7 @@ class PositionFactors:
         """`add` where row i verified positions 0..verified[i]-1 of k and accepted those below accepted[i] (the
         masks cols < verified[:, None] and cols < accepted[:, None], without building them)."""
         rows = verified.size
-        if COMPILED and _floats(estimate, self.accepted, self.expected, self.first_acc, self.first_exp) \
+        if COMPILED and kernels.floats(estimate, self.accepted, self.expected, self.first_acc, self.first_exp) \
                 and self.accepted.size >= k and verified.ndim == accepted.ndim == 1 \
                 and accepted.size == estimate.size == rows and (drafted is None or drafted.size == rows):
             self._cache = None
@@ -104,7 +104,7 @@ class PositionFactors:
         self.add(cols < verified[:, None], cols < accepted[:, None], estimate, drafted)
 
     def forget(self, keep: float) -> None:
-        if COMPILED and _floats(self.accepted, self.expected, self.first_acc, self.first_exp):
+        if COMPILED and kernels.floats(self.accepted, self.expected, self.first_acc, self.first_exp):
             kernels.scale4(self.accepted, self.expected, self.first_acc, self.first_exp, float(keep))
             self._cache = None
             return
@@ -122,7 +122,7 @@ def shrunk_rates(accepted: np.ndarray, rejected: np.ndarray, level: np.ndarray) 
     tau^2 / (tau^2 + sigma_i^2): tau^2 the spread between rows beyond what the counts' binomial noise sigma_i^2
     explains (by two standard errors of the spread's estimate, which few rows make loose). Rows that differ
     only by chance (and a single row) all get the level."""
-    if COMPILED and _floats(accepted, rejected, level) and level.size and accepted.shape == rejected.shape:
+    if COMPILED and kernels.floats(accepted, rejected, level) and level.size and accepted.shape == rejected.shape:
         return kernels.shrunk(accepted, rejected, level)   # the same operations, compiled
     level = float(np.asarray(level).mean())
     n = accepted + rejected
@@ -146,7 +146,7 @@ def tie_bands(a: np.ndarray, tol: float) -> np.ndarray:
     of a few 1e-4 (rows with evidence vs rows still at the batch's prior). tol <= 0: `a` unchanged."""
     if tol <= 0.0 or a.size < 2:
         return a
-    if COMPILED and _floats(a):
+    if COMPILED and kernels.floats(a):
         out, ok = kernels.tie_bands(a, float(tol))
         if ok:   # the same operations, compiled
             return out
@@ -165,8 +165,9 @@ def expected_tokens(acceptance, ks: np.ndarray, factors: np.ndarray | None = Non
     tokens (a Beta(a t, (1 - a) t) belief), and the draft at position p survives, given the p before it did,
     with the posterior predictive probability (a t + p) / (t + p) (the chain gives E[a^(p+1)], not a^(p+1): a
     draft whose first guesses were accepted is likelier to be a good one). Equal to the plain a as t grows."""
-    if COMPILED and (factors is not None or trials is not None) and _floats(acceptance) and ks.ndim == 1 and ks.size \
-            and ks.dtype == np.int64 and (factors is None or (_floats(factors) and factors.size >= ks[-1])):
+    if COMPILED and (factors is not None or trials is not None) and kernels.floats(acceptance) and ks.ndim == 1 \
+            and ks.size and ks.dtype == np.int64 and (factors is None or (kernels.floats(factors)
+                                                                          and factors.size >= ks[-1])):
         out, ok = kernels.survival_tokens(acceptance, ks, _NONE if factors is None else factors,
                                           factors is not None, 0.0 if trials is None else float(trials),
                                           trials is not None)   # the same operations, compiled
@@ -188,18 +189,6 @@ def expected_tokens(acceptance, ks: np.ndarray, factors: np.ndarray | None = Non
 
 _NONE = np.zeros(0)
 _NO_ROWS = np.zeros(0, np.int64)
-
-
-_F64 = np.dtype(np.float64)
-
-
-def _floats(*arrays) -> bool:
-    """Whether every one is a 1-D native float64 ndarray (the compiled loops' inputs; numpy's arrays share one float64
-    dtype object, numba's carry an equal one)."""
-    for a in arrays:
-        if type(a) is not np.ndarray or a.ndim != 1 or (a.dtype is not _F64 and a.dtype != _F64):
-            return False
-    return True
 
 
 class ConfidenceCalibration:

@@ -146,7 +146,7 @@ class CostCalibration:
         """Corrected StepCost tables: verify[x] (x drafts, one forward) and draft[m] (one forward of m rows)."""
         sv, cv = self._fit["verify"]
         sd, cd = self._fit["draft"]
-        if COMPILED and not self.pad and _tables(costs.verify, costs.draft):   # the same operations, one loop
+        if COMPILED and not self.pad and kernels.floats(costs.verify, costs.draft, nonempty=True):   # one loop
             return Tables(*kernels.corrected(costs.verify, float(sv), float(cv), costs.draft, float(sd),
                                              float(cd)))
         d = sd * costs.draft + cd
@@ -161,17 +161,6 @@ class CostCalibration:
         if vp is None:   # the padded verify at the batch's mean context (without StepCost.pad_context)
             vp = every_row_deep(v, n)
         return Tables((sv - pv) * v + cv + pv * vp[0], d, pv * np.diff(vp))
-
-
-_F64 = np.dtype(np.float64)
-
-
-def _tables(*arrays) -> bool:
-    """Whether each is a non-empty 1-D native float64 ndarray (the compiled loops' tables)."""
-    for a in arrays:
-        if type(a) is not np.ndarray or a.ndim != 1 or not a.size or (a.dtype is not _F64 and a.dtype != _F64):
-            return False
-    return True
 
 
 class PaddingFit:

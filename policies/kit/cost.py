@@ -171,7 +171,7 @@ def as_padded(costs, n: int) -> Tables:
     if costs.pad is not None and len(costs.pad):
         return costs
     v = costs.verify
-    if COMPILED and isinstance(v, np.ndarray) and v.dtype == np.float64 and v.ndim == 1 and v.size and n >= 0:
+    if COMPILED and kernels.floats(v, nonempty=True) and n >= 0:
         flat, pad = kernels.padded_tables(v, int(n))   # the same values, one loop
         return Tables(flat, costs.draft, pad)
     return Tables(np.full_like(costs.verify, costs.verify[0]), costs.draft, np.diff(every_row_deep(costs.verify, n)))

@@ -146,6 +146,19 @@ def bands(u, tol):
     return band
 
 
+_F64 = np.dtype(np.float64)
+
+
+def floats(*arrays, nonempty: bool = False) -> bool:
+    """Whether every one is a 1-D native float64 ndarray (`nonempty`: and not empty), as the compiled loops take
+    them (numpy's arrays share one float64 dtype object, numba's carry an equal one). Plain Python."""
+    for a in arrays:
+        if type(a) is not np.ndarray or a.ndim != 1 or (nonempty and not a.size) or (
+                a.dtype is not _F64 and a.dtype != _F64):
+            return False
+    return True
+
+
 # ---- one depth for the batch (search.uniform_depth) ------------------------------------------------------
 
 @njit(cache=True, nogil=True)
