@@ -438,6 +438,7 @@ class HFExecutor(Executor):
         conf = np.full((n, Nmax), np.nan)
         qn = (torch.zeros((n, Nmax, self.vt), dtype=torch.float32, device=self.device)
               if not self.greedy else None)
+        dev = lambda x: torch.from_numpy(x).to(self.device)   # noqa: E731
         flops = 0.0
         D = int(depth.max(initial=0))
         with torch.inference_mode():
@@ -464,10 +465,10 @@ class HFExecutor(Executor):
                     logits = self.dr.forward_tree(
                         rows_d, np.where(on, tokens[rr, np.maximum(qj - 1, 0)], 0), c[:, None] + qj,
                         np.broadcast_to(c[:, None] + d - 1, qj.shape), c, anc[rr, qj] & on[:, :, None], cnt)
-                    oi, ot = (torch.from_numpy(x).to(logits.device) for x in np.nonzero(on))
+                    nz = np.nonzero(on)
+                    oi, ot = (torch.from_numpy(x).to(logits.device) for x in nz)
                     logits = logits[oi, ot]
-                    prow, pq = np.nonzero(on)
-                    prow, pq = rows_d[prow], qj[prow, pq]
+                    prow, pq = rows_d[nz[0]], qj[nz]
                     flops += forward_flops(self.cost.draft, c + d - 1, cnt)
                 ch = kids[prow, pq]                                            # [P, W] child queries, -1 none
                 W = int((ch >= 0).sum(axis=1).max())
@@ -484,7 +485,6 @@ class HFExecutor(Executor):
                 tokens[prow[pi], node] = tok[pi, ri]
                 conf[prow[pi], node] = val[pi, ri]
                 if qn is not None:
-                    dev = lambda x: torch.from_numpy(x).to(self.device)   # noqa: E731
                     qn[dev(prow[pi]), dev(node), :q.shape[-1]] = q[dev(pi)]
             self._sync()
         if self._tree_acc is not None:   # timing mode: policies see the rank table's confidences (sim.py's)
