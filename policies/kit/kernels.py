@@ -1191,7 +1191,7 @@ def _moved_run(L, lo, m, i0, i1, steps, cols, dbuf, doff, dlen, oh, base, fw, ou
     for i in range(i0, i1):
         lv = fa + (i / steps - lo) * d
         pos = lv > 0
-        v = slope * (lv - fa) + y0   # interp's slope form on that step
+        v = slope * (lv - fa) + y0   # interp's slope form on that step (its values; no call per candidate)
         if not (inner and fa < lv < fa + 1.0) or math.isnan(v):
             v = interp(lv, dbuf, doff, dlen)
         row[m] = v + (oh if pos else oh * 0.0)
@@ -1285,10 +1285,10 @@ def _masses(par, dep, rnk, counts, table, R, W):
     for i in range(N):
         pr = table[rnk[i]] if rnk[i] < R else 0.0
         reach[i] = pr * (reach[par[i]] if par[i] >= 0 else 1.0)
-        acc[par[i] + 1] += table[rnk[i]] if rnk[i] < R else 0.0
+        acc[par[i] + 1] += pr
     for i in range(N):
         m = 1.0 - acc[i + 1]
-        reach[i] = reach[i] * (m if (m >= 0.0 or math.isnan(m)) else 0.0)   # now: the path's end weight
+        reach[i] = reach[i] * (m if (m >= 0.0 or math.isnan(m)) else 0.0)   # from here: the path's end weight
         level[dep[i]] += reach[i]
         size[dep[i]] += 1
     W[0] = counts[0]
