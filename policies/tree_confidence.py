@@ -2,7 +2,7 @@ import numpy as np
 
 from specdepth.errors import as_float, as_int
 from specdepth.policy import Policy
-from specdepth.tree import chain
+from specdepth.tree import by_object, chain
 
 from .kit import PerRequest, best_order, draft_caps, kernels
 from .kit import tree as kit_tree
@@ -83,10 +83,8 @@ class TreeConfidence(Policy):
                 out[cnt > 0] = np.where(seen, conf, 0.0).sum(axis=1)[cnt > 0] / cnt[cnt > 0]
             return out
         nc = view.node_confidences
-        ids = list(map(id, trees))
-        arr = np.array(ids, np.int64)
-        for u in dict.fromkeys(ids):   # each Tree object once, in first-row order
-            t, idx = trees[ids.index(u)], np.flatnonzero(arr == u)
+        for t, idx in by_object(trees, view.batch_size):   # each Tree object once
+            idx = np.arange(view.batch_size) if isinstance(idx, slice) else idx
             if t.nodes and kit_tree.COMPILED and nc.dtype == np.float64 and t.nodes <= 128:
                 kernels.picked_means(nc, idx, np.flatnonzero(t.rank == 0), out)   # the numpy form's arithmetic
             elif t.nodes:

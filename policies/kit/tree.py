@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specdepth.tree import Tree, chain, from_parents, path_probs, rows
+from specdepth.tree import Tree, by_object, chain, from_parents, path_probs, rows
 
 from . import kernels
 
@@ -38,20 +38,6 @@ def expected_accepted(trees, table: np.ndarray, n: int | None = None) -> np.ndar
         if id(t) not in memo:
             memo[id(t)] = float(path_probs(t, table).sum())
     return np.array([memo[id(t)] for t in ts])
-
-
-def _by_object(trees, n: int) -> list:
-    """The distinct Tree objects of n rows (one Tree: all rows), in first-row order, each with its rows (an
-    index array, or a slice for all)."""
-    if isinstance(trees, Tree):
-        return [(trees, slice(None))]
-    ts = list(trees)
-    ids = list(map(id, ts))
-    distinct = dict.fromkeys(ids)   # in first-row order
-    if len(distinct) <= 1:
-        return [(ts[0], slice(None))] if ts else []
-    arr = np.array(ids, np.int64)
-    return [(ts[ids.index(u)], np.flatnonzero(arr == u)) for u in distinct]
 
 
 # ---- the best tree for a node budget --------------------------------------------------------------------------
@@ -183,7 +169,7 @@ class RankEstimate:
         keep = np.exp(-acc.size / self.memory)
         for g in self._groups.values():
             g[1] *= keep
-        for t, idx in _by_object(trees, acc.size):
+        for t, idx in by_object(trees, acc.size):
             if t.nodes:   # nothing drafted, nothing learnt
                 g = self._groups.get(key := t.parent.tobytes())
                 if g is None:
@@ -262,7 +248,7 @@ class RankConfidence:
         self._tab = None   # the last table and its inputs
 
     def observe(self, trees, confidences: np.ndarray) -> None:
-        for t, idx in _by_object(trees, confidences.shape[0]):
+        for t, idx in by_object(trees, confidences.shape[0]):
             if not t.nodes:
                 continue
             c = confidences[idx, :t.nodes]

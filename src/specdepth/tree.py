@@ -275,22 +275,25 @@ def attention_mask(context: np.ndarray, trees: Tree | Sequence[Tree], bucket: in
 
 
 # ---- what a tree step costs ------------------------------------------------------------------------
-def _by_tree(ts: list[Tree]) -> list[tuple[Tree, list[int]]]:
-    """The distinct Tree objects of the rows (in first-row order), each with its rows."""
-    groups: dict[int, tuple[Tree, list[int]]] = {}
-    for i, t in enumerate(ts):
-        g = groups.get(id(t))
-        if g is None:
-            g = groups[id(t)] = (t, [])
-        g[1].append(i)
-    return list(groups.values())
+def by_object(trees: Tree | Sequence[Tree], n: int) -> list:
+    """The distinct Tree objects of n rows (one Tree: all rows), in first-row order, each with its rows (an index
+    array, or a slice for all): work on a Tree shared by rows done once."""
+    if isinstance(trees, Tree):
+        return [(trees, slice(None))]
+    ts = list(trees)
+    ids = list(map(id, ts))
+    distinct = dict.fromkeys(ids)   # in first-row order
+    if len(distinct) <= 1:
+        return [(ts[0], slice(None))] if ts else []
+    arr = np.array(ids, np.int64)
+    return [(ts[ids.index(u)], np.flatnonzero(arr == u)) for u in distinct]
 
 
 def level_counts(trees: Tree | Sequence[Tree], n: int | None = None) -> np.ndarray:
     """int64 [n, D]: row i's nodes at depths 1..D (D: the deepest tree; a chain of k: ones in its first k
     columns). One Tree stands for all n rows (rows that share a Tree object are counted once)."""
     ts = rows(trees, n)
-    groups = _by_tree(ts)
+    groups = by_object(ts, len(ts))
     out = np.zeros((len(ts), max((t.max_depth for t, _ in groups), default=0)), np.int64)
     for t, idx in groups:
         out[idx, :t.max_depth] = np.bincount(t.depth, minlength=t.max_depth + 1)[1:]
@@ -302,7 +305,7 @@ def parent_counts(trees: Tree | Sequence[Tree], n: int | None = None) -> np.ndar
     their distinct parents (the root, 1, at d = 1); 0 where the row has no depth-d node. Rows that share a
     Tree object are counted once."""
     ts = rows(trees, n)
-    groups = _by_tree(ts)
+    groups = by_object(ts, len(ts))
     out = np.zeros((len(ts), max((t.max_depth for t, _ in groups), default=0)), np.int64)
     for t, idx in groups:
         if t.nodes:
