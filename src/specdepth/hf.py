@@ -44,7 +44,6 @@ from .hf_static import StaticRunner, resolve_mode
 from .inputs import too_large_draft_vocab
 from .timing import timing_outcomes
 from .tree import children_table, pack
-from .tree_acceptance import TreeAcceptance
 from .workload import Request, with_prompt_ids
 
 _TORCH_DTYPES = ("float32", "float16", "bfloat16")
@@ -80,12 +79,7 @@ class HFExecutor(Executor):
         self.lossless = self.timing is None
         self.supports_oracle = not self.lossless   # timing mode can reveal its outcomes (oracle policies)
         # draft trees: lossless verification, or timing mode with an acceptance model that has a per-rank table
-        self._tree_acc = None
-        if self.timing is not None:
-            table = getattr(self.timing.model, "rank_table", lambda: None)()
-            if table is not None:
-                self._tree_acc = TreeAcceptance(np.asarray(table, np.float64))
-                self._tree_acc.key = self.timing.model.key   # the simulator's keyed ranks (sim.SimExecutor)
+        self._tree_acc = None if self.timing is None else self.timing.tree   # the simulator's keyed ranks
         self.supports_trees = self.lossless or self._tree_acc is not None
         if num_threads is not None:
             torch.set_num_threads(as_int(num_threads, "backend.num_threads", min=1))
@@ -555,9 +549,7 @@ class HFExecutor(Executor):
             out = at.argmax(-1).cpu().numpy()
         else:
             out = V.sample(V.distribution(at, self.temperature, self.top_p), self.gen).cpu().numpy()
-        o = self.timing
-        o.conf = o.acc = None
-        o.model.commit(self._depths, a)
+        self.timing.commit(self._depths, a)
         return a, path, out
 
     def _retire(self, keep):

@@ -16,7 +16,6 @@ from .errors import ConfigError, as_bool, as_float
 from .executor import Executor, prefill_groups, prefill_price
 from .timing import SimulatedOutcomes
 from .tree import tree_draft, tree_nodes
-from .tree_acceptance import TreeAcceptance
 
 
 class SimExecutor(Executor):
@@ -60,13 +59,7 @@ class SimExecutor(Executor):
         self._next = bool(getattr(self.clock_cost, "has_draft_next", False))
         self._exact = self.clock_cost is cost and not self.pad_ragged and not self._next   # time and FLOPs at once
         self.outcomes = SimulatedOutcomes(acceptance_model, seed)   # the model's (confidence, accepted) blocks
-        # tree plans: the model's per-rank table (None: chain plans only), walked with the model's own key
-        table = getattr(self.outcomes.model, "rank_table", lambda: None)()
-        self._table = None if table is None else np.asarray(table, np.float64)
-        self._tree_acc = None
-        if self._table is not None:
-            self._tree_acc = TreeAcceptance(self._table)
-            self._tree_acc.key = self.outcomes.model.key
+        self._table, self._tree_acc = self.outcomes.table, self.outcomes.tree   # tree plans (None: chains only)
         self._depths = None
         self.rows = None
         self._kmax = -1   # the step's deepest plan (begin_step); -1 before the first
@@ -220,13 +213,9 @@ class SimExecutor(Executor):
         ctx = r.sim_ctx
         t, f = self._forward("target", ctx, tree_nodes(trees) + 1)
         t += self.step_overhead_s
-        plan = trees[0] if all(tr is trees[0] for tr in trees) else trees   # one Tree: one children table
-        accepted = self._tree_acc.accepted(plan, r.acc_request, r.acc_pos)
+        accepted = self._tree_acc.accepted(trees, r.acc_request, r.acc_pos)
         drafted = self._depths
-        o = self.outcomes
-        o.conf = o.acc = None
-        _k.advance(ctx, accepted)   # ctx += accepted + 1
-        o.model.commit(drafted, accepted)
+        self.outcomes.commit(drafted, accepted, ctx)   # ctx += accepted + 1
         if self.catch_up:
             r.sim_lag[:] = np.where(drafted > 0, 1 + (accepted >= drafted), r.sim_lag + 1)
         return accepted, t, f

@@ -25,6 +25,7 @@ from . import _kernels as _k
 from . import protocols
 from .acceptance import AcceptanceModel
 from .errors import ConfigError, as_choice
+from .tree_acceptance import TreeAcceptance
 
 #: the acceptance model's stream within a run's seed (the simulator's, kept for identical outcomes)
 STREAM = 0x51D
@@ -34,6 +35,13 @@ class SimulatedOutcomes:
     def __init__(self, model: AcceptanceModel, seed: int = 0):
         self.model = model = protocols.checked_acceptance(model)
         model.reset(np.random.default_rng(np.random.SeedSequence([int(seed), STREAM])))
+        # tree plans: the model's per-rank table (None: chain plans only), walked with the model's own key
+        table = getattr(model, "rank_table", lambda: None)()
+        self.table = None if table is None else np.asarray(table, np.float64)
+        self.tree = None
+        if self.table is not None:
+            self.tree = TreeAcceptance(self.table)
+            self.tree.key = model.key
         self.conf = self.acc = None      # this step's (confidence, accepted) block, [rows, k]
         self.rows = None
         self.k, self.lazy = 0, False     # this step's deepest plan; drawing (row, position) by position
@@ -94,11 +102,15 @@ class SimulatedOutcomes:
             if self.acc is None:
                 self.sample(self.k)
             accepted = _k.leading_run(self.acc, drafted)
+        self.commit(drafted, accepted, ctx)
+        return accepted
+
+    def commit(self, drafted: np.ndarray, accepted: np.ndarray, ctx: np.ndarray | None = None) -> None:
+        """The step's outcome decided: the block is spent, ctx (where given) advances, the model records it."""
         self.conf = self.acc = None
         if ctx is not None:
             _k.advance(ctx, accepted)   # ctx += accepted + 1
         self.model.commit(drafted, accepted)
-        return accepted
 
 
 def timing_outcomes(mode, model: AcceptanceModel | None, seed: int) -> SimulatedOutcomes | None:

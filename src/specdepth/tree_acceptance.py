@@ -128,6 +128,8 @@ class TreeAcceptance:
         ids = np.asarray(request_ids, np.int64)
         if not isinstance(trees, Tree):
             trees = rows(trees, ids.size)
+            if trees and all(t is trees[0] for t in trees):   # one Tree for every row: one children table
+                trees = trees[0]
         depth = trees.max_depth if isinstance(trees, Tree) else max((t.max_depth for t in trees), default=0)
         return walk(trees, self.ranks(ids, positions, depth), path)
 
