@@ -78,9 +78,10 @@ def catch_up_s(view, drafting: np.ndarray, cost=None, padded: bool = False) -> f
     simulator's true cost pads as its clock does). `padded`: the engine pads every row of a forward to the
     largest context and query, so one lagging row makes every drafting row feed that many tokens. 0 where no
     drafting row lags more than 2 tokens."""
-    if _lag_at_most(view.draft_lag, drafting, 2):
+    every = view.draft_lag
+    if _lag_at_most(every, drafting, 2):
         return 0.0
-    lag = view.draft_lag[drafting]
+    lag = every[drafting]
     cost = view.cost if cost is None else cost
     ctx = np.maximum(view.context_lens[drafting] - lag, 0)
     q0 = np.minimum(lag, 2)
