@@ -103,6 +103,10 @@ class PositionFactors:
         cols = np.arange(k)[None, :]
         self.add(cols < verified[:, None], cols < accepted[:, None], estimate, drafted)
 
+    def changed(self) -> None:
+        """Drop the cached factors: for a caller that wrote the sums in place (`CostAwareDepth`'s compiled observe)."""
+        self._cache = None
+
     def forget(self, keep: float) -> None:
         if COMPILED and kernels.floats(self.accepted, self.expected, self.first_acc, self.first_exp):
             kernels.scale4(self.accepted, self.expected, self.first_acc, self.first_exp, float(keep))

@@ -232,11 +232,17 @@ class PolicyTime:
         else:
             self.idle = t if self.idle is None else self.idle + (t - self.idle) / self.memory
 
-    def apply(self, costs):
+    def terms(self) -> tuple[bool, float, float]:
+        """(whether anything was measured, the seconds `apply` adds to every verify, those it adds to pad[0])."""
         if self.drafting is None and self.idle is None:
-            return costs
+            return False, 0.0, 0.0
         idle = self.idle or 0.0
-        extra = max((idle if self.drafting is None else self.drafting) - idle, 0.0)
+        return True, idle, max((idle if self.drafting is None else self.drafting) - idle, 0.0)
+
+    def apply(self, costs):
+        measured, idle, extra = self.terms()
+        if not measured:
+            return costs
         if costs.pad is None:   # one more (zero) position than the tables hold: keep_drafting's clamp lands on 0
             k = (costs.verify.size - 1) // max(costs.draft.size - 1, 1)
             pad = np.zeros(k + 1)

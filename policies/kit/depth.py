@@ -13,11 +13,14 @@ from specdepth.policy import Policy
 from . import kernels, search
 from .acceptance import PositionFactors, expected_tokens, shrunk_rates
 from .calibration import CostCalibration
-from .cost import PolicyTime, StepCost
+from .cost import PolicyTime, StepCost, Tables
 from .idle import CatchUpPadding, IdleReplan, catch_up_pays, catch_up_rows, may_probe, thin_evidence
 from .options import node
 from .search import draft_caps, fit_token_cap, uniform_depth
 from .state import PerRequest
+
+COMPILED = True   # CostAwareDepth's per-step chains in one compiled call each (`_fused_depth`, `_fused_counts`) and
+#                   CostAwarePolicy.finish in one loop, where search.COMPILED too; False: the blocks one by one (equal)
 
 
 class CostAwareDepth:
@@ -60,6 +63,7 @@ class CostAwareDepth:
         self.margin = None   # where the last depth drafts: (its cost tables, its predicted goodput in tokens / s,
         #                      the acceptance of each draft position at the level)
         self._pad = CatchUpPadding()
+        self._top = None   # the largest draft lag, where the compiled plan read it (`depth`)
 
     def _start(self, view) -> None:
         if self._pool is None:
@@ -86,13 +90,20 @@ class CostAwareDepth:
             return 0
         if self._idle.skip(view):
             return 0
+        self._top = None
         k = self._best_depth(view, kmax)
         self._idle.record(view, k > 0)
         if self.catch_up:
-            self._pad.planned(view, np.full(view.batch_size, k > 0) if self.held is None else ~self.held & (k > 0))
+            if k == 0 or (self.held is None and self._top is not None and self._top <= 2):
+                self._pad.planned_none()   # no drafting row lags (`planned`'s verdict without its reads)
+            else:
+                self._pad.planned(view, np.full(view.batch_size, True) if self.held is None else ~self.held)
         return k
 
     def _best_depth(self, view, kmax: int) -> int:
+        k = _fused_depth(self, view, kmax) if COMPILED and search.COMPILED else None
+        if k is not None:
+            return k
         costs = self._calib.correct(self._costs.update(view, kmax))
         if self.policy_time:
             costs = self._ptime.apply(costs)
@@ -177,6 +188,8 @@ class CostAwareDepth:
             return
         drafted = view.drafted
         st = self._seq.align(view.request_ids)
+        if COMPILED and search.COMPILED and _fused_counts(self, view, accepted, drafted, st):
+            return
         total, acc, rej, deep = self._tally(accepted, drafted, st)
         if total:
             keep = math.exp(-float(total) / self.memory)
@@ -198,6 +211,66 @@ class CostAwareDepth:
         st.accepted += accepted
         st.rejected += rejected
         return int(drafted.sum()), accepted.sum(), rejected.sum(), int(drafted.max(initial=0))
+
+
+def _fused_depth(d: CostAwareDepth, view, kmax: int) -> int | None:
+    """`CostAwareDepth._best_depth` while rows may still join (not draining), the chain StepCost.update,
+    CostCalibration.correct, PolicyTime.apply, `level`, the position factors, draft_caps, uniform_depth, the
+    catch-up's lag test and the margin in one compiled call (`kernels.uniform_plan`, the same operations); the
+    catch-up (where a row lags) and the probe as `_best_depth` runs them. None where the call does not apply (a
+    single row, no position factors, a padded verify fit, other dtypes): `_best_depth` runs the blocks."""
+    n = view.batch_size
+    if n < 2 or not d.positions or d._calib.pad or (d.drain and view.requests_left == 0):
+        return None
+    tables = d._costs.update(view, kmax)
+    f = d._pos.factor(kmax)
+    rem, lag = view.remaining, view.draft_lag
+    d._start(view)
+    counts = d._seq.align(view.request_ids).array
+    if not (kernels.floats(tables.verify, tables.draft, nonempty=True) and tables.draft.size > n
+            and kernels.floats(f, d._pool) and f.size >= kmax and counts.dtype == np.float64
+            and rem.dtype == lag.dtype == np.int64 and rem.shape == lag.shape == (n,) and counts.shape[0] == n):
+        return None
+    (sv, cv), (sd, cd) = d._calib.params("verify"), d._calib.params("draft")
+    timed, idle, extra = d._ptime.terms() if d.policy_time else (False, 0.0, 0.0)
+    v, dr, pad, k, g, level, trials, d._top, rate = kernels.uniform_plan(
+        tables.verify, tables.draft, float(sv), float(cv), float(sd), float(cd), timed, idle, extra, counts,
+        float(d.prior_tokens), float(d._pool[0]), float(d._pool[1]), f, int(kmax), rem, lag)
+    if level != level:   # (NaN: the blocks decide)
+        return None
+    d._level = level
+    costs = Tables(v, dr, pad if timed else None)
+    if k and d.catch_up and d._top > 2:
+        k = d._catch_up(view, k, g, np.full(n, level), costs, (None, None, f), level)
+    if k:
+        d.margin = (costs, g, rate)
+    if k == 0 and d.probe and may_probe(d._probes, d._pool.sum(), d.prior_tokens, n):
+        k = d._probe(view, costs, kmax, level, trials, f, draft_caps(view, kmax))
+    return k
+
+
+def _fused_counts(d: CostAwareDepth, view, accepted, drafted, st) -> bool:
+    """`CostAwareDepth.observe`'s counts (`_tally`, the forgetting pool, PositionFactors.forget and add_counts)
+    in one compiled call (`kernels.observe_counts`, the same operations), for int64 counts; False where it does
+    not apply (`observe` counts them block by block)."""
+    pos = d._pos
+    if not (accepted.dtype == drafted.dtype == np.int64 and accepted.shape == drafted.shape == (len(st),)
+            and st.array.dtype == np.float64 and kernels.floats(pos.accepted, pos.expected, pos.first_acc,
+                                                                 pos.first_exp)):
+        return False
+    d._start(view)
+    if not kernels.floats(d._pool) or d._pool.size != 2:
+        return False
+    positions = d.positions and d._level is not None
+    done, keep, deep = kernels.observe_counts(accepted, drafted, st.array, d._pool, float(d.memory), positions,
+                                              0.0 if d._level is None else float(d._level), pos.accepted,
+                                              pos.expected, pos.first_acc, pos.first_exp)
+    if done == 3:
+        pos.changed()
+    elif done == 2:
+        pos.forget(keep)
+        pos.add_counts(deep, np.minimum(drafted, accepted + 1), accepted, np.full(drafted.size, d._level))
+    return True
 
 
 LEVEL = {"probe": 2.0, "positions": True, "position_prior": 20.0, "position_optimism": 2.0}   # the `level` node
@@ -233,6 +306,9 @@ class CostAwarePolicy(Policy):
     def finish(self, depths: np.ndarray, view) -> np.ndarray:
         """A plan's last step: no row past its request's end (`draft_caps`), then within the engine's token cap
         (`fit_token_cap`)."""
+        rem = view.remaining
+        if COMPILED and search.COMPILED and depths.dtype == rem.dtype == np.int64 and depths.shape == rem.shape:
+            return kernels.finished(depths, rem, self.cap(view), view.max_num_batched_tokens - view.batch_size)
         return fit_token_cap(np.minimum(depths, draft_caps(view, self.cap(view))), view)
 
     def reset(self):

@@ -169,6 +169,11 @@ class CatchUpPadding:
         if self.caught_up:
             self._est = (catch_up_s(view, drafting, cost, False), catch_up_s(view, drafting, cost, True))
 
+    def planned_none(self) -> None:
+        """`planned` for a step where no drafting row lags more than 2 tokens (or none drafts): no catch-up."""
+        self._est = None
+        self.caught_up = False
+
     def verdict(self, default: bool) -> bool:
         """Whether to price a catch-up padded: as learnt, else `default` (e.g. where the verify fit found padding)."""
         return default if self.padded is None else self.padded

@@ -184,7 +184,12 @@ def level_column(a, k, factors, has_factors, trials, has_trials):
     for i in range(1, a.shape[0]):
         if not a[i] == a[0]:
             return np.empty(0), False
-    x = a[0]
+    return _level_row(a[0], k, factors, has_factors, trials, has_trials), True
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _level_row(x, k, factors, has_factors, trials, has_trials):
+    """`search._one_row` of the estimate x: expected tokens at depths 0..k."""
     x = 0.999 if x > 0.999 else (x if x > 0.0 else 0.0)
     out = np.empty(k + 1)
     out[0] = 1.0
@@ -197,7 +202,7 @@ def level_column(a, k, factors, has_factors, trials, has_trials):
         surv = step if p == 0 else surv * step
         total = surv if p == 0 else total + surv
         out[p + 1] = 1.0 + total
-    return out, True
+    return out
 
 
 @njit(cache=True, nogil=True)
@@ -226,6 +231,87 @@ def uniform_best(col, ends, has_ends, n, verify, draft_n, pad):
         if k == 0 or (not math.isnan(bg) and (g > bg or math.isnan(g))):
             best, bg = k, g
     return best, bg
+
+
+@njit(cache=True, nogil=True)
+def timed_tables(verify, draft, sv, cv, sd, cd, has_time, idle, extra):
+    """`CostCalibration.correct`'s unpadded tables (`corrected`) with `PolicyTime.apply` where `has_time`: idle
+    seconds added to every verify entry, `extra` to opening position 0 (pad: zeros, one more than the tables'
+    positions, pad[0] = 0.0 + extra); else an empty pad (none)."""
+    v, d = corrected(verify, sv, cv, draft, sd, cd)
+    if not has_time:
+        return v, d, np.zeros(0)
+    for i in range(v.shape[0]):
+        v[i] = v[i] + idle
+    pad = np.zeros((verify.shape[0] - 1) // max(draft.shape[0] - 1, 1) + 1)
+    pad[0] += extra
+    return v, d, pad
+
+
+@njit(cache=True, nogil=True)
+def batch_level(counts, prior_tokens, pool0, pool1):
+    """`CostAwareDepth.level`: (min((accepted + P x pool0 / (pool0 + pool1)) / trials, 0.999), trials), trials =
+    the counts' sum + P, accepted the first column's sum (`count_sums`)."""
+    total, acc = count_sums(counts, 0)
+    trials = total + prior_tokens
+    level = (acc + prior_tokens * pool0 / (pool0 + pool1)) / trials
+    return (0.999 if 0.999 < level else level), trials   # Python's min(level, 0.999)
+
+
+@njit(cache=True, nogil=True)
+def uniform_plan(verify, draft, sv, cv, sd, cd, has_time, idle, extra, counts, prior_tokens, pool0, pool1,
+                 factors, kmax, remaining, lag):
+    """`CostAwareDepth`'s plan while rows may still join, in one call: the step's tables (`timed_tables`), the level
+    (`batch_level`), every row's draft cap min(max(remaining - 1, 0), kmax) (`caps`), `uniform_best` at the level
+    with the position factors (`level_column`'s row), the draft lag's largest value (0 for no rows) and the margin's
+    acceptance per position, np.minimum(level x factors[:kmax], 0.999). Returns (verify, draft, pad, k, goodput,
+    level, trials, largest lag, margin's acceptance)."""
+    v, d, pad = timed_tables(verify, draft, sv, cv, sd, cd, has_time, idle, extra)
+    level, trials = batch_level(counts, prior_tokens, pool0, pool1)
+    n = remaining.shape[0]
+    col = _level_row(level, kmax, factors, True, 0.0, False)
+    k, g = uniform_best(col, caps(remaining, kmax), True, n, v, d[n], pad)
+    top = 0
+    for i in range(lag.shape[0]):
+        top = lag[i] if i == 0 or lag[i] > top else top
+    rate = np.empty(kmax)
+    for p in range(kmax):
+        x = level * factors[p]
+        rate[p] = 0.999 if 0.999 < x else x   # np.minimum (NaN stays NaN)
+    return v, d, pad, k, g, level, trials, top, rate
+
+
+@njit(cache=True, nogil=True)
+def finished(depths, remaining, cap, room):
+    """`CostAwarePolicy.finish`: min(depths, min(max(remaining - 1, 0), cap)) (`caps`), then `search.fit_token_cap`
+    at `room` tokens: unchanged where the sum fits, zeros where room <= 0, else clipped at the largest c with
+    sum(min(depths, c)) <= room (the same bisection over 0..max; integers)."""
+    n = depths.shape[0]
+    out = np.empty(n, np.int64)
+    total, top = 0, 0
+    for i in range(n):
+        c = min(max(remaining[i] - 1, 0), cap)
+        out[i] = min(depths[i], c)
+        total += out[i]
+        top = out[i] if i == 0 or out[i] > top else top
+    if total <= room:
+        return out
+    if room <= 0:
+        out[:] = 0
+        return out
+    lo, hi = 0, top
+    while lo < hi:
+        c = (lo + hi + 1) // 2
+        t = 0
+        for i in range(n):
+            t += min(out[i], c)
+        if t <= room:
+            lo = c
+        else:
+            hi = c - 1
+    for i in range(n):
+        out[i] = min(out[i], lo)
+    return out
 
 
 # ---- CostAwareDepth's observe ------------------------------------------------------------------------------
@@ -265,6 +351,37 @@ def count_sums(table, col):
             total += table[i, j]
         part += table[i, col]
     return total, part
+
+
+@njit(cache=True, nogil=True)
+def observe_counts(accepted, drafted, counts, pool, memory, positions, level, pos_acc, pos_exp, first_acc,
+                   first_exp):
+    """`CostAwareDepth.observe`'s counts in one call: `tally` into counts' columns (accepted, rejected); where the
+    step drafted, pool = pool x keep + (accepted, rejected) in place, keep = exp(-drafted / memory) (libm's, as
+    math.exp), and, `positions`, `PositionFactors.forget(keep)` (`scale4`) then its `add_counts` of the step
+    (`position_sums_counts`: verified min(drafted, accepted + 1), every row's estimate `level`, unpaired) where
+    its sums reach the deepest draft. Returns (0: nothing drafted, 1: counted, 2: counted but the position sums
+    left to the caller (too short), 3: all done; keep; the deepest draft)."""
+    total, acc, rej, deep = tally(accepted, drafted, counts[:, 0], counts[:, 1])
+    if not total:
+        return 0, 1.0, deep
+    keep = math.exp(-float(total) / memory)
+    p0, p1 = pool[0], pool[1]
+    pool[0] = p0 * keep + acc
+    pool[1] = p1 * keep + rej
+    if not positions:
+        return 1, keep, deep
+    if pos_acc.shape[0] < deep:
+        return 2, keep, deep
+    scale4(pos_acc, pos_exp, first_acc, first_exp, keep)
+    n = accepted.shape[0]
+    verified, estimate = np.empty(n, np.int64), np.empty(n)
+    for i in range(n):
+        verified[i] = min(drafted[i], accepted[i] + 1)
+        estimate[i] = level
+    position_sums_counts(deep, verified, accepted, estimate, np.zeros(0, np.int64), False, pos_acc, pos_exp,
+                         first_acc, first_exp)
+    return 3, keep, deep
 
 
 # ---- confidence's keep_drafting ---------------------------------------------------------------------------

@@ -87,11 +87,12 @@ class StepView:
     draft_time, step_time, verify_times, draft_times, target_forward, draft_forward, draft_positions; see
     docs/plugins.md), true_cost (only for
     policies with requires_true_cost = True, simulator: the same methods, priced as the clock charges).
-    Arrays are computed on access and cannot be written; no attribute can be set.
+    Arrays are computed on access (those of the rows' ids, contexts and remaining tokens once a step) and cannot
+    be written; no attribute can be set.
     """
 
     __slots__ = ("_rows", "_s", "_budget", "_max_depth", "_max_tokens", "_cost", "_prior", "_hptr", "_pred",
-                 "_true_cost", "_clock", "_lag", "_expected", "_rank_table")
+                 "_true_cost", "_clock", "_lag", "_expected", "_rank_table", "_ids", "_ctx", "_rem", "_ones")
 
     def __init__(self, rows, token_budget: int, max_depth: int, max_num_batched_tokens: int, cost,
                  prior: float = 0.7, true_cost=None, clock=None, lag=None, expected=None, rank_table=None):
@@ -105,10 +106,15 @@ class StepView:
         self._s = None
         self._hptr = 0
         self._pred = None
+        self._ids = self._ctx = self._rem = None   # this step's request_ids, context_lens, remaining (`_step_rows`)
+        self._ones = None   # draft_lag's ones where the executor has no lag (read-only; kept while the size holds)
 
     def bind(self, step, hptr: int) -> None:
-        """The engine shows the view the step it is running (a `specdepth.engine.Step`)."""
+        """The engine shows the view the step it is running (a `specdepth.engine.Step`). The rows' ids, prompts,
+        outputs and generated tokens hold still until the next bind (the engine commits a step after observe), so
+        the arrays computed from them are computed once a step, when first read."""
         self._s, self._hptr, self._pred = step, hptr, None
+        self._ids = self._ctx = self._rem = None
 
     # ---- scalars ----------------------------------------------------------------------------------
     step = property(lambda self: self._s.step)
@@ -130,11 +136,15 @@ class StepView:
     # ---- per sequence -----------------------------------------------------------------------------
     @property
     def request_ids(self):
-        return _ro(self._rows.request_id)
+        if self._ids is None:
+            self._ids = _ro(self._rows.request_id)
+        return self._ids
 
     @property
     def context_lens(self):
-        return _ro(self._rows.prompt_len + self._rows.generated)
+        if self._ctx is None:
+            self._ctx = _ro(self._rows.prompt_len + self._rows.generated)
+        return self._ctx
 
     @property
     def generated(self):
@@ -142,7 +152,9 @@ class StepView:
 
     @property
     def remaining(self):
-        return _ro(self._rows.output_len - self._rows.generated)
+        if self._rem is None:
+            self._rem = _ro(self._rows.output_len - self._rows.generated)
+        return self._rem
 
     @property
     def acceptance(self):
@@ -164,7 +176,12 @@ class StepView:
     @property
     def draft_lag(self):
         lag = self._lag() if self._lag is not None else None
-        return _ro(np.ones(self._rows.n, np.int64) if lag is None else np.asarray(lag, np.int64))
+        if lag is not None:
+            return _ro(np.asarray(lag, np.int64))
+        n = self._rows.n
+        if self._ones is None or self._ones.shape[0] != n:
+            self._ones = _ro(np.ones(n, np.int64))
+        return self._ones
 
     # ---- this step --------------------------------------------------------------------------------
     depths = property(lambda self: _ro_or_none(self._s.depths))
