@@ -214,13 +214,43 @@ class CostAwareDepth:
 
 
 def _fused_depth(d: CostAwareDepth, view, kmax: int) -> int | None:
-    """`CostAwareDepth._best_depth` while rows may still join (not draining), the chain StepCost.update,
-    CostCalibration.correct, PolicyTime.apply, `level`, the position factors, draft_caps, uniform_depth, the
-    catch-up's lag test and the margin in one compiled call (`kernels.uniform_plan`, the same operations); the
-    catch-up (where a row lags) and the probe as `_best_depth` runs them. None where the call does not apply (a
+    """`CostAwareDepth._best_depth` with its chain (StepCost.update, CostCalibration.correct, PolicyTime.apply,
+    `level`, the position factors, draft_caps, uniform_depth, the catch-up's lag test and the margin) in one
+    compiled call, the same operations: `kernels.uniform_plan` while rows may still join, else
+    `kernels.drain_plan`, the drain's expected maxima (`search._steps_to_finish`) and `kernels.ratio_best`. The
+    catch-up (where a row lags) and the probe as `_best_depth` runs them. None where the calls do not apply (a
     single row, no position factors, a padded verify fit, other dtypes): `_best_depth` runs the blocks."""
+    args = _fused_args(d, view, kmax)
+    if args is None:
+        return None
+    f, rem = args[13], args[15]
+    if d.drain and view.requests_left == 0:
+        v, dr, pad, level, trials, rates, e, remf, T, total, d._top, rate = kernels.drain_plan(*args)
+        if level != level:   # (NaN: the blocks decide)
+            return None
+        k, g = kernels.ratio_best(total, search._steps_to_finish(e, remf, True), T)
+        rest = (rem, rates, f)
+    else:
+        v, dr, pad, k, g, level, trials, d._top, rate = kernels.uniform_plan(*args)
+        if level != level:
+            return None
+        rest = (None, None, f)
+    d._level = level
+    costs = Tables(v, dr, pad if args[6] else None)
+    if k and d.catch_up and d._top > 2:
+        k = d._catch_up(view, k, g, np.full(rem.size, level), costs, rest, level)
+    if k:
+        d.margin = (costs, g, rate)
+    if k == 0 and d.probe and may_probe(d._probes, d._pool.sum(), d.prior_tokens, rem.size):
+        k = d._probe(view, costs, kmax, level, trials, f, None if rest[0] is not None else draft_caps(view, kmax))
+    return k
+
+
+def _fused_args(d: CostAwareDepth, view, kmax: int):
+    """`_fused_depth`'s kernel arguments (the raw tables, the calibration's and the policy time's terms, the
+    counts, the pool, the factors, kmax, remaining, draft_lag), or None where the kernels do not apply."""
     n = view.batch_size
-    if n < 2 or not d.positions or d._calib.pad or (d.drain and view.requests_left == 0):
+    if n < 2 or not d.positions or d._calib.pad:
         return None
     tables = d._costs.update(view, kmax)
     f = d._pos.factor(kmax)
@@ -233,20 +263,8 @@ def _fused_depth(d: CostAwareDepth, view, kmax: int) -> int | None:
         return None
     (sv, cv), (sd, cd) = d._calib.params("verify"), d._calib.params("draft")
     timed, idle, extra = d._ptime.terms() if d.policy_time else (False, 0.0, 0.0)
-    v, dr, pad, k, g, level, trials, d._top, rate = kernels.uniform_plan(
-        tables.verify, tables.draft, float(sv), float(cv), float(sd), float(cd), timed, idle, extra, counts,
-        float(d.prior_tokens), float(d._pool[0]), float(d._pool[1]), f, int(kmax), rem, lag)
-    if level != level:   # (NaN: the blocks decide)
-        return None
-    d._level = level
-    costs = Tables(v, dr, pad if timed else None)
-    if k and d.catch_up and d._top > 2:
-        k = d._catch_up(view, k, g, np.full(n, level), costs, (None, None, f), level)
-    if k:
-        d.margin = (costs, g, rate)
-    if k == 0 and d.probe and may_probe(d._probes, d._pool.sum(), d.prior_tokens, n):
-        k = d._probe(view, costs, kmax, level, trials, f, draft_caps(view, kmax))
-    return k
+    return (tables.verify, tables.draft, float(sv), float(cv), float(sd), float(cd), timed, idle, extra, counts,
+            float(d.prior_tokens), float(d._pool[0]), float(d._pool[1]), f, int(kmax), rem, lag)
 
 
 def _fused_counts(d: CostAwareDepth, view, accepted, drafted, st) -> bool:

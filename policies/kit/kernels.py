@@ -271,14 +271,49 @@ def uniform_plan(verify, draft, sv, cv, sd, cd, has_time, idle, extra, counts, p
     n = remaining.shape[0]
     col = _level_row(level, kmax, factors, True, 0.0, False)
     k, g = uniform_best(col, caps(remaining, kmax), True, n, v, d[n], pad)
+    return v, d, pad, k, g, level, trials, _largest(lag), _margin(level, factors, kmax)
+
+
+@njit(cache=True, nogil=True)
+def drain_plan(verify, draft, sv, cv, sd, cd, has_time, idle, extra, counts, prior_tokens, pool0, pool1, factors,
+               kmax, remaining, lag):
+    """`uniform_plan` once no row is left to join (`CostAwareDepth`'s drain), up to the finishing steps' moments: the
+    tables, the level, the rows' `shrunk` rates (counts' columns toward np.full(n, level)), their
+    `survival_tokens` at depths 0..kmax with the factors, `scaled_tokens` of the level's row, the remaining tokens
+    as floats and their np.sum, the step seconds per depth (`step_seconds`), the largest lag and the margin's
+    acceptance. Returns (verify, draft, pad, level, trials, rates, e, remaining, seconds, its sum, largest lag,
+    margin's acceptance)."""
+    v, d, pad = timed_tables(verify, draft, sv, cv, sd, cd, has_time, idle, extra)
+    level, trials = batch_level(counts, prior_tokens, pool0, pool1)
+    n = remaining.shape[0]
+    rates = shrunk(counts[:, 0], counts[:, 1], np.full(n, level))
+    ks = np.arange(kmax + 1)
+    f, _ = survival_tokens(rates, ks, factors, True, 0.0, False)
+    e = scaled_tokens(_level_row(level, kmax, factors, True, 0.0, False), f)
+    rem = np.empty(n)
+    for i in range(n):
+        rem[i] = float(remaining[i])
+    T = step_seconds(n * ks, ks, v, d[n], pad)
+    return v, d, pad, level, trials, rates, e, rem, T, _sum(rem), _largest(lag), _margin(level, factors, kmax)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _largest(a):
+    """The largest of integers (0 for none)."""
     top = 0
-    for i in range(lag.shape[0]):
-        top = lag[i] if i == 0 or lag[i] > top else top
-    rate = np.empty(kmax)
-    for p in range(kmax):
+    for i in range(a.shape[0]):
+        top = a[i] if i == 0 or a[i] > top else top
+    return top
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _margin(level, factors, k):
+    """np.minimum(level x factors[:k], 0.999) (NaN stays NaN)."""
+    rate = np.empty(k)
+    for p in range(k):
         x = level * factors[p]
-        rate[p] = 0.999 if 0.999 < x else x   # np.minimum (NaN stays NaN)
-    return v, d, pad, k, g, level, trials, top, rate
+        rate[p] = 0.999 if 0.999 < x else x
+    return rate
 
 
 @njit(cache=True, nogil=True)
