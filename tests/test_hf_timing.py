@@ -104,7 +104,8 @@ from hydra import compose, initialize_config_dir
 from specdepth import _kernels as K
 from specdepth.app import CONF_DIR, build
 from specdepth.clock import Clock
-COST = ("ragged_sums", "int_sum", "position_counts", "table_lookup", "roofline_forward", "roofline_positions")
+COST = ("ragged_sums", "int_sum", "position_counts", "table_lookup", "roofline_forward", "roofline_positions",
+        "roofline_verify_table", "roofline_draft_table")
 seen = {}
 start = Clock.start
 def snap(self):

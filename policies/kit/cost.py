@@ -99,12 +99,12 @@ class StepCost:
                 vt = cost.verify_times(ctx, xs)
             else:
                 vt = np.array([cost.verify_time(ctx, np.full(n, x / n)) for x in xs])
-            self.verify = np.interp(np.arange(X + 1), xs, vt) if xs.size != X + 1 else vt
+            self.verify = _interp(X + 1, xs, vt) if xs.size != X + 1 else vt
         if hasattr(cost, "draft_times"):
             dt = cost.draft_times(cbar, ms)
         else:
             dt = np.array([cost.draft_time(np.full(int(m), cbar)) if m else 0.0 for m in ms])
-        self.draft = np.interp(np.arange(n + 1), ms, dt) if ms.size != n + 1 else dt
+        self.draft = _interp(n + 1, ms, dt) if ms.size != n + 1 else dt
         self._tables[key] = (self.verify, self.draft, self.pad)
         return self
 
@@ -125,6 +125,15 @@ class StepCost:
             v = np.array([cost.verify_time(full, np.full(n, p, np.int64)) for p in range(kmax + 1)])
         self._vkey, self._vval = key, v
         return v
+
+
+def _interp(m: int, xp: np.ndarray, fp) -> np.ndarray:
+    """np.interp(np.arange(m), xp, fp) (compiled for float64 values: `kernels.interp_points`)."""
+    if COMPILED and kernels.floats(xp, fp, nonempty=True) and xp.size == fp.size:
+        out, ok = kernels.interp_points(int(m), xp, fp)
+        if ok:
+            return out
+    return np.interp(np.arange(m), xp, fp)
 
 
 def _mean_context(ctx: np.ndarray) -> tuple[float, int | None]:

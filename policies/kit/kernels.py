@@ -2184,6 +2184,37 @@ def corrected(verify, sv, cv, draft, sd, cd):
 
 
 @njit(cache=True, nogil=True)
+def interp_points(m, xp, fp):
+    """np.interp(np.arange(m), xp, fp) for an ascending xp: per point its step j (xp[j] <= x < xp[j + 1], as
+    numpy's search finds it), fp[0] below, fp[-1] from the last point on, fp[j] at a grid point, else numpy's slope
+    form (dy / dx) x (x - xp[j]) + fp[j], and its NaN fallbacks. Returns (values, False) where xp does not ascend
+    (the numpy form)."""
+    n = xp.shape[0]
+    out = np.empty(m)
+    for j in range(1, n):
+        if not xp[j] > xp[j - 1]:
+            return out, False
+    j = 0
+    for i in range(m):
+        x = float(i)
+        while j + 1 < n and xp[j + 1] <= x:
+            j += 1
+        if x < xp[0]:
+            out[i] = fp[0]
+        elif j == n - 1 or xp[j] == x:
+            out[i] = fp[j]
+        else:
+            slope = (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j])
+            r = slope * (x - xp[j]) + fp[j]
+            if math.isnan(r):
+                r = slope * (x - xp[j + 1]) + fp[j + 1]
+                if math.isnan(r) and fp[j] == fp[j + 1]:
+                    r = fp[j]
+            out[i] = r
+    return out, True
+
+
+@njit(cache=True, nogil=True)
 def ascending_distinct(r):
     """np.unique(r) for a non-decreasing r (its values once each, in order); (r, False) where r decreases anywhere
     (np.unique's sort then decides: the numpy form)."""

@@ -374,6 +374,37 @@ def roofline_positions(ctx, depths, a, b, w, kv, inv_f, inv_b, oh, ca):
     return seconds, flops
 
 
+@njit(cache=True, nogil=True)
+def roofline_verify_table(ctx, totals, a, b, w, kv, inv_f, inv_b, oh, ca):
+    """CostModel.verify_times priced by the roofline in one pass (n > 0 rows): per total x, q = x / n + 1 tokens a
+    row, t = n q, flops a t + b (q c + n q (q + 1) 0.5), c the contexts' sum (the same arithmetic, element by
+    element)."""
+    csum = 0
+    for i in range(ctx.shape[0]):
+        csum += ctx[i]
+    c, nf = float(csum), float(ctx.shape[0])
+    out = np.empty(totals.shape[0])
+    for j in range(totals.shape[0]):
+        q = totals[j] / nf + 1.0
+        t = nf * q
+        f = a * t + b * (q * c + nf * q * (q + 1.0) * 0.5)
+        out[j] = _roofline_seconds(f, t, c, w, kv, inv_f, inv_b, oh, ca)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def roofline_draft_table(context, rows, a, b, w, kv, inv_f, inv_b, oh, ca):
+    """CostModel.draft_times priced by the roofline in one pass: m rows at `context` each, c = m x context, flops
+    a m + b (c + m); 0 seconds for m = 0."""
+    out = np.zeros(rows.shape[0])
+    for j in range(rows.shape[0]):
+        m = rows[j]
+        if m != 0.0:
+            c = m * context
+            out[j] = _roofline_seconds(a * m + b * (c + m), m, c, w, kv, inv_f, inv_b, oh, ca)
+    return out
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _grid_axis(grid, x, extrapolate):
     """(lower index, weight of the upper point) of x on a sorted axis; clamped to [0, 1] unless extrapolate."""

@@ -279,6 +279,8 @@ class RooflineCost(CostModel):
             self._moe[which] = MoEWeights(arch, tp, self.moe_skew) if arch.is_moe else None
         self._target_terms = (self._tf[0], self._tf[1], self._w["target"], self._kv["target"], self._inv_f["target"],
                               self._inv_b, self._oh["target"], self._ca["target"])
+        self._draft_terms = (self._df[0], self._df[1], self._w["draft"], self._kv["draft"], self._inv_f["draft"],
+                             self._inv_b, self._oh["draft"], self._ca["draft"])
 
     def _time(self, which, tokens, flops, ctx_tokens, seqs):
         moe = self._moe[which]
@@ -297,6 +299,19 @@ class RooflineCost(CostModel):
                 and q.dtype == np.int64 and q.shape == ctx.shape):   # the verify's shape: one compiled pass
             return _k.roofline_forward(ctx, q, *self._target_terms)
         return super().target_forward(ctx, q)
+
+    def verify_times(self, ctx, totals):
+        x = np.asarray(totals, float)
+        if (self._moe["target"] is None and type(ctx) is np.ndarray and ctx.dtype == np.int64 and ctx.ndim == 1
+                and ctx.shape[0] and x.ndim == 1):   # the base class's table, in one compiled pass
+            return _k.roofline_verify_table(ctx, x, *self._target_terms)
+        return super().verify_times(ctx, totals)
+
+    def draft_times(self, context, rows):
+        m = np.asarray(rows, float)
+        if self._moe["draft"] is None and m.ndim == 1:   # the base class's table, in one compiled pass
+            return _k.roofline_draft_table(float(context), m, *self._draft_terms)
+        return super().draft_times(context, rows)
 
     def draft_positions(self, ctx, depths):
         if ctx.dtype == np.int64 and depths.dtype == np.int64 and self._moe["draft"] is None:
