@@ -125,6 +125,107 @@ def test_the_compiled_table_loops_are_their_numpy_form(monkeypatch):
     assert compiled == [_tables_run(seed) for seed in range(6)]
 
 
+def _cost_calibration_run(seed):
+    """CostCalibration.observe over random steps (draft_clip and draft_fixed on and off, steps that caught up, a
+    draft priced nearly alike per forward half the time): its state and fits after each step."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for clip, fixed in ((0.0, False), (3.0, False), (0.0, True), (3.0, True)):
+        cal = kit.CostCalibration(memory=float(rng.integers(5, 300)), draft_clip=clip, draft_fixed=fixed)
+        even = rng.random() < 0.5
+        for _ in range(60):
+            fw = int(rng.integers(0, 4))
+            pv = float(rng.uniform(0.01, 0.02))
+            pd = fw * 5e-4 * (1.0 + (0.01 if even else 0.5) * float(rng.normal()))
+            view = SimpleNamespace(measured_verify_s=pv * float(rng.uniform(0.8, 1.5)), predicted_verify_s=pv,
+                                   draft_forwards=fw, predicted_draft_s=pd,
+                                   measured_draft_s=pd * float(rng.uniform(0.5, 3.0)) + fw * float(rng.uniform(0, 1e-4)))
+            cal.observe(view, caught_up=bool(rng.random() < 0.1))
+            out.append((cal._state.tobytes(), cal.params("draft"), cal.params("verify")))
+    return out
+
+
+def test_the_compiled_cost_calibration_is_its_python_form(monkeypatch):
+    from specdepth.policies.kit import calibration
+    compiled = [_cost_calibration_run(seed) for seed in range(8)]
+    monkeypatch.setattr(calibration, "COMPILED", False)
+    assert compiled == [_cost_calibration_run(seed) for seed in range(8)]
+
+
+@pytest.mark.parametrize("policy", ["confidence", "batch_scaled"])
+def test_cost_aware_depths_compiled_chains_are_its_blocks(policy, monkeypatch):
+    """End to end, CostAwareDepth's chains in one compiled call each (`kit.depth.COMPILED`) against its blocks one by
+    one: a closed batch that drains with the draft's catch-up and a padded engine, a steady run, both with the policy
+    time priced (a fixed measurement: the simulator's wall time would differ between the runs)."""
+    from sdtest import engine
+    from specdepth.policies.kit import cost, depth
+    monkeypatch.setattr(cost.PolicyTime, "terms", lambda self: (True, 2e-4, 5e-4))
+    runs = []
+    for compiled in (True, False):
+        monkeypatch.setattr(depth, "COMPILED", compiled)
+        got = []
+        for ov in (["workload.batch_size=40", "workload.output_len={dist: uniform, low: 8, high: 120}",
+                    "backend.draft_catch_up=true", "backend.pad_ragged=true"],
+                   ["workload.batch_size=24", "workload.output_len={dist: uniform, low: 8, high: 60}",
+                    "backend.draft_catch_up=true"],
+                   ["workload=poisson", "workload.rate=1e9", "workload.num_requests=96", "engine.max_batch_size=24",
+                    "workload.max_concurrency=24", "workload.output_len=48"]):
+            res = engine(f"policy={policy}", *ov).run()
+            got.append((res.steps, res.requests))
+        runs.append(repr(got))
+    assert runs[0] == runs[1]
+
+
+def _depth_case(rng, cost):
+    """A CostAwareDepth with random evidence (rows' counts, the pool, position sums, fits, policy time) and a view of
+    random rows (remaining tokens, lags that may need a catch-up, draining or not)."""
+    n, kmax = int(rng.integers(2, 48)), int(rng.integers(1, 9))
+    view = make_view(n, remaining=rng.integers(1, 200, n), ctx=int(rng.integers(10, 4000)), cost=cost,
+                     requests_left=int(rng.choice([0, 10])), max_depth=kmax)
+    lag = np.where(rng.random(n) < 0.3, rng.integers(3, 40, n), rng.integers(1, 3, n)) if rng.random() < 0.6 else \
+        rng.integers(1, 3, n)
+    view._lag = lambda: lag
+    d = kit.CostAwareDepth(catch_up=True, policy_time=bool(rng.random() < 0.7), probe=float(rng.choice([0.0, 2.0])))
+    st = d._seq.align(view.request_ids)
+    st.accepted[:] = rng.integers(0, 40, n)
+    st.rejected[:] = rng.integers(0, 15, n)
+    p, tokens = float(rng.uniform(0.01, 0.9)), float(rng.choice([5.0, 80.0, 3000.0]))
+    d._pool = np.array([p, 1.0 - p]) * tokens
+    verified = rng.integers(0, kmax + 1, n)
+    d._pos.add_counts(kmax, verified, np.minimum(verified, rng.integers(0, kmax + 1, n)), np.full(n, p))
+    for _ in range(int(rng.integers(0, 4))):
+        d._calib.update("verify", 0.01, 1.0, float(rng.uniform(0.008, 0.02)))
+        d._calib.update("draft", 1e-3, 2.0, float(rng.uniform(5e-4, 4e-2)))
+    if rng.random() < 0.5:
+        d._ptime.drafting, d._ptime.idle = float(rng.uniform(0, 1e-3)), float(rng.uniform(0, 5e-4))
+    return d, view, kmax
+
+
+def test_cost_aware_depths_compiled_plan_is_its_blocks(monkeypatch):
+    """CostAwareDepth.depth with its chain in one compiled call (`kit.depth.COMPILED`) against the blocks one by one,
+    on random evidence and rows (catch-ups, probes, drains, policy time): the same depth, held rows, margin and
+    catch-up record."""
+    import copy
+    from specdepth.app import build
+    from specdepth.policies.kit import depth
+    from sdtest import cfg
+    cost = build(cfg())["engine"].cost
+    rng = np.random.default_rng(5)
+    for _ in range(150):
+        d0, view, kmax = _depth_case(rng, cost)
+        got = []
+        for compiled in (True, False):
+            monkeypatch.setattr(depth, "COMPILED", compiled)
+            d = copy.deepcopy(d0)
+            k = d.depth(view, kmax)
+            m = d.margin
+            got.append(repr((k, None if d.held is None else d.held.tolist(), d._level, d._probes, d._pad.caught_up,
+                             d._pad._est, None if m is None else (m[0].verify.tobytes(), m[0].draft.tobytes(),
+                                                                   None if m[0].pad is None else m[0].pad.tobytes(),
+                                                                   m[1], m[2].tobytes()))))
+        assert got[0] == got[1]
+
+
 def test_policy_time_prices_idle_seconds_on_every_plan_and_the_rest_on_the_first_position():
     pt = kit.PolicyTime(memory=1.0)
     tables = kit.Tables(np.array([1.0, 2.0, 3.0]), np.array([0.0, 0.5]))

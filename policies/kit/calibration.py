@@ -8,13 +8,17 @@ import numpy as np
 from . import kernels
 from .cost import Tables, every_row_deep
 
-COMPILED = True   # PaddingFit's update compiled (kernels.padding_update); False: its Python form (equal)
+COMPILED = True   # PaddingFit's and CostCalibration's updates compiled (kernels.padding_update,
+#                   kernels.calibration_observe); False: their Python form (equal)
 
 
 _UPPER3 = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))   # a symmetric 3 x 3 matrix's upper triangle
 
 
 _AT3 = ((0, 1, 2), (1, 3, 4), (2, 4, 5))                      # where entry (a, b) of it lies in that list
+
+
+_PHASE = {"draft": 0, "verify": 1}   # a phase's place in CostCalibration's state
 
 
 class CostCalibration:
@@ -56,20 +60,26 @@ class CostCalibration:
         self.reset()
 
     def reset(self):
-        # per phase: decayed sums of [x1 x1, x1 x2, x2 x2, x1 y, x2 y, weight], x = (predicted, count); plain floats
-        # (every step, six numbers: numpy's per-call cost was most of it; the same arithmetic, the same bits)
-        self._sums = {ph: [0.0] * 6 for ph in self.PHASES}
-        self._fit = {ph: (1.0, 0.0) for ph in self.PHASES}
+        # per phase i (_PHASE): decayed sums of [x1 x1, x1 x2, x2 x2, x1 y, x2 y, weight], x = (predicted, count), at
+        # 6i..6i+5, and its fit (scale, fixed) at 12 + 2i, 13 + 2i: one array, the compiled updates' state
+        self._state = np.zeros(16)
+        self._state[12] = self._state[14] = 1.0
         self._padding = PaddingFit(self.memory, self.sticky, self.cautious)   # the verify with observe's `pad`
         self._drafted_last = True   # whether the last step observed drafted (a run's first draft resumes nothing)
 
     def update(self, phase: str, predicted: float, count: float, measured: float) -> None:
         keep = math.exp(-1.0 / self.memory)
-        s0, s1, s2, s3, s4, s5 = self._sums[phase]   # each v x keep + its feature product, written out
-        s = self._sums[phase] = [s0 * keep + predicted * predicted, s1 * keep + predicted * count,
-                                 s2 * keep + count * count, s3 * keep + predicted * measured,
-                                 s4 * keep + count * measured, s5 * keep + 1.0]
-        self._fit[phase] = self._solve_fixed(s) if self.draft_fixed and phase == "draft" else self._solve(s)
+        i = _PHASE[phase]
+        fixed = self.draft_fixed and i == 0
+        if COMPILED:   # the same operations, compiled
+            kernels.calibration_update(self._state, i, float(predicted), float(count), float(measured), keep,
+                                       self.prior, fixed, self.UNIDENTIFIED)
+            return
+        s0, s1, s2, s3, s4, s5 = self._state[6 * i:6 * i + 6].tolist()   # each v x keep + its product, written out
+        s = [s0 * keep + predicted * predicted, s1 * keep + predicted * count, s2 * keep + count * count,
+             s3 * keep + predicted * measured, s4 * keep + count * measured, s5 * keep + 1.0]
+        self._state[6 * i:6 * i + 6] = s
+        self._state[12 + 2 * i:14 + 2 * i] = self._solve_fixed(s) if fixed else self._solve(s)
 
     def _solve_fixed(self, s):
         """`draft_fixed`: _solve, unless the data do not identify the scale apart from the fixed part (1 - cos^2 of
@@ -116,17 +126,25 @@ class CostCalibration:
         mv = view.measured_verify_s
         if mv is None:
             return
-        self.update("verify", view.predicted_verify_s, 1.0, mv)
+        pv = view.predicted_verify_s
         if pad is not None:
-            self._padding.update(view.predicted_verify_s, pad, mv)
+            self._padding.update(pv, pad, mv)
         forwards = view.draft_forwards
-        if forwards and self._drafted_last and not caught_up:
+        draft = bool(forwards and self._drafted_last and not caught_up)
+        self._drafted_last = bool(forwards)
+        if COMPILED:   # both updates in one call, the same operations
+            pd, md = (view.predicted_draft_s, view.measured_draft_s) if draft else (0.0, 0.0)
+            kernels.calibration_observe(self._state, float(pv), float(mv), draft, float(pd), float(forwards or 0),
+                                        float(md), math.exp(-1.0 / self.memory), self.prior, self.draft_clip,
+                                        self.draft_fixed, self.UNIDENTIFIED)
+            return
+        self.update("verify", pv, 1.0, mv)
+        if draft:
             md = view.measured_draft_s
             if self.draft_clip > 0.0:
-                sd, cd = self._fit["draft"]
+                sd, cd = self.params("draft")
                 md = min(md, self.draft_clip * (sd * view.predicted_draft_s + cd * forwards))
             self.update("draft", view.predicted_draft_s, float(forwards), md)
-        self._drafted_last = bool(forwards)
 
     @property
     def pad(self) -> float:
@@ -136,16 +154,16 @@ class CostCalibration:
     def verify_scale(self) -> float:
         """The verify's scale: how many seconds one predicted second of verify really costs (the padded fit's
         where it is taken)."""
-        return self._padding.fit[0] if self.pad else self._fit["verify"][0]
+        return self._padding.fit[0] if self.pad else self.params("verify")[0]
 
     def params(self, phase: str) -> tuple[float, float]:
         """(scale, fixed seconds per step or per draft position) of a phase."""
-        return self._fit[phase]
+        i = 12 + 2 * _PHASE[phase]
+        return tuple(self._state[i:i + 2].tolist())
 
     def correct(self, costs) -> "Tables":
         """Corrected StepCost tables: verify[x] (x drafts, one forward) and draft[m] (one forward of m rows)."""
-        sv, cv = self._fit["verify"]
-        sd, cd = self._fit["draft"]
+        (sv, cv), (sd, cd) = self.params("verify"), self.params("draft")
         if COMPILED and not self.pad and kernels.floats(costs.verify, costs.draft, nonempty=True):   # one loop
             return Tables(*kernels.corrected(costs.verify, float(sv), float(cv), costs.draft, float(sd),
                                              float(cd)))

@@ -2124,6 +2124,75 @@ def padding_update(s, predicted, pad, measured, keep, prev, sticky, cautious, tw
     return _pf_hold(s, A, 0.0, c2 + 3.0 * se, True, sticky, cautious)
 
 
+# ---- CostCalibration's per-phase fits (kit.calibration): the state holds, per phase i (0 draft, 1 verify), the
+# decayed sums at 6i..6i+5 and the fit (scale, fixed) at 12 + 2i, 13 + 2i
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _pos_max(x):
+    """Python's max(x, 0.0) (NaN stays NaN)."""
+    return 0.0 if 0.0 > x else x
+
+
+@njit(cache=True, nogil=True)
+def _calib_solve(s, o, prior):
+    """`CostCalibration._solve` of the sums s[o:o + 6]: (scale, fixed)."""
+    w = s[o + 5]
+    if w <= 0.0 or s[o] <= 0.0:
+        return 1.0, 0.0
+    k = prior / w
+    a11, a12, a22 = s[o] * (1 + k), s[o + 1], s[o + 2] * (1 + k) if s[o + 2] > 0 else 1.0
+    b1, b2 = s[o + 3] + k * s[o], s[o + 4]
+    det = a11 * a22 - a12 * a12
+    if det <= 0.0:
+        return 1.0, 0.0
+    scale, fixed = (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det
+    if scale < 0.0 or fixed < 0.0:
+        return (_pos_max(b1 / a11), 0.0) if fixed < 0.0 else (0.0, _pos_max(b2 / a22))
+    return scale, fixed
+
+
+@njit(cache=True, nogil=True)
+def _calib_solve_fixed(s, o, prior, unidentified):
+    """`CostCalibration._solve_fixed` of the sums s[o:o + 6]."""
+    if s[o + 5] <= 0.0 or s[o] <= 0.0 or s[o + 2] <= 0.0 or \
+            1.0 - s[o + 1] * s[o + 1] / (s[o] * s[o + 2]) >= unidentified:
+        return _calib_solve(s, o, prior)
+    k = prior / s[o + 5]
+    fixed = (s[o + 4] - s[o + 1]) / (s[o + 2] * (1 + k))
+    if fixed >= 0.0:
+        return 1.0, fixed
+    return _pos_max((s[o + 3] + k * s[o]) / (s[o] * (1 + k))), 0.0
+
+
+@njit(cache=True, nogil=True)
+def calibration_update(s, i, predicted, count, measured, keep, prior, fixed, unidentified):
+    """`CostCalibration.update` of phase i in the state s: each sum v x keep + its feature product, then the fit
+    (`_calib_solve_fixed` where `fixed`, else `_calib_solve`)."""
+    o = 6 * i
+    s[o] = s[o] * keep + predicted * predicted
+    s[o + 1] = s[o + 1] * keep + predicted * count
+    s[o + 2] = s[o + 2] * keep + count * count
+    s[o + 3] = s[o + 3] * keep + predicted * measured
+    s[o + 4] = s[o + 4] * keep + count * measured
+    s[o + 5] = s[o + 5] * keep + 1.0
+    scale, fx = _calib_solve_fixed(s, o, prior, unidentified) if fixed else _calib_solve(s, o, prior)
+    s[12 + 2 * i], s[13 + 2 * i] = scale, fx
+
+
+@njit(cache=True, nogil=True)
+def calibration_observe(s, pv, mv, draft, pd, forwards, md, keep, prior, clip, fixed, unidentified):
+    """`CostCalibration.observe`'s fits: the verify's update (pv predicted, mv measured, count 1), then, `draft`,
+    the draft's (pd, md, count forwards), md first clipped at clip x (scale x pd + fixed x forwards) where clip > 0
+    (Python's min)."""
+    calibration_update(s, 1, pv, 1.0, mv, keep, prior, False, unidentified)
+    if draft:
+        if clip > 0.0:
+            x = clip * (s[12] * pd + s[13] * forwards)
+            md = x if x < md else md
+        calibration_update(s, 0, pd, forwards, md, keep, prior, fixed, unidentified)
+
+
 # ---- step cost tables (kit.cost, kit.calibration, kit.idle) ---------------------------------------------------
 
 
