@@ -223,48 +223,52 @@ def _fused_depth(d: CostAwareDepth, view, kmax: int) -> int | None:
     args = _fused_args(d, view, kmax)
     if args is None:
         return None
-    f, rem = args[13], args[15]
+    rem = args[-2]
     if d.drain and view.requests_left == 0:
-        v, dr, pad, level, trials, rates, e, remf, T, total, d._top, rate = kernels.drain_plan(*args)
-        if level != level:   # (NaN: the blocks decide)
+        v, dr, pad, level, trials, rates, e, remf, T, total, d._top, rate, ok = kernels.drain_plan(*args)
+        if not ok or level != level:   # (numpy's factors, or a NaN level: the blocks decide)
             return None
         k, g = kernels.ratio_best(total, search._steps_to_finish(e, remf, True), T)
-        rest = (rem, rates, f)
     else:
-        v, dr, pad, k, g, level, trials, d._top, rate = kernels.uniform_plan(*args)
-        if level != level:
+        v, dr, pad, k, g, level, trials, d._top, rate, ok = kernels.uniform_plan(*args)
+        if not ok or level != level:
             return None
-        rest = (None, None, f)
+        rates = None
     d._level = level
-    costs = Tables(v, dr, pad if args[6] else None)
+    costs = Tables(v, dr, pad if args[3] else None)
     if k and d.catch_up and d._top > 2:
+        f = d._pos.factor(kmax)
+        rest = (None, None, f) if rates is None else (rem, rates, f)
         k = d._catch_up(view, k, g, np.full(rem.size, level), costs, rest, level)
     if k:
         d.margin = (costs, g, rate)
     if k == 0 and d.probe and may_probe(d._probes, d._pool.sum(), d.prior_tokens, rem.size):
-        k = d._probe(view, costs, kmax, level, trials, f, None if rest[0] is not None else draft_caps(view, kmax))
+        ends = draft_caps(view, kmax) if rates is None else None
+        k = d._probe(view, costs, kmax, level, trials, d._pos.factor(kmax), ends)
     return k
 
 
 def _fused_args(d: CostAwareDepth, view, kmax: int):
-    """`_fused_depth`'s kernel arguments (the raw tables, the calibration's and the policy time's terms, the
-    counts, the pool, the factors, kmax, remaining, draft_lag), or None where the kernels do not apply."""
+    """`_fused_depth`'s kernel arguments (the raw tables, the calibration's state, the policy time's terms, the
+    counts, the pool, the position sums and options, kmax, remaining, draft_lag), or None where the kernels do not
+    apply."""
     n = view.batch_size
     if n < 2 or not d.positions or d._calib.pad:
         return None
     tables = d._costs.update(view, kmax)
-    f = d._pos.factor(kmax)
+    pos = d._pos
     rem, lag = view.remaining, view.draft_lag
     d._start(view)
     counts = d._seq.align(view.request_ids).array
-    if not (kernels.floats(tables.verify, tables.draft, nonempty=True) and tables.draft.size > n
-            and kernels.floats(f, d._pool) and f.size >= kmax and counts.dtype == np.float64
-            and rem.dtype == lag.dtype == np.int64 and rem.shape == lag.shape == (n,) and counts.shape[0] == n):
+    if not (kernels.floats(tables.verify, tables.draft, nonempty=True) and tables.draft.size > n and kmax >= 1
+            and kernels.floats(d._pool, pos.accepted, pos.expected, pos.first_acc, pos.first_exp)
+            and counts.dtype == np.float64 and rem.dtype == lag.dtype == np.int64 and rem.shape == lag.shape == (n,)
+            and counts.shape[0] == n and d._pool.size == 2):
         return None
-    (sv, cv), (sd, cd) = d._calib.params("verify"), d._calib.params("draft")
     timed, idle, extra = d._ptime.terms() if d.policy_time else (False, 0.0, 0.0)
-    return (tables.verify, tables.draft, float(sv), float(cv), float(sd), float(cd), timed, idle, extra, counts,
-            float(d.prior_tokens), float(d._pool[0]), float(d._pool[1]), f, int(kmax), rem, lag)
+    return (tables.verify, tables.draft, d._calib._state, timed, idle, extra, counts, float(d.prior_tokens), d._pool,
+            pos.accepted, pos.expected, pos.first_acc, pos.first_exp, float(pos.prior), float(pos.optimism),
+            bool(pos.paired), int(kmax), rem, lag)
 
 
 def _fused_counts(d: CostAwareDepth, view, accepted, drafted, st) -> bool:

@@ -259,42 +259,46 @@ def batch_level(counts, prior_tokens, pool0, pool1):
 
 
 @njit(cache=True, nogil=True)
-def uniform_plan(verify, draft, sv, cv, sd, cd, has_time, idle, extra, counts, prior_tokens, pool0, pool1,
-                 factors, kmax, remaining, lag):
-    """`CostAwareDepth`'s plan while rows may still join, in one call: the step's tables (`timed_tables`), the level
-    (`batch_level`), every row's draft cap min(max(remaining - 1, 0), kmax) (`caps`), `uniform_best` at the level
-    with the position factors (`level_column`'s row), the draft lag's largest value (0 for no rows) and the margin's
-    acceptance per position, np.minimum(level x factors[:kmax], 0.999). Returns (verify, draft, pad, k, goodput,
-    level, trials, largest lag, margin's acceptance)."""
-    v, d, pad = timed_tables(verify, draft, sv, cv, sd, cd, has_time, idle, extra)
-    level, trials = batch_level(counts, prior_tokens, pool0, pool1)
+def uniform_plan(verify, draft, calib, has_time, idle, extra, counts, prior_tokens, pool, pos_acc, pos_exp,
+                 first_acc, first_exp, position_prior, optimism, paired, kmax, remaining, lag):
+    """`CostAwareDepth`'s plan while rows may still join, in one call: the step's tables (`timed_tables`, the fits
+    (scale, fixed) of CostCalibration's state `calib`: draft at 12-13, verify at 14-15), the level (`batch_level`,
+    pool = [accepted, rejected]), the position factors f at 0..kmax-1 (`position_factors` of PositionFactors' sums),
+    every row's draft cap min(max(remaining - 1, 0), kmax) (`caps`), `uniform_best` at the level with f
+    (`level_column`'s row), the draft lag's largest value (0 for no rows) and the margin's acceptance per position,
+    np.minimum(level x f, 0.999). Returns (verify, draft, pad, k, goodput, level, trials, largest lag, margin's
+    acceptance, whether the factors are compiled: False where `position_factors` leaves them to numpy)."""
+    v, d, pad = timed_tables(verify, draft, calib[14], calib[15], calib[12], calib[13], has_time, idle, extra)
+    level, trials = batch_level(counts, prior_tokens, pool[0], pool[1])
+    f, ok = position_factors(kmax, pos_acc, pos_exp, first_acc, first_exp, position_prior, optimism, paired)
     n = remaining.shape[0]
-    col = _level_row(level, kmax, factors, True, 0.0, False)
+    col = _level_row(level, kmax, f, True, 0.0, False)
     k, g = uniform_best(col, caps(remaining, kmax), True, n, v, d[n], pad)
-    return v, d, pad, k, g, level, trials, _largest(lag), _margin(level, factors, kmax)
+    return v, d, pad, k, g, level, trials, _largest(lag), _margin(level, f, kmax), ok
 
 
 @njit(cache=True, nogil=True)
-def drain_plan(verify, draft, sv, cv, sd, cd, has_time, idle, extra, counts, prior_tokens, pool0, pool1, factors,
-               kmax, remaining, lag):
+def drain_plan(verify, draft, calib, has_time, idle, extra, counts, prior_tokens, pool, pos_acc, pos_exp,
+               first_acc, first_exp, position_prior, optimism, paired, kmax, remaining, lag):
     """`uniform_plan` once no row is left to join (`CostAwareDepth`'s drain), up to the finishing steps' moments: the
-    tables, the level, the rows' `shrunk` rates (counts' columns toward np.full(n, level)), their
-    `survival_tokens` at depths 0..kmax with the factors, `scaled_tokens` of the level's row, the remaining tokens
-    as floats and their np.sum, the step seconds per depth (`step_seconds`), the largest lag and the margin's
+    tables, the level, the position factors f, the rows' `shrunk` rates (counts' columns toward np.full(n, level)),
+    their `survival_tokens` at depths 0..kmax with f, `scaled_tokens` of the level's row, the remaining tokens as
+    floats and their np.sum, the step seconds per depth (`step_seconds`), the largest lag and the margin's
     acceptance. Returns (verify, draft, pad, level, trials, rates, e, remaining, seconds, its sum, largest lag,
-    margin's acceptance)."""
-    v, d, pad = timed_tables(verify, draft, sv, cv, sd, cd, has_time, idle, extra)
-    level, trials = batch_level(counts, prior_tokens, pool0, pool1)
+    margin's acceptance, whether the factors are compiled)."""
+    v, d, pad = timed_tables(verify, draft, calib[14], calib[15], calib[12], calib[13], has_time, idle, extra)
+    level, trials = batch_level(counts, prior_tokens, pool[0], pool[1])
+    f, ok = position_factors(kmax, pos_acc, pos_exp, first_acc, first_exp, position_prior, optimism, paired)
     n = remaining.shape[0]
     rates = shrunk(counts[:, 0], counts[:, 1], np.full(n, level))
     ks = np.arange(kmax + 1)
-    f, _ = survival_tokens(rates, ks, factors, True, 0.0, False)
-    e = scaled_tokens(_level_row(level, kmax, factors, True, 0.0, False), f)
+    tokens, _ = survival_tokens(rates, ks, f, True, 0.0, False)
+    e = scaled_tokens(_level_row(level, kmax, f, True, 0.0, False), tokens)
     rem = np.empty(n)
     for i in range(n):
         rem[i] = float(remaining[i])
     T = step_seconds(n * ks, ks, v, d[n], pad)
-    return v, d, pad, level, trials, rates, e, rem, T, _sum(rem), _largest(lag), _margin(level, factors, kmax)
+    return v, d, pad, level, trials, rates, e, rem, T, _sum(rem), _largest(lag), _margin(level, f, kmax), ok
 
 
 @njit(cache=True, nogil=True, inline="always")
