@@ -1,5 +1,3 @@
-import numpy as np
-
 from specdepth.errors import as_int
 
 from .kit import CostAwarePolicy
@@ -32,5 +30,4 @@ class BatchScaled(CostAwarePolicy):
         if self.use_budget:   # the budget caps the depth, but never below 1: the cost rule decides on 1
             k = min(k, max(1, view.verify_tokens_free // n))
         k = self._depth.depth(view, k)
-        depths = self._depth.hold(np.full(n, max(self.min_depth, k), dtype=np.int64), self.min_depth)
-        return self.finish(depths, view)
+        return self.uniform(view, max(self.min_depth, k), self.min_depth)

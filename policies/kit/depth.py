@@ -333,6 +333,14 @@ class CostAwarePolicy(Policy):
             return kernels.finished(depths, rem, self.cap(view), view.max_num_batched_tokens - view.batch_size)
         return fit_token_cap(np.minimum(depths, draft_caps(view, self.cap(view))), view)
 
+    def uniform(self, view, k: int, floor: int = 0) -> np.ndarray:
+        """The plan that drafts k for every row, the rows `held` this step at `floor` (`CostAwareDepth.hold`),
+        finished (`finish`): one compiled loop where no row is held."""
+        rem = view.remaining
+        if COMPILED and search.COMPILED and self._depth.held is None and rem.dtype == np.int64 and rem.ndim == 1:
+            return kernels.finished_full(int(k), rem, self.cap(view), view.max_num_batched_tokens - view.batch_size)
+        return self.finish(self._depth.hold(np.full(view.batch_size, k, dtype=np.int64), floor), view)
+
     def reset(self):
         lv = self.level
         self._depth = CostAwareDepth(self.drain, lv.probe, lv.positions, lv.position_prior, lv.position_optimism,

@@ -323,14 +323,29 @@ def _margin(level, factors, k):
 @njit(cache=True, nogil=True)
 def finished(depths, remaining, cap, room):
     """`CostAwarePolicy.finish`: min(depths, min(max(remaining - 1, 0), cap)) (`caps`), then `search.fit_token_cap`
-    at `room` tokens: unchanged where the sum fits, zeros where room <= 0, else clipped at the largest c with
-    sum(min(depths, c)) <= room (the same bisection over 0..max; integers)."""
-    n = depths.shape[0]
-    out = np.empty(n, np.int64)
+    at `room` tokens (`_fit_tokens`)."""
+    out = np.empty(depths.shape[0], np.int64)
+    for i in range(depths.shape[0]):
+        out[i] = min(depths[i], min(max(remaining[i] - 1, 0), cap))
+    return _fit_tokens(out, room)
+
+
+@njit(cache=True, nogil=True)
+def finished_full(k, remaining, cap, room):
+    """`finished` of np.full(remaining.shape[0], k) (`CostAwarePolicy.uniform`)."""
+    out = np.empty(remaining.shape[0], np.int64)
+    for i in range(remaining.shape[0]):
+        out[i] = min(k, min(max(remaining[i] - 1, 0), cap))
+    return _fit_tokens(out, room)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _fit_tokens(out, room):
+    """`search.fit_token_cap` in place: unchanged where the sum fits in `room`, zeros where room <= 0, else clipped
+    at the largest c with sum(min(out, c)) <= room (the same bisection over 0..max; integers)."""
+    n = out.shape[0]
     total, top = 0, 0
     for i in range(n):
-        c = min(max(remaining[i] - 1, 0), cap)
-        out[i] = min(depths[i], c)
         total += out[i]
         top = out[i] if i == 0 or out[i] > top else top
     if total <= room:

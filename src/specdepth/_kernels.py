@@ -358,6 +358,24 @@ def roofline_forward(ctx, q, a, b, w, kv, inv_f, inv_b, oh, ca):
 
 
 @njit(cache=True, nogil=True)
+def roofline_verify(ctx, depths, a, b, w, kv, inv_f, inv_b, oh, ca):
+    """roofline_forward's seconds with q = depths + 1 (CostModel.verify_time: each row its drafts and one token),
+    the same integers and arithmetic without the query array."""
+    t = 0
+    c = 0
+    qc = 0
+    qq = 0
+    for i in range(ctx.shape[0]):
+        qi = depths[i] + 1
+        t += qi
+        c += ctx[i]
+        qc += qi * ctx[i]
+        qq += qi * (qi + 1)
+    tf, pairs, cf = float(t), float(qc) + float(qq) * 0.5, float(c)
+    return _roofline_seconds(a * tf + b * pairs, tf, cf, w, kv, inv_f, inv_b, oh, ca)
+
+
+@njit(cache=True, nogil=True)
 def roofline_positions(ctx, depths, a, b, w, kv, inv_f, inv_b, oh, ca):
     """RooflineCost.draft_positions in one pass: (seconds, flops) of the draft forwards of a step, at
     position p one token for each row with depths > p at context ctx + p (same arithmetic, same order;

@@ -219,21 +219,23 @@ class StepView:
     def _predicted(self, which: int):
         """view.cost's seconds for this step's shapes (0: the draft forwards, 1: the verify), each computed once,
         when first read (a step that drafted nothing has no draft forward: 0 s, no cost-model call)."""
-        if not self._verified():
+        s = self._s
+        if s.row_accepted is None:   # (not verified yet)
             return None
-        if self._pred is None:
-            self._pred = [None, None]
-        t = self._pred[which]
+        pred = self._pred
+        if pred is None:
+            pred = self._pred = [None, None]
+        t = pred[which]
         if t is None:
-            ctx, d = self.context_lens, self._s.row_drafted
-            if self._s.trees is not None:   # a tree step: specdepth.tree's prices (nodes as the verify's drafts)
-                t = (float(self._cost.verify_time(ctx, self._s.nodes)) if which == 1 else
-                     tree_draft_time(self._cost, ctx, self._s.trees))
+            ctx, d = self.context_lens, s.row_drafted
+            if s.trees is not None:   # a tree step: specdepth.tree's prices (nodes as the verify's drafts)
+                t = (float(self._cost.verify_time(ctx, s.nodes)) if which == 1 else
+                     tree_draft_time(self._cost, ctx, s.trees))
             elif which == 1:
                 t = float(self._cost.verify_time(ctx, d))
-            else:
-                t = float(self._cost.draft_positions(ctx, d)[0]) if d.any() else 0.0
-            self._pred[which] = t
+            else:   # (a step that ran a draft forward drafted a row)
+                t = float(self._cost.draft_positions(ctx, d)[0]) if s.draft_forwards or d.any() else 0.0
+            pred[which] = t
         return t
 
     predicted_draft_s = property(lambda self: self._predicted(0))
