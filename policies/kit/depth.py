@@ -223,29 +223,41 @@ def _fused_depth(d: CostAwareDepth, view, kmax: int) -> int | None:
     args = _fused_args(d, view, kmax)
     if args is None:
         return None
-    rem = args[-2]
+    rem, n = args[-2], args[-2].size
     if d.drain and view.requests_left == 0:
-        v, dr, pad, level, trials, rates, e, remf, T, total, d._top, rate, ok = kernels.drain_plan(*args)
+        buf, level, trials, total, d._top, ok = kernels.drain_plan(*args)
         if not ok or level != level:   # (numpy's factors, or a NaN level: the blocks decide)
             return None
+        costs, rate, at = _plan_views(buf, args, kmax)
+        rates, remf, T = buf[at:at + n], buf[at + n:at + 2 * n], buf[at + 2 * n:at + 2 * n + kmax + 1]
+        e = buf[at + 2 * n + kmax + 1:].reshape(kmax + 1, n)
         k, g = kernels.ratio_best(total, search._steps_to_finish(e, remf, True), T)
     else:
-        v, dr, pad, k, g, level, trials, d._top, rate, ok = kernels.uniform_plan(*args)
+        buf, k, g, level, trials, d._top, ok = kernels.uniform_plan(*args)
         if not ok or level != level:
             return None
+        costs, rate, _ = _plan_views(buf, args, kmax)
         rates = None
     d._level = level
-    costs = Tables(v, dr, pad if args[3] else None)
     if k and d.catch_up and d._top > 2:
         f = d._pos.factor(kmax)
-        rest = (None, None, f) if rates is None else (rem, rates, f)
-        k = d._catch_up(view, k, g, np.full(rem.size, level), costs, rest, level)
+        k = d._catch_up(view, k, g, np.full(n, level), costs, (None, None, f) if rates is None else (rem, rates, f),
+                        level)
     if k:
         d.margin = (costs, g, rate)
-    if k == 0 and d.probe and may_probe(d._probes, d._pool.sum(), d.prior_tokens, rem.size):
+    if k == 0 and d.probe and may_probe(d._probes, d._pool.sum(), d.prior_tokens, n):
         ends = draft_caps(view, kmax) if rates is None else None
         k = d._probe(view, costs, kmax, level, trials, d._pos.factor(kmax), ends)
     return k
+
+
+def _plan_views(buf: np.ndarray, args: tuple, kmax: int):
+    """The plan kernels' buffer read back: (the tables, the margin's acceptance, where the rest starts)."""
+    X1, n1, timed = args[0].size, args[1].size, args[3]
+    P = (X1 - 1) // max(n1 - 1, 1) + 1 if timed else 0
+    at = X1 + n1 + P
+    costs = Tables(buf[:X1], buf[X1:X1 + n1], buf[X1 + n1:at] if timed else None)
+    return costs, buf[at:at + kmax], at + kmax
 
 
 def _fused_args(d: CostAwareDepth, view, kmax: int):

@@ -234,18 +234,30 @@ def uniform_best(col, ends, has_ends, n, verify, draft_n, pad):
 
 
 @njit(cache=True, nogil=True)
-def timed_tables(verify, draft, sv, cv, sd, cd, has_time, idle, extra):
-    """`CostCalibration.correct`'s unpadded tables (`corrected`) with `PolicyTime.apply` where `has_time`: idle
-    seconds added to every verify entry, `extra` to opening position 0 (pad: zeros, one more than the tables'
-    positions, pad[0] = 0.0 + extra); else an empty pad (none)."""
-    v, d = corrected(verify, sv, cv, draft, sd, cd)
-    if not has_time:
-        return v, d, np.zeros(0)
-    for i in range(v.shape[0]):
-        v[i] = v[i] + idle
-    pad = np.zeros((verify.shape[0] - 1) // max(draft.shape[0] - 1, 1) + 1)
-    pad[0] += extra
-    return v, d, pad
+def plan_tables(verify, draft, calib, has_time, idle, extra, more):
+    """`CostCalibration.correct`'s unpadded tables with `PolicyTime.apply` where `has_time`, in one new buffer with
+    `more` entries after them: verify = sv x verify + cv (+ idle), draft = sd x draft + cd with draft[0] = 0, pad
+    (`has_time`: zeros, one more than the tables' positions, pad[0] = 0.0 + extra; else none), the fits (scale,
+    fixed) read from CostCalibration's state `calib` (draft at 12-13, verify at 14-15). Returns (the buffer,
+    verify, draft, pad, the rest): views of it (one array to hand back to Python: each array a compiled call
+    returns costs about a microsecond)."""
+    X1, n1 = verify.shape[0], draft.shape[0]
+    P = (X1 - 1) // max(n1 - 1, 1) + 1 if has_time else 0
+    buf = np.empty(X1 + n1 + P + more)
+    v, d, pad, rest = buf[:X1], buf[X1:X1 + n1], buf[X1 + n1:X1 + n1 + P], buf[X1 + n1 + P:]
+    sv, cv, sd, cd = calib[14], calib[15], calib[12], calib[13]
+    for i in range(X1):
+        v[i] = sv * verify[i] + cv
+    for i in range(n1):
+        d[i] = sd * draft[i] + cd
+    d[0] = 0.0
+    if has_time:
+        for i in range(X1):
+            v[i] = v[i] + idle
+        for p in range(P):
+            pad[p] = 0.0
+        pad[0] += extra
+    return buf, v, d, pad, rest
 
 
 @njit(cache=True, nogil=True)
@@ -261,20 +273,20 @@ def batch_level(counts, prior_tokens, pool0, pool1):
 @njit(cache=True, nogil=True)
 def uniform_plan(verify, draft, calib, has_time, idle, extra, counts, prior_tokens, pool, pos_acc, pos_exp,
                  first_acc, first_exp, position_prior, optimism, paired, kmax, remaining, lag):
-    """`CostAwareDepth`'s plan while rows may still join, in one call: the step's tables (`timed_tables`, the fits
-    (scale, fixed) of CostCalibration's state `calib`: draft at 12-13, verify at 14-15), the level (`batch_level`,
-    pool = [accepted, rejected]), the position factors f at 0..kmax-1 (`position_factors` of PositionFactors' sums),
-    every row's draft cap min(max(remaining - 1, 0), kmax) (`caps`), `uniform_best` at the level with f
-    (`level_column`'s row), the draft lag's largest value (0 for no rows) and the margin's acceptance per position,
-    np.minimum(level x f, 0.999). Returns (verify, draft, pad, k, goodput, level, trials, largest lag, margin's
-    acceptance, whether the factors are compiled: False where `position_factors` leaves them to numpy)."""
-    v, d, pad = timed_tables(verify, draft, calib[14], calib[15], calib[12], calib[13], has_time, idle, extra)
+    """`CostAwareDepth`'s plan while rows may still join, in one call: the step's tables (`plan_tables`), the level
+    (`batch_level`, pool = [accepted, rejected]), the position factors f at 0..kmax-1 (`position_factors` of
+    PositionFactors' sums), every row's draft cap min(max(remaining - 1, 0), kmax) (`caps`), `uniform_best` at the
+    level with f (`level_column`'s row), the draft lag's largest value (0 for no rows) and the margin's acceptance
+    per position, np.minimum(level x f, 0.999). Returns (the buffer: verify, draft, pad, then the margin's
+    acceptance; k, goodput, level, trials, largest lag, whether the factors are compiled: False where
+    `position_factors` leaves them to numpy)."""
+    buf, v, d, pad, rate = plan_tables(verify, draft, calib, has_time, idle, extra, kmax)
     level, trials = batch_level(counts, prior_tokens, pool[0], pool[1])
     f, ok = position_factors(kmax, pos_acc, pos_exp, first_acc, first_exp, position_prior, optimism, paired)
     n = remaining.shape[0]
-    col = _level_row(level, kmax, f, True, 0.0, False)
-    k, g = uniform_best(col, caps(remaining, kmax), True, n, v, d[n], pad)
-    return v, d, pad, k, g, level, trials, _largest(lag), _margin(level, f, kmax), ok
+    k, g = uniform_best(_level_row(level, kmax, f, True, 0.0, False), caps(remaining, kmax), True, n, v, d[n], pad)
+    _margin(level, f, kmax, rate)
+    return buf, k, g, level, trials, _largest(lag), ok
 
 
 @njit(cache=True, nogil=True)
@@ -282,23 +294,29 @@ def drain_plan(verify, draft, calib, has_time, idle, extra, counts, prior_tokens
                first_acc, first_exp, position_prior, optimism, paired, kmax, remaining, lag):
     """`uniform_plan` once no row is left to join (`CostAwareDepth`'s drain), up to the finishing steps' moments: the
     tables, the level, the position factors f, the rows' `shrunk` rates (counts' columns toward np.full(n, level)),
-    their `survival_tokens` at depths 0..kmax with f, `scaled_tokens` of the level's row, the remaining tokens as
-    floats and their np.sum, the step seconds per depth (`step_seconds`), the largest lag and the margin's
-    acceptance. Returns (verify, draft, pad, level, trials, rates, e, remaining, seconds, its sum, largest lag,
-    margin's acceptance, whether the factors are compiled)."""
-    v, d, pad = timed_tables(verify, draft, calib[14], calib[15], calib[12], calib[13], has_time, idle, extra)
+    their `survival_tokens` at depths 0..kmax with f, `scaled_tokens` of the level's row (e, [kmax + 1, n]), the
+    remaining tokens as floats and their np.sum, the step seconds per depth (`step_seconds`), the largest lag and
+    the margin's acceptance. Returns (the buffer: verify, draft, pad, the margin's acceptance, the rates, the
+    remaining tokens, the seconds, e row by row; level, trials, the remaining tokens' sum, largest lag, whether the
+    factors are compiled)."""
+    n, K1 = remaining.shape[0], kmax + 1
+    buf, v, d, pad, rest = plan_tables(verify, draft, calib, has_time, idle, extra, kmax + 2 * n + K1 + K1 * n)
     level, trials = batch_level(counts, prior_tokens, pool[0], pool[1])
     f, ok = position_factors(kmax, pos_acc, pos_exp, first_acc, first_exp, position_prior, optimism, paired)
-    n = remaining.shape[0]
-    rates = shrunk(counts[:, 0], counts[:, 1], np.full(n, level))
-    ks = np.arange(kmax + 1)
+    _margin(level, f, kmax, rest[:kmax])
+    rates, rem = rest[kmax:kmax + n], rest[kmax + n:kmax + 2 * n]
+    rates[:] = shrunk(counts[:, 0], counts[:, 1], np.full(n, level))
+    ks = np.arange(K1)
     tokens, _ = survival_tokens(rates, ks, f, True, 0.0, False)
     e = scaled_tokens(_level_row(level, kmax, f, True, 0.0, False), tokens)
-    rem = np.empty(n)
     for i in range(n):
         rem[i] = float(remaining[i])
-    T = step_seconds(n * ks, ks, v, d[n], pad)
-    return v, d, pad, level, trials, rates, e, rem, T, _sum(rem), _largest(lag), _margin(level, f, kmax), ok
+    rest[kmax + 2 * n:kmax + 2 * n + K1] = step_seconds(n * ks, ks, v, d[n], pad)
+    flat = rest[kmax + 2 * n + K1:]
+    for k in range(K1):
+        for i in range(n):
+            flat[k * n + i] = e[k, i]
+    return buf, level, trials, _sum(rem), _largest(lag), ok
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -311,13 +329,11 @@ def _largest(a):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _margin(level, factors, k):
-    """np.minimum(level x factors[:k], 0.999) (NaN stays NaN)."""
-    rate = np.empty(k)
+def _margin(level, factors, k, rate):
+    """rate[:k] = np.minimum(level x factors[:k], 0.999) (NaN stays NaN)."""
     for p in range(k):
         x = level * factors[p]
         rate[p] = 0.999 if 0.999 < x else x
-    return rate
 
 
 @njit(cache=True, nogil=True)
