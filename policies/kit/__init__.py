@@ -8,9 +8,9 @@
   drain        expected_max, normal_cdf: when the last row of a draining batch is expected to finish
   kernels      the compiled loops (numba) of the kit's per-step work and of goodput, confidence and the tree
                policies: the same arithmetic as their numpy form, run instead with `COMPILED = False` in kit.search
-               (the searches, the drain, CostAwareDepth, goodput, confidence), kit.acceptance, state, cost,
-               calibration, idle or kit.tree (the tree policies); one file: numba's disk cache does not follow
-               calls across files
+               (the searches, the drain, CostAwareDepth, goodput, confidence), kit.depth (CostAwareDepth's chains
+               fused into one call each), kit.acceptance, state, cost, calibration, idle or kit.tree (the tree
+               policies); one file: numba's disk cache does not follow calls across files
   idle         IdleReplan, may_probe / thin_evidence, catch_up_s / catch_up_pays / catch_up_rows, CatchUpPadding
   depth        CostAwareDepth (one calibrated depth for the batch) and CostAwarePolicy, its Policy base
   budget       first_drafts, best_survivors: the shared token budget as a hard limit on drafts

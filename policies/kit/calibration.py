@@ -165,8 +165,9 @@ class CostCalibration:
         """Corrected StepCost tables: verify[x] (x drafts, one forward) and draft[m] (one forward of m rows)."""
         (sv, cv), (sd, cd) = self.params("verify"), self.params("draft")
         if COMPILED and not self.pad and kernels.floats(costs.verify, costs.draft, nonempty=True):   # one loop
-            return Tables(*kernels.corrected(costs.verify, float(sv), float(cv), costs.draft, float(sd),
-                                             float(cd)))
+            v, d = np.empty(costs.verify.size), np.empty(costs.draft.size)
+            kernels.corrected(costs.verify, float(sv), float(cv), costs.draft, float(sd), float(cd), v, d)
+            return Tables(v, d)
         d = sd * costs.draft + cd
         d[0] = 0.0
         if not self.pad:

@@ -181,7 +181,8 @@ def as_padded(costs, n: int) -> Tables:
         return costs
     v = costs.verify
     if COMPILED and kernels.floats(v, nonempty=True) and n >= 0:
-        flat, pad = kernels.padded_tables(v, int(n))   # the same values, one loop
+        flat, pad = np.empty(v.size), np.empty(v.size // max(int(n), 1))
+        kernels.padded_tables(v, int(n), flat, pad)   # the same values, one loop
         return Tables(flat, costs.draft, pad)
     return Tables(np.full_like(costs.verify, costs.verify[0]), costs.draft, np.diff(every_row_deep(costs.verify, n)))
 

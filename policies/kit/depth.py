@@ -225,7 +225,8 @@ def _fused_depth(d: CostAwareDepth, view, kmax: int) -> int | None:
         return None
     rem, n = args[-2], args[-2].size
     if d.drain and view.requests_left == 0:
-        buf, level, trials, total, d._top, ok = kernels.drain_plan(*args)
+        buf, _ = _plan_buffer(args, kmax, 2 * n + (kmax + 1) * (n + 1))
+        level, trials, total, d._top, ok = kernels.drain_plan(*args, buf)
         if not ok or level != level:   # (numpy's factors, or a NaN level: the blocks decide)
             return None
         costs, rate, at = _plan_views(buf, args, kmax)
@@ -233,7 +234,8 @@ def _fused_depth(d: CostAwareDepth, view, kmax: int) -> int | None:
         e = buf[at + 2 * n + kmax + 1:].reshape(kmax + 1, n)
         k, g = kernels.ratio_best(total, search._steps_to_finish(e, remf, True), T)
     else:
-        buf, k, g, level, trials, d._top, ok = kernels.uniform_plan(*args)
+        buf, _ = _plan_buffer(args, kmax, 0)
+        k, g, level, trials, d._top, ok = kernels.uniform_plan(*args, buf)
         if not ok or level != level:
             return None
         costs, rate, _ = _plan_views(buf, args, kmax)
@@ -251,12 +253,23 @@ def _fused_depth(d: CostAwareDepth, view, kmax: int) -> int | None:
     return k
 
 
+def _plan_buffer(args: tuple, kmax: int, more: int):
+    """The plan kernels' buffer (the tables, the margin's acceptance and `more`) and where the tables end."""
+    at = _tables_end(args)
+    return np.empty(at + kmax + more), at
+
+
+def _tables_end(args: tuple) -> int:
+    """Where the tables end in the plan kernels' buffer: verify, draft and, with the policy time, a pad one longer
+    than the tables' positions (`kernels.plan_tables`)."""
+    X1, n1 = args[0].size, args[1].size
+    return X1 + n1 + ((X1 - 1) // max(n1 - 1, 1) + 1 if args[3] else 0)
+
+
 def _plan_views(buf: np.ndarray, args: tuple, kmax: int):
     """The plan kernels' buffer read back: (the tables, the margin's acceptance, where the rest starts)."""
-    X1, n1, timed = args[0].size, args[1].size, args[3]
-    P = (X1 - 1) // max(n1 - 1, 1) + 1 if timed else 0
-    at = X1 + n1 + P
-    costs = Tables(buf[:X1], buf[X1:X1 + n1], buf[X1 + n1:at] if timed else None)
+    X1, n1, at = args[0].size, args[1].size, _tables_end(args)
+    costs = Tables(buf[:X1], buf[X1:X1 + n1], buf[X1 + n1:at] if args[3] else None)
     return costs, buf[at:at + kmax], at + kmax
 
 
@@ -342,7 +355,9 @@ class CostAwarePolicy(Policy):
         (`fit_token_cap`)."""
         rem = view.remaining
         if COMPILED and search.COMPILED and depths.dtype == rem.dtype == np.int64 and depths.shape == rem.shape:
-            return kernels.finished(depths, rem, self.cap(view), view.max_num_batched_tokens - view.batch_size)
+            out = np.empty(depths.size, np.int64)
+            kernels.finished(depths, rem, self.cap(view), view.max_num_batched_tokens - view.batch_size, out)
+            return out
         return fit_token_cap(np.minimum(depths, draft_caps(view, self.cap(view))), view)
 
     def uniform(self, view, k: int, floor: int = 0) -> np.ndarray:
@@ -350,7 +365,9 @@ class CostAwarePolicy(Policy):
         finished (`finish`): one compiled loop where no row is held."""
         rem = view.remaining
         if COMPILED and search.COMPILED and self._depth.held is None and rem.dtype == np.int64 and rem.ndim == 1:
-            return kernels.finished_full(int(k), rem, self.cap(view), view.max_num_batched_tokens - view.batch_size)
+            out = np.empty(rem.size, np.int64)
+            kernels.finished_full(int(k), rem, self.cap(view), view.max_num_batched_tokens - view.batch_size, out)
+            return out
         return self.finish(self._depth.hold(np.full(view.batch_size, k, dtype=np.int64), floor), view)
 
     def reset(self):

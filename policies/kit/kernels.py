@@ -234,16 +234,14 @@ def uniform_best(col, ends, has_ends, n, verify, draft_n, pad):
 
 
 @njit(cache=True, nogil=True)
-def plan_tables(verify, draft, calib, has_time, idle, extra, more):
-    """`CostCalibration.correct`'s unpadded tables with `PolicyTime.apply` where `has_time`, in one new buffer with
-    `more` entries after them: verify = sv x verify + cv (+ idle), draft = sd x draft + cd with draft[0] = 0, pad
-    (`has_time`: zeros, one more than the tables' positions, pad[0] = 0.0 + extra; else none), the fits (scale,
-    fixed) read from CostCalibration's state `calib` (draft at 12-13, verify at 14-15). Returns (the buffer,
-    verify, draft, pad, the rest): views of it (one array to hand back to Python: each array a compiled call
-    returns costs about a microsecond)."""
+def plan_tables(verify, draft, calib, has_time, idle, extra, buf):
+    """`CostCalibration.correct`'s unpadded tables with `PolicyTime.apply` where `has_time`, written at the start of
+    `buf` (the caller's: an array a compiled call hands back to Python costs a microsecond or two): verify = sv x
+    verify + cv (+ idle), draft = sd x draft + cd with draft[0] = 0, pad (`has_time`: zeros, one more than the
+    tables' positions, pad[0] = 0.0 + extra; else none), the fits (scale, fixed) read from CostCalibration's
+    state `calib` (draft at 12-13, verify at 14-15). Returns (verify, draft, pad, the rest of buf): views of it."""
     X1, n1 = verify.shape[0], draft.shape[0]
     P = (X1 - 1) // max(n1 - 1, 1) + 1 if has_time else 0
-    buf = np.empty(X1 + n1 + P + more)
     v, d, pad, rest = buf[:X1], buf[X1:X1 + n1], buf[X1 + n1:X1 + n1 + P], buf[X1 + n1 + P:]
     sv, cv, sd, cd = calib[14], calib[15], calib[12], calib[13]
     for i in range(X1):
@@ -257,7 +255,7 @@ def plan_tables(verify, draft, calib, has_time, idle, extra, more):
         for p in range(P):
             pad[p] = 0.0
         pad[0] += extra
-    return buf, v, d, pad, rest
+    return v, d, pad, rest
 
 
 @njit(cache=True, nogil=True)
@@ -272,35 +270,37 @@ def batch_level(counts, prior_tokens, pool0, pool1):
 
 @njit(cache=True, nogil=True)
 def uniform_plan(verify, draft, calib, has_time, idle, extra, counts, prior_tokens, pool, pos_acc, pos_exp,
-                 first_acc, first_exp, position_prior, optimism, paired, kmax, remaining, lag):
+                 first_acc, first_exp, position_prior, optimism, paired, kmax, remaining, lag, buf):
     """`CostAwareDepth`'s plan while rows may still join, in one call: the step's tables (`plan_tables`), the level
     (`batch_level`, pool = [accepted, rejected]), the position factors f at 0..kmax-1 (`position_factors` of
     PositionFactors' sums), every row's draft cap min(max(remaining - 1, 0), kmax) (`caps`), `uniform_best` at the
     level with f (`level_column`'s row), the draft lag's largest value (0 for no rows) and the margin's acceptance
-    per position, np.minimum(level x f, 0.999). Returns (the buffer: verify, draft, pad, then the margin's
-    acceptance; k, goodput, level, trials, largest lag, whether the factors are compiled: False where
+    per position, np.minimum(level x f, 0.999). buf (`plan_tables`) gets verify, draft, pad, then the margin's
+    acceptance. Returns (k, goodput, level, trials, largest lag, whether the factors are compiled: False where
     `position_factors` leaves them to numpy)."""
-    buf, v, d, pad, rate = plan_tables(verify, draft, calib, has_time, idle, extra, kmax)
+    v, d, pad, rate = plan_tables(verify, draft, calib, has_time, idle, extra, buf)
     level, trials = batch_level(counts, prior_tokens, pool[0], pool[1])
     f, ok = position_factors(kmax, pos_acc, pos_exp, first_acc, first_exp, position_prior, optimism, paired)
     n = remaining.shape[0]
-    k, g = uniform_best(_level_row(level, kmax, f, True, 0.0, False), caps(remaining, kmax), True, n, v, d[n], pad)
+    ends = np.empty(n, np.int64)
+    caps(remaining, kmax, ends)
+    k, g = uniform_best(_level_row(level, kmax, f, True, 0.0, False), ends, True, n, v, d[n], pad)
     _margin(level, f, kmax, rate)
-    return buf, k, g, level, trials, _largest(lag), ok
+    return k, g, level, trials, _largest(lag), ok
 
 
 @njit(cache=True, nogil=True)
 def drain_plan(verify, draft, calib, has_time, idle, extra, counts, prior_tokens, pool, pos_acc, pos_exp,
-               first_acc, first_exp, position_prior, optimism, paired, kmax, remaining, lag):
+               first_acc, first_exp, position_prior, optimism, paired, kmax, remaining, lag, buf):
     """`uniform_plan` once no row is left to join (`CostAwareDepth`'s drain), up to the finishing steps' moments: the
     tables, the level, the position factors f, the rows' `shrunk` rates (counts' columns toward np.full(n, level)),
     their `survival_tokens` at depths 0..kmax with f, `scaled_tokens` of the level's row (e, [kmax + 1, n]), the
     remaining tokens as floats and their np.sum, the step seconds per depth (`step_seconds`), the largest lag and
-    the margin's acceptance. Returns (the buffer: verify, draft, pad, the margin's acceptance, the rates, the
-    remaining tokens, the seconds, e row by row; level, trials, the remaining tokens' sum, largest lag, whether the
+    the margin's acceptance. buf gets verify, draft, pad, the margin's acceptance, the rates, the remaining tokens,
+    the seconds and e row by row. Returns (level, trials, the remaining tokens' sum, largest lag, whether the
     factors are compiled)."""
     n, K1 = remaining.shape[0], kmax + 1
-    buf, v, d, pad, rest = plan_tables(verify, draft, calib, has_time, idle, extra, kmax + 2 * n + K1 + K1 * n)
+    v, d, pad, rest = plan_tables(verify, draft, calib, has_time, idle, extra, buf)
     level, trials = batch_level(counts, prior_tokens, pool[0], pool[1])
     f, ok = position_factors(kmax, pos_acc, pos_exp, first_acc, first_exp, position_prior, optimism, paired)
     _margin(level, f, kmax, rest[:kmax])
@@ -316,7 +316,7 @@ def drain_plan(verify, draft, calib, has_time, idle, extra, counts, prior_tokens
     for k in range(K1):
         for i in range(n):
             flat[k * n + i] = e[k, i]
-    return buf, level, trials, _sum(rem), _largest(lag), ok
+    return level, trials, _sum(rem), _largest(lag), ok
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -337,22 +337,20 @@ def _margin(level, factors, k, rate):
 
 
 @njit(cache=True, nogil=True)
-def finished(depths, remaining, cap, room):
-    """`CostAwarePolicy.finish`: min(depths, min(max(remaining - 1, 0), cap)) (`caps`), then `search.fit_token_cap`
-    at `room` tokens (`_fit_tokens`)."""
-    out = np.empty(depths.shape[0], np.int64)
+def finished(depths, remaining, cap, room, out):
+    """`CostAwarePolicy.finish` into out: min(depths, min(max(remaining - 1, 0), cap)) (`caps`), then
+    `search.fit_token_cap` at `room` tokens (`_fit_tokens`)."""
     for i in range(depths.shape[0]):
         out[i] = min(depths[i], min(max(remaining[i] - 1, 0), cap))
-    return _fit_tokens(out, room)
+    _fit_tokens(out, room)
 
 
 @njit(cache=True, nogil=True)
-def finished_full(k, remaining, cap, room):
+def finished_full(k, remaining, cap, room, out):
     """`finished` of np.full(remaining.shape[0], k) (`CostAwarePolicy.uniform`)."""
-    out = np.empty(remaining.shape[0], np.int64)
     for i in range(remaining.shape[0]):
         out[i] = min(k, min(max(remaining[i] - 1, 0), cap))
-    return _fit_tokens(out, room)
+    _fit_tokens(out, room)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -403,12 +401,10 @@ def tally(accepted, drafted, acc, rej):
 
 
 @njit(cache=True, nogil=True)
-def caps(remaining, kmax):
-    """`search.draft_caps`: min(max(remaining - 1, 0), kmax) per row."""
-    out = np.empty(remaining.shape[0], np.int64)
+def caps(remaining, kmax, out):
+    """`search.draft_caps` into out: min(max(remaining - 1, 0), kmax) per row."""
     for i in range(remaining.shape[0]):
         out[i] = min(max(remaining[i] - 1, 0), kmax)
-    return out
 
 
 @njit(cache=True, nogil=True)
@@ -508,12 +504,11 @@ def ratio_best(num, S, T):
 
 
 @njit(cache=True, nogil=True)
-def finish_moments(e, e3, rem):
+def finish_moments(e, e3, rem, mu, sd):
     """`search._steps_to_finish`'s normal approximation: per depth k and row i, the mean rem_i / e[k, i] steps and
     its sd, sqrt(rem_i x max(L2 - (e - 1)^2, 0) / e3), L2[k] the running sum over p < k of (2p + 1) x
-    (e[p + 1] - e[p]) (np.cumsum's order); e3 = e ** 3 (numpy's power)."""
+    (e[p + 1] - e[p]) (np.cumsum's order); e3 = e ** 3 (numpy's power). Written into mu and sd."""
     K, n = e.shape
-    mu, sd = np.empty((K, n)), np.empty((K, n))
     for i in range(n):
         L = 0.0
         for k in range(K):
@@ -524,7 +519,6 @@ def finish_moments(e, e3, rem):
             v = L - w * w
             mu[k, i] = rem[i] / e[k, i]
             sd[k, i] = math.sqrt(rem[i] * (v if v >= 0.0 or math.isnan(v) else 0.0) / e3[k, i])   # np.maximum
-    return mu, sd
 
 
 # ---- the drain's expected maxima (drain.expected_maxes) --------------------------------------------------
@@ -1808,17 +1802,17 @@ def conf_sigmoid(e):
 
 
 @njit(cache=True, nogil=True)
-def align_rows(old_ids, old, ids, init):
-    """`PerRequest.align`'s new rows: each id's row of `old` where old_ids holds it (its first row in a stable
-    sort of old_ids, as np.argsort(kind="stable") and np.searchsorted find it), else `init`."""
+def align_rows(old_ids, old, ids, init, new):
+    """`PerRequest.align`'s new rows, into new [len(ids), fields]: each id's row of `old` where old_ids holds it
+    (its first row in a stable sort of old_ids, as np.argsort(kind="stable") and np.searchsorted find it), else
+    `init`."""
     n, f = ids.shape[0], init.shape[0]
-    new = np.empty((n, f))
     for i in range(n):
         for j in range(f):
             new[i, j] = init[j]
     m = old_ids.shape[0]
     if m == 0:
-        return new
+        return
     ascending = True
     for i in range(1, m):
         if old_ids[i] < old_ids[i - 1]:
@@ -1836,7 +1830,6 @@ def align_rows(old_ids, old, ids, init):
         if srt[at] == ids[i]:
             for j in range(f):
                 new[i, j] = old[order[at], j]
-    return new
 
 
 # ---- shrunk_rates and expected_tokens (kit.acceptance) -------------------------------------------------------
@@ -2258,33 +2251,29 @@ def masked_max(a, mask):
 
 
 @njit(cache=True, nogil=True)
-def padded_tables(verify, n):
-    """`cost.as_padded`'s tables: the verify without drafts at every x (np.full_like), and np.diff of the verify read
-    every n drafts (`every_row_deep`)."""
+def padded_tables(verify, n, flat, pad):
+    """`cost.as_padded`'s tables into flat (verify's size) and pad (verify.size // max(n, 1)): the verify without
+    drafts at every x (np.full_like), and np.diff of the verify read every n drafts (`every_row_deep`)."""
     size = verify.shape[0]
-    flat = np.empty(size)
     for i in range(size):
         flat[i] = verify[0]
     deep = size // max(n, 1) + 1
-    pad = np.empty(deep - 1)
     prev = verify[0]
     for p in range(1, deep):
         cur = verify[min(p * n, size - 1)]
         pad[p - 1] = cur - prev
         prev = cur
-    return flat, pad
 
 
 @njit(cache=True, nogil=True)
-def corrected(verify, sv, cv, draft, sd, cd):
-    """`CostCalibration.correct`'s unpadded tables: sv x verify + cv and sd x draft + cd with draft[0] = 0."""
-    v, d = np.empty(verify.shape[0]), np.empty(draft.shape[0])
+def corrected(verify, sv, cv, draft, sd, cd, v, d):
+    """`CostCalibration.correct`'s unpadded tables into v and d: sv x verify + cv and sd x draft + cd with draft[0]
+    = 0."""
     for i in range(verify.shape[0]):
         v[i] = sv * verify[i] + cv
     for i in range(draft.shape[0]):
         d[i] = sd * draft[i] + cd
     d[0] = 0.0
-    return v, d
 
 
 @njit(cache=True, nogil=True)

@@ -384,7 +384,9 @@ def _steps_to_finish(e: np.ndarray, rem: np.ndarray, spread: bool) -> np.ndarray
     if not spread or rem.size == 1:   # (one row: its mean, exactly)
         return (rem[None, :] / e).max(axis=1)
     if COMPILED and e.dtype == rem.dtype == np.float64:
-        return expected_maxes(*kernels.finish_moments(e, e ** 3, rem))
+        mu, sd = np.empty(e.shape), np.empty(e.shape)
+        kernels.finish_moments(e, e ** 3, rem, mu, sd)
+        return expected_maxes(mu, sd)
     surv = np.diff(e, axis=0)   # [p, row]: P(drafts 0..p survive)
     L2 = np.concatenate([np.zeros((1, e.shape[1])),
                          np.cumsum((2.0 * np.arange(e.shape[0] - 1) + 1.0)[:, None] * surv, axis=0)])
@@ -502,8 +504,10 @@ def draft_caps(view, kmax: int) -> np.ndarray:
     """Per row, the most drafts worth making: its remaining tokens - 1 (a step emits at most what the request has
     left, so a draft past its last token is never emitted), in 0..kmax."""
     rem = view.remaining
-    if COMPILED and rem.dtype == np.int64:
-        return kernels.caps(rem, int(kmax))   # the same integers, one loop
+    if COMPILED and rem.dtype == np.int64 and rem.ndim == 1:
+        out = np.empty(rem.size, np.int64)
+        kernels.caps(rem, int(kmax), out)   # the same integers, one loop
+        return out
     return np.minimum(np.maximum(rem - 1, 0), kmax)   # np.clip's values (integers), a third of its time
 
 
