@@ -226,6 +226,54 @@ def test_cost_aware_depths_compiled_plan_is_its_blocks(monkeypatch):
         assert got[0] == got[1]
 
 
+def test_the_compiled_table_interpolation_and_roofline_tables_are_numpys(monkeypatch):
+    """StepCost's np.interp of a grid (`kernels.interp_points`: NaN and infinite values included) and RooflineCost's
+    compiled verify_time, verify_times and draft_times against the numpy and base-class forms, to the bit."""
+    from specdepth.app import build
+    from specdepth.cost import CostModel
+    from specdepth.policies.kit import cost as kcost
+    from sdtest import cfg
+    rng = np.random.default_rng(11)
+    for t in range(400):
+        X = int(rng.integers(1, 3000))
+        xs = np.array(kcost._grid(X))
+        fp = [np.cumsum(rng.uniform(0, 1e-4, xs.size)) + 0.01, rng.normal(size=xs.size) * 10.0 ** rng.integers(-8, 3),
+              np.where(rng.random(xs.size) < 0.1, np.nan, np.where(rng.random(xs.size) < 0.05, np.inf, 0.3)),
+              np.where(rng.random(xs.size) < 0.2, -np.inf, 0.3)][t % 4]
+        with np.errstate(all="ignore"):
+            assert kcost._interp(X + 1, xs, fp).tobytes() == np.interp(np.arange(X + 1), xs, fp).tobytes()
+    cm = build(cfg())["engine"].cost
+    for _ in range(300):
+        n = int(rng.integers(1, 300))
+        ctx = rng.integers(0, 10 ** int(rng.integers(1, 7)), n).astype(np.int64)
+        depths = rng.integers(0, 9, n).astype(np.int64)
+        assert cm.verify_time(ctx, depths) == CostModel.verify_time(cm, ctx, depths)
+        xs, ms, cbar = np.array(kcost._grid(int(rng.integers(0, 3000)))), np.array(kcost._grid(n)), float(ctx.mean())
+        assert cm.verify_times(ctx, xs).tobytes() == CostModel.verify_times(cm, ctx, xs).tobytes()
+        assert cm.draft_times(cbar, ms).tobytes() == CostModel.draft_times(cm, cbar, ms).tobytes()
+
+
+def test_cost_aware_policys_finish_is_the_caps_and_the_token_cap():
+    """CostAwarePolicy.finish and .uniform (one compiled loop each) against draft_caps and fit_token_cap, with the
+    engine's token cap binding and not."""
+    from specdepth.policies import BatchScaled
+    from specdepth.policies.kit import depth
+    rng = np.random.default_rng(12)
+    for _ in range(300):
+        n = int(rng.integers(1, 80))
+        view = make_view(n, remaining=rng.integers(1, 12, n), cap=int(rng.integers(n - 3, n + 8 * n)),
+                         max_depth=int(rng.integers(1, 9)))
+        pol = BatchScaled(max_depth=int(rng.integers(0, 9)))
+        depths = rng.integers(0, 9, n).astype(np.int64)
+        cap = pol.cap(view)
+        want = kit.fit_token_cap(np.minimum(depths, kit.draft_caps(view, cap)), view)
+        assert pol.finish(depths, view).tolist() == want.tolist()
+        k = int(rng.integers(0, 9))
+        want = kit.fit_token_cap(np.minimum(np.full(n, k), kit.draft_caps(view, cap)), view)
+        assert pol.uniform(view, k).tolist() == want.tolist()
+        assert depth.COMPILED
+
+
 def test_policy_time_prices_idle_seconds_on_every_plan_and_the_rest_on_the_first_position():
     pt = kit.PolicyTime(memory=1.0)
     tables = kit.Tables(np.array([1.0, 2.0, 3.0]), np.array([0.0, 0.5]))

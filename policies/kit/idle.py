@@ -29,7 +29,7 @@ class IdleReplan:
         self._ids, self._run, self._left = None, 0, 0   # the idle batch's requests, the window, steps left in it
 
     def skip(self, view) -> bool:
-        if self._left and np.array_equal(view.request_ids, self._ids):
+        if self._left and _same_ids(view.request_ids, self._ids):
             self._left -= 1
             return True
         return False
@@ -40,6 +40,13 @@ class IdleReplan:
             return
         self._run = min(max(2 * self._run, 1), self.most)
         self._left, self._ids = self._run, np.array(view.request_ids)
+
+
+def _same_ids(a: np.ndarray, b: np.ndarray) -> bool:
+    """np.array_equal(a, b); int64 vectors compared as bytes (the same answer, a fraction of its time)."""
+    if a.dtype == b.dtype == np.int64 and a.ndim == b.ndim == 1:
+        return a.shape == b.shape and a.tobytes() == b.tobytes()
+    return bool(np.array_equal(a, b))
 
 
 PROBE_TOKENS = 64   # evidence is thin while it rests on fewer verified drafts than max(batch, this) ...
