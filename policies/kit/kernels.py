@@ -1802,12 +1802,14 @@ def conf_sigmoid(e):
 
 
 @njit(cache=True, nogil=True)
-def align_rows(old_ids, old, ids, init, new):
+def align_rows(old_ids, old, ids, init, new, ids_copy):
     """`PerRequest.align`'s new rows, into new [len(ids), fields]: each id's row of `old` where old_ids holds it
     (its first row in a stable sort of old_ids, as np.argsort(kind="stable") and np.searchsorted find it), else
-    `init`."""
+    `init`; ids copied into ids_copy. Where old_ids ascend (the stable sort leaves them as they are) the first row
+    whose id is not below the key is found by bisection, as np.searchsorted's left side finds it."""
     n, f = ids.shape[0], init.shape[0]
     for i in range(n):
+        ids_copy[i] = ids[i]
         for j in range(f):
             new[i, j] = init[j]
     m = old_ids.shape[0]
@@ -1818,13 +1820,24 @@ def align_rows(old_ids, old, ids, init, new):
         if old_ids[i] < old_ids[i - 1]:
             ascending = False
             break
-    if ascending:   # already in order: the stable sort leaves it as it is
-        order, srt = np.arange(m), old_ids
-    else:
-        order = np.argsort(old_ids, kind="mergesort")
-        srt = np.empty(m, old_ids.dtype)
-        for i in range(m):
-            srt[i] = old_ids[order[i]]
+    if ascending:
+        for i in range(n):
+            key = ids[i]
+            lo, hi = 0, m
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if old_ids[mid] < key:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo < m and old_ids[lo] == key:
+                for j in range(f):
+                    new[i, j] = old[lo, j]
+        return
+    order = np.argsort(old_ids, kind="mergesort")
+    srt = np.empty(m, old_ids.dtype)
+    for i in range(m):
+        srt[i] = old_ids[order[i]]
     for i in range(n):
         at = min(np.searchsorted(srt, ids[i]), m - 1)
         if srt[at] == ids[i]:

@@ -63,9 +63,9 @@ class PerRequest:
                 return self.rows
         old = self.rows.array
         if COMPILED and ids.dtype == np.int64 and ids.ndim == 1 and old.dtype == np.float64 and old.ndim == 2:
-            new = np.empty((ids.size, self.init.size))
-            kernels.align_rows(self.ids, old, ids, self.init, new)
-            self.ids, self.rows = np.array(ids, np.int64), self._rows(new)
+            new, copy = np.empty((ids.size, self.init.size)), np.empty(ids.size, np.int64)
+            kernels.align_rows(self.ids, old, ids, self.init, new, copy)
+            self.ids, self.rows = copy, self._rows(new)
             return self.rows
         new = np.empty((ids.size, self.init.size))
         new[:] = self.init   # np.tile's rows, without its overhead
