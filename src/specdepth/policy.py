@@ -106,7 +106,7 @@ class StepView:
         self._s = None
         self._hptr = 0
         self._pred = None
-        self._ids = self._ctx = self._rem = None   # this step's request_ids, context_lens, remaining (`_step_rows`)
+        self._ids = self._ctx = self._rem = None   # this step's request_ids, context_lens, remaining (`bind` resets)
         self._ones = None   # draft_lag's ones where the executor has no lag (read-only; kept while the size holds)
 
     def bind(self, step, hptr: int) -> None:
