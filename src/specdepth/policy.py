@@ -207,14 +207,11 @@ class StepView:
             s.expected_accept_prob = self._expected(s.accept_prob.shape[1])
         return _ro_or_none(s.expected_accept_prob)
     # after verification (row_accepted set: observe and later) the step's times are final
-    measured_draft_s = property(lambda self: self._s.draft_s if self._verified() else None)
-    measured_verify_s = property(lambda self: self._s.verify_s if self._verified() else None)
-    draft_forwards = property(lambda self: self._s.draft_forwards if self._verified() else None)
+    measured_draft_s = property(lambda self: self._s.draft_s if self._s.row_accepted is not None else None)
+    measured_verify_s = property(lambda self: self._s.verify_s if self._s.row_accepted is not None else None)
+    draft_forwards = property(lambda self: self._s.draft_forwards if self._s.row_accepted is not None else None)
     measured_policy_s = property(lambda self: (float(self._clock.policy_s) if self._clock is not None else 0.0)
-                                 if self._verified() else None)
-
-    def _verified(self) -> bool:
-        return self._s.row_accepted is not None
+                                 if self._s.row_accepted is not None else None)
 
     def _predicted(self, which: int):
         """view.cost's seconds for this step's shapes (0: the draft forwards, 1: the verify), each computed once,
