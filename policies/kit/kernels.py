@@ -1971,13 +1971,38 @@ def position_sums(verified, accepted, estimate, drafted, paired, acc_s, exp_s, f
 
 @njit(cache=True, nogil=True)
 def position_sums_counts(k, verified, accepted, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp):
-    """`position_sums` where row i verified its positions below verified[i] and accepted those below accepted[i]."""
+    """`position_sums` where row i verified its positions below verified[i] and accepted those below accepted[i]:
+    its loops with each mask entry read as p < verified[i], p < accepted[i] (no masks built)."""
     rows = verified.shape[0]
-    vm, am = np.empty((rows, k), np.bool_), np.empty((rows, k), np.bool_)
+    col = np.zeros((4, k))
+    if k == 1:   # one column: numpy's sum runs down a contiguous axis, pairwise
+        t = np.empty((2, rows))
+        for i in range(rows):
+            v, a = 0 < verified[i], 0 < accepted[i]
+            col[0, 0] += 1.0 if v and a else 0.0
+            t[0, i] = (1.0 if v else 0.0) * estimate[i]
+            col[2, 0] += 1.0 if paired and 0 < drafted[i] and v and a else 0.0
+            t[1, i] = (1.0 if paired and 0 < drafted[i] else 0.0) * estimate[i]
+        col[1, 0], col[3, 0] = _sum(t[0]), _sum(t[1])
+        rows = 0
     for i in range(rows):
+        e, vi, ai = estimate[i], verified[i], accepted[i]
+        first = 0 < vi and 0 < ai if k else False
         for p in range(k):
-            vm[i, p], am[i, p] = p < verified[i], p < accepted[i]
-    position_sums(vm, am, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp)
+            col[0, p] += 1.0 if p < vi and p < ai else 0.0
+            t = (1.0 if p < vi else 0.0) * e
+            col[1, p] = t if i == 0 else col[1, p] + t
+            if paired:
+                past = p < drafted[i]
+                col[2, p] += 1.0 if past and first else 0.0
+                t = (1.0 if past else 0.0) * e
+                col[3, p] = t if i == 0 else col[3, p] + t
+    for p in range(k):
+        acc_s[p] += col[0, p]
+        exp_s[p] += col[1, p]
+        if paired:
+            first_acc[p] += col[2, p]
+            first_exp[p] += col[3, p]
 
 
 @njit(cache=True, nogil=True)
