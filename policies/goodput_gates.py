@@ -18,7 +18,22 @@ def plan_positions(S, costs, G0, remaining, w):
     tokens left, so no row falls behind the batch. Returns (depths, goodput)."""
     if w is None:
         return plan_by_position(S, costs, G0, tie=remaining)
+    if search.COMPILED and _weighted_compiled(S, costs, remaining, w):   # the same search, one compiled call
+        depths, G, ok = kernels.weighted_plan(S, w, remaining, float(G0), costs.verify, costs.draft,
+                                              search._NO_PAD if costs.pad is None else costs.pad, costs.pad is not None)
+        if ok:
+            return depths, G
     return plan_by_position(S * w[:, None], costs, G0, tie=remaining, nested=True, base=float(w.sum()))
+
+
+def _weighted_compiled(S, costs, remaining, w) -> bool:
+    """Whether `kernels.weighted_plan` runs `plan_positions`' search: a batch past `search._SMALL` rows, float64
+    values and tables long enough (`search._compiled_tables`), one weight and one int64 tie per row."""
+    n, K = S.shape
+    ver, dr, pad = costs.verify, costs.draft, costs.pad
+    return (n > search._SMALL and w.shape == remaining.shape == (n,) and ver.size > n * K and dr.size > n
+            and S.dtype == w.dtype == ver.dtype == dr.dtype == np.float64 and remaining.dtype == np.int64
+            and (pad is None or (pad.size >= K and pad.dtype == np.float64)))
 
 
 def plan_global(S, costs, w):

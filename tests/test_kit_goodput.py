@@ -119,6 +119,8 @@ def test_the_nested_plan_is_the_numpy_form_with_ties(monkeypatch):
         a = rng.choice(rng.uniform(0.3, 0.99, 4), n)
         S = np.cumprod(np.minimum(a[:, None] * rng.uniform(0.8, 1.2, K), 0.999), axis=1)
         S[np.arange(K)[None, :] >= rng.integers(0, K + 1, n)[:, None]] = 0.0
+        if rng.random() < 0.05:   # (NaN: kernels.weighted_plan leaves it to the numpy form)
+            S[int(rng.integers(n)), int(rng.integers(K))] = np.nan
         w = rng.choice([0.5, 1.0], n) if rng.random() < 0.7 else rng.uniform(0.1, 1, n)
         ver = np.cumsum(rng.uniform(0, 1e-4, n * K + 1)) + 0.01
         dr = np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1e-4, n)) + 0.002])

@@ -1106,6 +1106,42 @@ def max_id(ids):
     return top
 
 
+@njit(cache=True, nogil=True)
+def weighted_plan(S, w, remaining, G0, ver, dr, pad, has_pad):
+    """`goodput_gates.plan_positions` with weights w, as `search.plan_by_position(S * w[:, None], costs, G0,
+    tie=remaining, nested=True, base=w.sum())` computes it compiled: base by np.sum's order, the key
+    -float(remaining), Dinkelbach's iteration (`search._dinkelbach`: at most 5 `nested_search` plans, from
+    max(g_none, G0), g_none = base / verify[0]) and the best plan's depths (`nested_depths`). Returns (depths, G,
+    True), or (zeros, 0, False) where S x w or the key hold NaN (the numpy form decides)."""
+    n, K = S.shape
+    Sw, key = np.empty((n, K)), np.empty(n)
+    for i in range(n):
+        key[i] = -float(remaining[i])
+        for p in range(K):
+            Sw[i, p] = S[i, p] * w[i]
+    if _any_nan(Sw, key):
+        return np.zeros(n, np.int64), 0.0, False
+    base = pairwise(w, 0, n)
+    g_none = base / ver[0]
+    order, ranked = np.empty((n, K), np.int64), np.zeros(1, np.int64)
+    G = G0 if G0 > g_none else g_none   # Python's max(g_none, G0)
+    best_g, best = g_none, np.zeros(0, np.int64)
+    for _ in range(5):
+        ms, m, e, t = nested_search(Sw, key, order, ranked, K, G, ver, dr, pad, has_pad, n, base)
+        if m == 0:
+            if G <= g_none:
+                break
+            G = g_none
+            continue
+        g = e / t
+        if g > best_g:
+            best_g, best = g, ms[:m]
+        if abs(g - G) <= 1e-3 * G:
+            break
+        G = g
+    return nested_depths(order, best, n), best_g, True
+
+
 # ---- kit.tree's plan search and tree_confidence's means (np.interp's rule over an arange grid, np.sum's pairwise
 # order, np.argmax's first maximum; numpy's error model: a division by zero gives inf or NaN, as numpy's does) ----
 
