@@ -93,7 +93,8 @@ def test_the_estimates_weights_and_values_are_the_numpy_forms(monkeypatch):
             S0, S, cap = ge.survivals(a, f, view, K, view.remaining)
             out = [S0, S, cap, ge.row_estimates(rows, pool, cal, "counts", 8.0, 0.01), est,
                    gw.tokens_per_step(S, dbar), gw.slot_weights(S0, dbar), gg.plan_value(S, depths, w),
-                   gg.extended(depths, 16, cap)]
+                   gg.extended(depths, 16, cap), *gg.ratio_extended(S, depths, w, 1.5, 3, cap), gg.drafts(depths),
+                   gg.drafts(depths * 0)]
             tw = gw.time_weights(S, a, dbar, rows.drafted, 8.0, view.remaining, 1e-4, 0.02)
             return out + [tw[0], tw[1], tw[2]]
         got, want = _both(monkeypatch, run)

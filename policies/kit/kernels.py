@@ -798,11 +798,11 @@ def rank_columns(S, key, order, done, upto):
 
 @njit(cache=True, nogil=True)
 def nested_search(S, key, order, ranked, K, G, ver, dr, pad, has_pad, n, base):
-    """`kernels.nested_by_position` over the first D columns, the columns ranked first (D from 2, doubled while
-    the search reaches D < K; `ranked[0]`: the columns of `order` ranked so far, across calls): the positions past
-    where it stops are never ranked. The same result as over all K (the loop over the first D positions is the
-    same). Returns (the m per position, their count, value, seconds)."""
-    D = min(K, 2)
+    """`kernels.nested_by_position` over the first D columns, the columns ranked first (D from 2 or the columns
+    ranked by an earlier call, doubled while the search reaches D < K; `ranked[0]`: the columns of `order` ranked
+    so far, across calls): the positions past where it stops are never ranked. The same result as over all K (the
+    loop over the first D positions is the same). Returns (the m per position, their count, value, seconds)."""
+    D = min(K, max(2, ranked[0]))
     while True:
         if ranked[0] < D:
             rank_columns(S, key, order, ranked[0], D)
@@ -1140,6 +1140,22 @@ def weighted_plan(S, w, remaining, G0, ver, dr, pad, has_pad):
             break
         G = g
     return nested_depths(order, best, n), best_g, True
+
+
+@njit(cache=True, nogil=True)
+def any_nonzero(x):
+    """bool(x.any()) of a 1-D integer array (goodput's "does any row draft")."""
+    for i in range(x.shape[0]):
+        if x[i] != 0:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def extension(S, w, has_w, depths, extend, cap):
+    """`Goodput._extend`'s two reads of the plan in one call: its value (`plan_value`) and the extended depths
+    (`extend_depths`). Returns (the value, the depths)."""
+    return plan_value(S, w, has_w, depths), extend_depths(depths, extend, cap)
 
 
 # ---- kit.tree's plan search and tree_confidence's means (np.interp's rule over an arange grid, np.sum's pairwise
