@@ -112,8 +112,8 @@ class Goodput(Policy):
         if self.cost == "calibrated" and not self._step.kept:
             self._calib.observe(view, pad_extra(self._costs, view.drafted, view))
         if gates.drafts(view.drafted):   # nothing drafted, nothing learned of the draft
-            rows = self._seq.align(view.request_ids)
-            self._pool.observe(view, accepted, rows, self._step.est.a, self.est.pool_memory)
+            est = self._step.est   # (the plan's rows: a step's batch is the same from plan to observe)
+            self._pool.observe(view, accepted, est.rows, est.a, self.est.pool_memory)
 
     def _estimate(self, view, K) -> SimpleNamespace:
         """Each row's calibration and acceptance estimate, and its slots' survivals (S0; S: 0 past its end)."""

@@ -68,7 +68,8 @@ class Evidence:
         if self._mix is not None and self._mix[0] == A and self._mix[1] == E:
             return self._mix[2]
         if search.COMPILED:   # the same operations, compiled around numpy's exp
-            w = np.exp(kernels.mixture_log(float(A), float(E), _MIX_GRID, _MIX_EXP, _MIX_LOGPRIOR))
+            w = kernels.mixture_log(float(A), float(E), _MIX_GRID, _MIX_EXP, _MIX_LOGPRIOR)
+            np.exp(w, out=w)
             lc, ok = kernels.mixture_median(w, _MIX_GRID)
             if ok:
                 self._mix = (A, E, math.exp(lc))
