@@ -88,6 +88,11 @@ class Evidence:
 
     def add(self, keep: float, accepted, rejected, conf_sum, drafted, verified_conf, verified) -> None:
         """Forget (multiply every sum by `keep`), then add one step's counts."""
+        self._add_counts(keep, accepted, rejected, conf_sum, drafted, verified_conf, verified)
+        self.positions.forget(keep)
+
+    def _add_counts(self, keep: float, accepted, rejected, conf_sum, drafted, verified_conf, verified) -> None:
+        """`add`'s batch-wide sums (the position factors' left to the caller)."""
         self.accepted = self.accepted * keep + accepted
         self.rejected = self.rejected * keep + rejected
         self.conf_sum = self.conf_sum * keep + conf_sum
@@ -98,7 +103,6 @@ class Evidence:
         self._pw *= keep
         self._vc = self._vc * keep + verified_conf
         self._vn = self._vn * keep + verified
-        self.positions.forget(keep)
 
     def observe(self, view, accepted: np.ndarray, rows, estimate: np.ndarray, memory: float) -> None:
         """A verified step's counts: into each row's sums (`rows`, goodput's PerRequest fields) and, forgetting with
@@ -135,9 +139,11 @@ class Evidence:
         some = conf is not None and conf.shape[1] > 0
         verified, acc_mask, *sums, self.dbar = kernels.evidence_counts(
             drafted, accepted, conf if some else np.zeros((drafted.size, 0)), rows.array, _columns(rows.fields))
-        self.add(np.exp(-float(sums[3]) / memory), *sums)
-        if some:
-            self.positions.add(verified, acc_mask, estimate, drafted)
+        keep = np.exp(-float(sums[3]) / memory)
+        if not some:
+            return self.add(keep, *sums)
+        self._add_counts(keep, *sums)
+        self.positions.forget_add(keep, verified, acc_mask, estimate, drafted)   # (forget, then add: one call)
 
 
 _FIELDS = ("accepted", "rejected", "conf_sum", "drafted", "verified_conf", "verified")

@@ -195,3 +195,20 @@ def test_goodput_runs_alike_compiled_and_in_numpy(monkeypatch, extra):
         return repr(res.steps) + repr(res.requests)
     got, want = _both(monkeypatch, run)
     assert got == want
+
+
+def test_position_factors_forget_add_is_forget_then_add():
+    rng = np.random.default_rng(9)
+    for _ in range(100):
+        n, k = int(rng.integers(1, 70)), int(rng.integers(1, 9))
+        one, two = kit.PositionFactors(paired=True), kit.PositionFactors(paired=True)
+        for step in range(3):   # (the first grows the sums: forget, then add)
+            ver = np.arange(k)[None, :] < rng.integers(0, k + 1, n)[:, None]
+            acc = ver & (rng.random((n, k)) < 0.7)
+            est, drafted, keep = rng.uniform(0.1, 0.99, n), rng.integers(0, k + 1, n), float(rng.uniform(0.9, 1))
+            one.forget_add(keep, ver, acc, est, drafted)
+            two.forget(keep)
+            two.add(ver, acc, est, drafted)
+            assert all(_same(getattr(one, f), getattr(two, f)) for f in ("accepted", "expected", "first_acc",
+                                                                         "first_exp"))
+            assert _same(one.factor(k), two.factor(k))

@@ -103,6 +103,23 @@ class PositionFactors:
         cols = np.arange(k)[None, :]
         self.add(cols < verified[:, None], cols < accepted[:, None], estimate, drafted)
 
+    def forget_add(self, keep: float, verified: np.ndarray, accepted: np.ndarray, estimate: np.ndarray,
+                   drafted: np.ndarray | None = None) -> None:
+        """`forget(keep)`, then `add(verified, accepted, estimate, drafted)`: the same sums, in one compiled call
+        (`kernels.forget_add_sums`) where the sums already reach the masks' positions."""
+        k = verified.shape[1]
+        paired = self.paired and drafted is not None and k
+        if COMPILED and self.accepted.size >= k and verified.dtype == accepted.dtype == np.bool_ \
+                and verified.shape == accepted.shape and estimate.size == verified.shape[0] \
+                and kernels.floats(estimate, self.accepted, self.expected, self.first_acc, self.first_exp) \
+                and (not paired or drafted.shape == estimate.shape):
+            self._cache = None
+            kernels.forget_add_sums(float(keep), verified, accepted, estimate, drafted if paired else _NO_ROWS,
+                                    bool(paired), self.accepted, self.expected, self.first_acc, self.first_exp)
+            return
+        self.forget(keep)
+        self.add(verified, accepted, estimate, drafted)
+
     def forget(self, keep: float) -> None:
         if COMPILED and kernels.floats(self.accepted, self.expected, self.first_acc, self.first_exp):
             kernels.scale4(self.accepted, self.expected, self.first_acc, self.first_exp, float(keep))

@@ -1158,6 +1158,14 @@ def extension(S, w, has_w, depths, extend, cap):
     return plan_value(S, w, has_w, depths), extend_depths(depths, extend, cap)
 
 
+@njit(cache=True, nogil=True)
+def forget_add_sums(keep, verified, accepted, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp):
+    """`PositionFactors.forget_add` (goodput's evidence, each step): the four sums x keep (`scale4`), then the
+    step's column sums added (`position_sums`)."""
+    scale4(acc_s, exp_s, first_acc, first_exp, keep)
+    position_sums(verified, accepted, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp)
+
+
 # ---- kit.tree's plan search and tree_confidence's means (np.interp's rule over an arange grid, np.sum's pairwise
 # order, np.argmax's first maximum; numpy's error model: a division by zero gives inf or NaN, as numpy's does) ----
 
