@@ -20,7 +20,7 @@ CALIBRATION = {"memory": 200.0, "draft_clip": 3.0, "draft_fixed": False}
 DRAINING = {"tail": "balanced", "after": 0}
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
     """One plan's record; each field is written by one phase of `Goodput.plan`."""
     G0: float                    # the Dinkelbach start: the last plan's goodput
@@ -83,12 +83,13 @@ class Goodput(Policy):
         if K <= 0:
             self._step = Step(G0=0.0)
             return np.zeros(n, np.int64)
-        self._stream.update(view)
+        ids = view.request_ids
+        self._stream.update(view, ids)
         if self._idle.skip(view):
             self._step = Step(G0=self._step.G, kept=True, G=self._step.G)   # the last plan's G carries over
             return np.zeros(n, np.int64)
         r = self._step = Step(G0=self._step.G)
-        r.est = self._estimate(view, K)
+        r.est = self._estimate(view, K, ids)
         r.costs = self._price(view, K)
         r.weights = self._weigh(view, r)
         r.planned, r.G_plan = self._search(view, r)
@@ -115,9 +116,9 @@ class Goodput(Policy):
             est = self._step.est   # (the plan's rows: a step's batch is the same from plan to observe)
             self._pool.observe(view, accepted, est.rows, est.a, self.est.pool_memory)
 
-    def _estimate(self, view, K) -> SimpleNamespace:
-        """Each row's calibration and acceptance estimate, and its slots' survivals (S0; S: 0 past its end)."""
-        rows = self._seq.align(view.request_ids)
+    def _estimate(self, view, K, ids=None) -> SimpleNamespace:
+        """Each row's calibration, acceptance estimate and slot survivals (S0; S: 0 past its end); ids: the view's."""
+        rows = self._seq.align(view.request_ids if ids is None else ids)
         cal = row_calibration(rows, self._pool.calibration, self.est.row_calibration)
         a = self._alpha(rows, cal)
         rem, f = view.remaining, self._pool.positions.factor(K)
