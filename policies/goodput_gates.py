@@ -27,11 +27,12 @@ def plan_positions(S, costs, G0, remaining, w):
 
 
 def _weighted_compiled(S, costs, remaining, w) -> bool:
-    """Whether `kernels.weighted_plan` runs `plan_positions`' search: a batch past `search._SMALL` rows, float64
-    values and tables long enough (`search._compiled_tables`), one weight and one int64 tie per row."""
+    """Whether `kernels.weighted_plan` runs `plan_positions`' search: float64 values and tables long enough
+    (`search._compiled_tables`), one weight and one int64 tie per row. (A batch of up to `search._SMALL` rows gets
+    the same plan from `search._SmallColumns`' floats: the same sums in the same order.)"""
     n, K = S.shape
     ver, dr, pad = costs.verify, costs.draft, costs.pad
-    return (n > search._SMALL and w.shape == remaining.shape == (n,) and ver.size > n * K and dr.size > n
+    return (w.shape == remaining.shape == (n,) and ver.size > n * K and dr.size > n
             and S.dtype == w.dtype == ver.dtype == dr.dtype == np.float64 and remaining.dtype == np.int64
             and (pad is None or (pad.size >= K and pad.dtype == np.float64)))
 
@@ -127,7 +128,7 @@ def ends_later(depths, S, costs, G, weights, remaining, closed, judged) -> bool:
     expected maximum (`kit.expected_max`); a step's fixed share f of its time follows the run's end, the rest the
     rows' mean steps, for the plan (its predicted seconds: its value / G) and for no drafts alike."""
     n = depths.size
-    if not (closed and weights.drained and n > 1 and depths.all() and weights.p_min >= MAY_END and judged):
+    if not (closed and weights.drained and n > 1 and weights.p_min >= MAY_END and judged and depths.all()):
         return False
     K = S.shape[1]
     j = np.arange(K)

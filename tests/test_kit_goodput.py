@@ -115,8 +115,8 @@ def test_the_mixture_calibration_is_the_numpy_form(monkeypatch):
 
 def test_the_nested_plan_is_the_numpy_form_with_ties(monkeypatch):
     rng = np.random.default_rng(5)
-    for _ in range(150):
-        n, K = int(rng.integers(17, 150)), int(rng.integers(1, 17))
+    for _ in range(300):
+        n, K = int(rng.integers(2, 150)), int(rng.integers(1, 17))   # (up to search._SMALL rows: _SmallColumns)
         a = rng.choice(rng.uniform(0.3, 0.99, 4), n)
         S = np.cumprod(np.minimum(a[:, None] * rng.uniform(0.8, 1.2, K), 0.999), axis=1)
         S[np.arange(K)[None, :] >= rng.integers(0, K + 1, n)[:, None]] = 0.0
