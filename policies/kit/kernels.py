@@ -1159,11 +1159,14 @@ def extension(S, w, has_w, depths, extend, cap):
 
 
 @njit(cache=True, nogil=True)
-def forget_add_sums(keep, verified, accepted, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp):
+def forget_add_sums(keep, verified, accepted, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp, kf,
+                    prior, optimism, paired_factors):
     """`PositionFactors.forget_add` (goodput's evidence, each step): the four sums x keep (`scale4`), then the
-    step's column sums added (`position_sums`)."""
+    step's column sums added (`position_sums`). Returns the first kf factors of the new sums (`position_factors`:
+    (f, ok))."""
     scale4(acc_s, exp_s, first_acc, first_exp, keep)
     position_sums(verified, accepted, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp)
+    return position_factors(kf, acc_s, exp_s, first_acc, first_exp, prior, optimism, paired_factors)
 
 
 # ---- kit.tree's plan search and tree_confidence's means (np.interp's rule over an arange grid, np.sum's pairwise
