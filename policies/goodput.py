@@ -9,7 +9,7 @@ from specdepth.errors import ConfigError, as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
 from . import goodput_gates as gates
-from .goodput_evidence import Evidence, row_calibration, row_estimates, survivals
+from .goodput_evidence import Evidence, row_estimates, survivals
 from .goodput_weights import RowCost, Stream, drain_weights
 from .kit import CatchUpPadding, CostCalibration, IdleReplan, PerRequest, PolicyTime, StepCost, pad_extra
 from .kit.options import node
@@ -119,7 +119,7 @@ class Goodput(Policy):
     def _estimate(self, view, K, ids=None) -> SimpleNamespace:
         """Each row's calibration, acceptance estimate and slot survivals (S0; S: 0 past its end); ids: the view's."""
         rows = self._seq.align(view.request_ids if ids is None else ids)
-        cal = row_calibration(rows, self._pool.calibration, self.est.row_calibration)
+        cal = self._pool.calibrations(rows, self.est.row_calibration)
         a = self._alpha(rows, cal)
         rem, f = view.remaining, self._pool.positions.factor(K)
         S0, S, rowcap = survivals(a, f, view, K, rem)

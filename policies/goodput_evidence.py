@@ -81,6 +81,21 @@ class Evidence:
         self._mix = (A, E, c)
         return c
 
+    def calibrations(self, rows, z: float) -> np.ndarray:
+        """`row_calibration(rows, self.calibration, z)`; where the mixture's median is due (its sums changed) and
+        the rows' spread is judged, compiled in one call with it (`kernels.mixture_rows`: the same operations)."""
+        A, E = self.cal_accepted, self.cal_conf
+        if self.mixture and search.COMPILED and z and len(rows) >= 2 and (
+                self._mix is None or not (self._mix[0] == A and self._mix[1] == E)):
+            w = kernels.mixture_log(float(A), float(E), _MIX_GRID, _MIX_EXP, _MIX_LOGPRIOR)
+            np.exp(w, out=w)
+            c, out, ok = kernels.mixture_rows(w, _MIX_GRID, rows.accepted, rows.verified_conf, rows.verified,
+                                              float(z))
+            if ok:
+                self._mix = (A, E, c)
+                return out
+        return row_calibration(rows, self.calibration, z)
+
     def evidence(self) -> tuple[float, float]:
         """(accepted, verified) drafts the calibration rests on, its prior's included (the pseudo-tokens accepted
         at their confidence; before any draft is verified, at 1)."""

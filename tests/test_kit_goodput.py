@@ -212,3 +212,21 @@ def test_position_factors_forget_add_is_forget_then_add():
             assert all(_same(getattr(one, f), getattr(two, f)) for f in ("accepted", "expected", "first_acc",
                                                                          "first_exp"))
             assert _same(one.factor(k), two.factor(k)) and _same(one.factor(40), two.factor(40))
+
+
+def test_the_mixture_and_row_calibrations_are_the_numpy_form(monkeypatch):
+    rng = np.random.default_rng(10)
+    for _ in range(200):
+        n = int(rng.integers(1, 70))
+        st = kit.PerRequest(accepted=0.0, rejected=0.0, conf_sum=0.0, drafted=0.0, verified_conf=0.0, verified=0.0)
+        rows = st.align(np.arange(n))
+        rows.array[:] = rng.integers(0, 30, (n, 6)) * rng.random((n, 6)) ** 2
+        A, E = float(rng.uniform(0, 1e3) ** rng.uniform(0, 1)), float(rng.uniform(0, 1e3) ** rng.uniform(0, 1))
+        z = float(rng.choice([0.0, 0.5, 3.0]))
+
+        def run():
+            p = ge.Evidence(mixture=True, cal_accepted=A, cal_conf=E)
+            out = p.calibrations(rows, z)
+            return [out, p.calibration, ge.row_calibration(rows, p.calibration, z), p.calibrations(rows, z)]
+        got, want = _both(monkeypatch, run)
+        assert all(_same(x, y) for x, y in zip(got, want))

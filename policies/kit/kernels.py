@@ -1169,6 +1169,18 @@ def forget_add_sums(keep, verified, accepted, estimate, drafted, paired, acc_s, 
     return position_factors(kf, acc_s, exp_s, first_acc, first_exp, prior, optimism, paired_factors)
 
 
+@njit(cache=True, nogil=True)
+def mixture_rows(w, grid, acc, vc, ver, z):
+    """`Evidence.calibrations`: the mixture's calibration c = exp(`mixture_median`'s log c) (libm's exp, as
+    Python's math.exp) and each row's, `row_calibration` at c. Returns (c, the rows', True), or (0, empty, False)
+    where w holds NaN (the numpy form decides)."""
+    lc, ok = mixture_median(w, grid)
+    if not ok:
+        return 0.0, np.empty(0), False
+    c = math.exp(lc)
+    return c, row_calibration(acc, vc, ver, c, z), True
+
+
 # ---- kit.tree's plan search and tree_confidence's means (np.interp's rule over an arange grid, np.sum's pairwise
 # order, np.argmax's first maximum; numpy's error model: a division by zero gives inf or NaN, as numpy's does) ----
 
