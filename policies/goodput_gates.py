@@ -75,7 +75,9 @@ def ratio(S, depths, w, G) -> list:
 
 def ratio_extended(S, depths, w, G, extend: int, rowcap) -> tuple[list, np.ndarray]:
     """(`ratio`, `extended`): the extension's bar and depths, in one compiled call where `plan_value` compiles."""
-    if search.COMPILED and S.dtype == np.float64 and (w is None or w.dtype == np.float64):
+    n = S.shape[0]
+    if search.COMPILED and S.dtype == np.float64 and (w is None or (w.dtype == np.float64 and w.shape == (n,))) \
+            and depths.shape == rowcap.shape == (n,):
         E, out = kernels.extension(S, S[:, 0] if w is None else w, w is not None, depths, extend, rowcap)
         return [E, E / G], out
     return ratio(S, depths, w, G), extended(depths, extend, rowcap)
