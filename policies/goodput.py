@@ -9,7 +9,7 @@ from specdepth.errors import ConfigError, as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
 from . import goodput_gates as gates
-from .goodput_evidence import Evidence, row_calibration, row_estimates, survivals
+from .goodput_evidence import Evidence, row_estimates, survivals
 from .goodput_weights import RowCost, Stream, drain_weights
 from .kit import CatchUpPadding, CostCalibration, IdleReplan, PerRequest, PolicyTime, StepCost, pad_extra
 from .kit.options import node
@@ -20,7 +20,7 @@ CALIBRATION = {"memory": 200.0, "draft_clip": 3.0, "draft_fixed": False}
 DRAINING = {"tail": "balanced", "after": 0}
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
     """One plan's record; each field is written by one phase of `Goodput.plan`."""
     G0: float                    # the Dinkelbach start: the last plan's goodput
@@ -83,18 +83,19 @@ class Goodput(Policy):
         if K <= 0:
             self._step = Step(G0=0.0)
             return np.zeros(n, np.int64)
-        self._stream.update(view)
+        ids = view.request_ids
+        self._stream.update(view, ids)
         if self._idle.skip(view):
             self._step = Step(G0=self._step.G, kept=True, G=self._step.G)   # the last plan's G carries over
             return np.zeros(n, np.int64)
         r = self._step = Step(G0=self._step.G)
-        r.est = self._estimate(view, K)
+        r.est = self._estimate(view, K, ids)
         r.costs = self._price(view, K)
         r.weights = self._weigh(view, r)
         r.planned, r.G_plan = self._search(view, r)
         r.depths, r.G, r.probed = self._gate(view, r)
         r.drafting, depths = self._extend(view, r)
-        self._idle.record(view, bool(depths.any()))
+        self._idle.record(view, gates.drafts(depths))
         if self.catch_up and self.cost != "clock":
             self._pad.planned(view, depths > 0)
         return depths
@@ -111,14 +112,14 @@ class Goodput(Policy):
             self._pad.observe(view, self._calib)
         if self.cost == "calibrated" and not self._step.kept:
             self._calib.observe(view, pad_extra(self._costs, view.drafted, view))
-        if view.drafted.any():   # nothing drafted, nothing learned of the draft
-            rows = self._seq.align(view.request_ids)
-            self._pool.observe(view, accepted, rows, self._step.est.a, self.est.pool_memory)
+        if gates.drafts(view.drafted):   # nothing drafted, nothing learned of the draft
+            est = self._step.est   # (the plan's rows: a step's batch is the same from plan to observe)
+            self._pool.observe(view, accepted, est.rows, est.a, self.est.pool_memory)
 
-    def _estimate(self, view, K) -> SimpleNamespace:
-        """Each row's calibration and acceptance estimate, and its slots' survivals (S0; S: 0 past its end)."""
-        rows = self._seq.align(view.request_ids)
-        cal = row_calibration(rows, self._pool.calibration, self.est.row_calibration)
+    def _estimate(self, view, K, ids=None) -> SimpleNamespace:
+        """Each row's calibration, acceptance estimate and slot survivals (S0; S: 0 past its end); ids: the view's."""
+        rows = self._seq.align(view.request_ids if ids is None else ids)
+        cal = self._pool.calibrations(rows, self.est.row_calibration)
         a = self._alpha(rows, cal)
         rem, f = view.remaining, self._pool.positions.factor(K)
         S0, S, rowcap = survivals(a, f, view, K, rem)
@@ -159,13 +160,13 @@ class Goodput(Policy):
         """Catch-up, then the drain's makespan, then (where nothing drafts) the probe."""
         n, S, costs, w = view.batch_size, r.est.S, r.costs, r.weights.w
         depths, G = r.planned, r.G_plan
-        if self.catch_up and depths.any():
+        if self.catch_up and gates.drafts(depths):
             depths, G = gates.catch_up(view, depths, S, costs, G, r.weights, self._pool, self.est.calibration_prior,
                                        lambda: gates.catch_up_pricing(view, self.cost, self._pad, self._calib))
         judged = self._pool.verified >= self.est.calibration_prior + n
         if gates.ends_later(depths, S, costs, G, r.weights, r.est.rem, self._stream.closed, judged):
             return np.zeros(n, np.int64), float(n if w is None else w.sum()) / float(costs.verify[0]), False
-        if not depths.any() and self.probe:
+        if self.probe and not gates.drafts(depths):
             rows = gates.probe_rows(view, r.est.rows, self._pool, self.est.calibration_prior)
             if rows is not None:
                 pricing = gates.catch_up_pricing(view, self.cost, self._pad, self._calib) if self.catch_up else None
@@ -178,13 +179,13 @@ class Goodput(Policy):
         """The drafting rule (`gates.Drafting`) and the depths to draft: up to `extend` past the plan."""
         if not self.use_confidence:
             return None, r.depths
-        w, depths, G = r.weights.w, r.depths, r.G
-        ratio = None if r.probed or not self.extend or G <= 0 else gates.ratio(r.est.S, depths, w, G)
-        drafting = gates.Drafting(view.batch_size, r.est.a, r.est.cal, w, r.costs, G, depths, ratio, r.est.rem,
-                                  r.est.f)
-        if r.probed:
-            return drafting, depths
-        return drafting, gates.extended(depths, self.extend, r.est.rowcap)
+        w, depths, G, cap = r.weights.w, r.depths, r.G, r.est.rowcap
+        if r.probed or not self.extend or G <= 0:
+            ratio, out = None, depths if r.probed else gates.extended(depths, self.extend, cap)
+        else:
+            ratio, out = gates.ratio_extended(r.est.S, depths, w, G, self.extend, cap)
+        return gates.Drafting(view.batch_size, r.est.a, r.est.cal, w, r.costs, G, depths, ratio, r.est.rem,
+                              r.est.f), out
 
 
 def _options(max_depth, estimator, ranking, cost, drain, use_confidence, extend, probe, idle_replan, policy_time,

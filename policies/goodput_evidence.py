@@ -68,7 +68,8 @@ class Evidence:
         if self._mix is not None and self._mix[0] == A and self._mix[1] == E:
             return self._mix[2]
         if search.COMPILED:   # the same operations, compiled around numpy's exp
-            w = np.exp(kernels.mixture_log(float(A), float(E), _MIX_GRID, _MIX_EXP, _MIX_LOGPRIOR))
+            w = kernels.mixture_log(float(A), float(E), _MIX_GRID, _MIX_EXP, _MIX_LOGPRIOR)
+            np.exp(w, out=w)
             lc, ok = kernels.mixture_median(w, _MIX_GRID)
             if ok:
                 self._mix = (A, E, math.exp(lc))
@@ -80,6 +81,21 @@ class Evidence:
         self._mix = (A, E, c)
         return c
 
+    def calibrations(self, rows, z: float) -> np.ndarray:
+        """`row_calibration(rows, self.calibration, z)`; where the mixture's median is due (its sums changed) and
+        the rows' spread is judged, compiled in one call with it (`kernels.mixture_rows`: the same operations)."""
+        A, E = self.cal_accepted, self.cal_conf
+        if self.mixture and search.COMPILED and z and len(rows) >= 2 and (
+                self._mix is None or not (self._mix[0] == A and self._mix[1] == E)):
+            w = kernels.mixture_log(float(A), float(E), _MIX_GRID, _MIX_EXP, _MIX_LOGPRIOR)
+            np.exp(w, out=w)
+            c, out, ok = kernels.mixture_rows(w, _MIX_GRID, rows.accepted, rows.verified_conf, rows.verified,
+                                              float(z))
+            if ok:
+                self._mix = (A, E, c)
+                return out
+        return row_calibration(rows, self.calibration, z)
+
     def evidence(self) -> tuple[float, float]:
         """(accepted, verified) drafts the calibration rests on, its prior's included (the pseudo-tokens accepted
         at their confidence; before any draft is verified, at 1)."""
@@ -87,6 +103,11 @@ class Evidence:
 
     def add(self, keep: float, accepted, rejected, conf_sum, drafted, verified_conf, verified) -> None:
         """Forget (multiply every sum by `keep`), then add one step's counts."""
+        self._add_counts(keep, accepted, rejected, conf_sum, drafted, verified_conf, verified)
+        self.positions.forget(keep)
+
+    def _add_counts(self, keep: float, accepted, rejected, conf_sum, drafted, verified_conf, verified) -> None:
+        """`add`'s batch-wide sums (the position factors' left to the caller)."""
         self.accepted = self.accepted * keep + accepted
         self.rejected = self.rejected * keep + rejected
         self.conf_sum = self.conf_sum * keep + conf_sum
@@ -97,7 +118,6 @@ class Evidence:
         self._pw *= keep
         self._vc = self._vc * keep + verified_conf
         self._vn = self._vn * keep + verified
-        self.positions.forget(keep)
 
     def observe(self, view, accepted: np.ndarray, rows, estimate: np.ndarray, memory: float) -> None:
         """A verified step's counts: into each row's sums (`rows`, goodput's PerRequest fields) and, forgetting with
@@ -134,9 +154,11 @@ class Evidence:
         some = conf is not None and conf.shape[1] > 0
         verified, acc_mask, *sums, self.dbar = kernels.evidence_counts(
             drafted, accepted, conf if some else np.zeros((drafted.size, 0)), rows.array, _columns(rows.fields))
-        self.add(np.exp(-float(sums[3]) / memory), *sums)
-        if some:
-            self.positions.add(verified, acc_mask, estimate, drafted)
+        keep = np.exp(-float(sums[3]) / memory)
+        if not some:
+            return self.add(keep, *sums)
+        self._add_counts(keep, *sums)
+        self.positions.forget_add(keep, verified, acc_mask, estimate, drafted)   # (forget, then add: one call)
 
 
 _FIELDS = ("accepted", "rejected", "conf_sum", "drafted", "verified_conf", "verified")

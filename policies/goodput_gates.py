@@ -18,7 +18,23 @@ def plan_positions(S, costs, G0, remaining, w):
     tokens left, so no row falls behind the batch. Returns (depths, goodput)."""
     if w is None:
         return plan_by_position(S, costs, G0, tie=remaining)
+    if search.COMPILED and _weighted_compiled(S, costs, remaining, w):   # the same search, one compiled call
+        depths, G, ok = kernels.weighted_plan(S, w, remaining, float(G0), costs.verify, costs.draft,
+                                              search._NO_PAD if costs.pad is None else costs.pad, costs.pad is not None)
+        if ok:
+            return depths, G
     return plan_by_position(S * w[:, None], costs, G0, tie=remaining, nested=True, base=float(w.sum()))
+
+
+def _weighted_compiled(S, costs, remaining, w) -> bool:
+    """Whether `kernels.weighted_plan` runs `plan_positions`' search: float64 values and tables long enough
+    (`search._compiled_tables`), one weight and one int64 tie per row. (A batch of up to `search._SMALL` rows gets
+    the same plan from `search._SmallColumns`' floats: the same sums in the same order.)"""
+    n, K = S.shape
+    ver, dr, pad = costs.verify, costs.draft, costs.pad
+    return (w.shape == remaining.shape == (n,) and ver.size > n * K and dr.size > n
+            and S.dtype == w.dtype == ver.dtype == dr.dtype == np.float64 and remaining.dtype == np.int64
+            and (pad is None or (pad.size >= K and pad.dtype == np.float64)))
 
 
 def plan_global(S, costs, w):
@@ -55,6 +71,23 @@ def ratio(S, depths, w, G) -> list:
     """[E, T]: the plan's value (`plan_value`) and predicted seconds (E / G), for the extension's bar."""
     E = plan_value(S, depths, w)
     return [E, E / G]
+
+
+def ratio_extended(S, depths, w, G, extend: int, rowcap) -> tuple[list, np.ndarray]:
+    """(`ratio`, `extended`): the extension's bar and depths, in one compiled call where `plan_value` compiles."""
+    n = S.shape[0]
+    if search.COMPILED and S.dtype == np.float64 and (w is None or (w.dtype == np.float64 and w.shape == (n,))) \
+            and depths.shape == rowcap.shape == (n,):
+        E, out = kernels.extension(S, S[:, 0] if w is None else w, w is not None, depths, extend, rowcap)
+        return [E, E / G], out
+    return ratio(S, depths, w, G), extended(depths, extend, rowcap)
+
+
+def drafts(depths) -> bool:
+    """Whether any row drafts: bool(depths.any()) (compiled for int64 depths)."""
+    if search.COMPILED and depths.dtype == np.int64 and depths.ndim == 1:
+        return kernels.any_nonzero(depths)
+    return bool(depths.any())
 
 
 def catch_up_pricing(view, cost: str, pad, calib):
@@ -97,7 +130,7 @@ def ends_later(depths, S, costs, G, weights, remaining, closed, judged) -> bool:
     expected maximum (`kit.expected_max`); a step's fixed share f of its time follows the run's end, the rest the
     rows' mean steps, for the plan (its predicted seconds: its value / G) and for no drafts alike."""
     n = depths.size
-    if not (closed and weights.drained and n > 1 and depths.all() and weights.p_min >= MAY_END and judged):
+    if not (closed and weights.drained and n > 1 and weights.p_min >= MAY_END and judged and depths.all()):
         return False
     K = S.shape[1]
     j = np.arange(K)
@@ -156,14 +189,14 @@ class Drafting:
         self.a, self.cal, self.w, self.costs, self.G = a, cal, w, costs, G
         self.planned, self.ratio, self.remaining = planned, ratio, remaining   # remaining: the step's, where given
         self.factors = factors   # the step's position factors (PositionFactors.factor at the plan), where given
-        self._rows = None   # the step's view.depths and remaining, read at its first keep (compiled)
+        self._rows = None   # compiled: the step's view.depths, remaining and pad, read at its first keep; else False
 
     def keep(self, view, position, confidence, positions) -> np.ndarray:
-        fs = self.factors if self.factors is not None and position + 2 <= self.factors.size else None
-        f = float(positions.factor(position + 2)[-1] if fs is None else fs[position + 1])
-        c = self.costs
-        if search.COMPILED and c.draft.dtype == c.verify.dtype == np.float64 and c.draft.size > view.batch_size and (
-                self.remaining is None or self.remaining.dtype == np.int64):
+        fs, j = self.factors, position + 1
+        f = float(fs[j] if fs is not None and j < fs.size else positions.factor(j + 1)[-1])
+        if self._rows is None:
+            self._rows = self._compiled_rows(view)
+        if self._rows:
             return self._keep_compiled(view, position, confidence, f)
         drafting = ~np.isnan(confidence)
         self.s = self.s * np.minimum(np.where(drafting, confidence, 0.0) * self.cal, 1.0)
@@ -182,12 +215,19 @@ class Drafting:
         past = self.ratio is not None and bool((self.planned[idx] <= position + 1).all())
         return keep_by_margin(view, position, idx, v, self.costs, self.G, self.ratio if past else None)
 
+    def _compiled_rows(self, view):
+        """(view.depths, remaining, the pad table) where `kernels.drafting_keep` runs this step's keeps (float64
+        tables, the draft's past the batch, int64 remaining), else False (fixed through the step's drafting)."""
+        c = self.costs
+        if not (search.COMPILED and c.draft.dtype == c.verify.dtype == np.float64 and c.draft.size > view.batch_size
+                and (self.remaining is None or self.remaining.dtype == np.int64)):
+            return False
+        rem = view.remaining if self.remaining is None else self.remaining
+        return view.depths, rem, search._NO_PAD if c.pad is None else c.pad
+
     def _keep_compiled(self, view, position, confidence, f) -> np.ndarray:
         """`keep` in one compiled pass (`kernels.drafting_keep`: the same operations; s updated in place)."""
         c, r, w = self.costs, self.ratio, self.w
-        if self._rows is None:   # (fixed through the step's drafting)
-            rem = view.remaining if self.remaining is None else self.remaining
-            self._rows = view.depths, rem, search._NO_PAD if c.pad is None else c.pad
         depths, remaining, pad = self._rows
         E, T = (0.0, 1.0) if r is None else r
         keep, grow, gv, dt = kernels.drafting_keep(

@@ -19,19 +19,21 @@ class Stream:
         self.max_id, self.quiet, self.max_n = -1, 0, 0
         self._open_steps = self._full_steps = 0
 
-    def update(self, view) -> None:
+    def update(self, view, ids=None) -> None:
+        """One step's admissions (`ids`: view.request_ids, where the caller read them)."""
+        left, n = view.requests_left, view.batch_size
         if self.closed is None:
-            self.closed = view.requests_left == 0
-        ids = view.request_ids
+            self.closed = left == 0
+        ids = view.request_ids if ids is None else ids
         top = kernels.max_id(ids) if search.COMPILED and ids.dtype == np.int64 else int(ids.max(initial=-1))
         if top > self.max_id:
             self.max_id, self.quiet = top, 0
         else:
             self.quiet += 1
-        self.max_n = max(self.max_n, view.batch_size)
-        if view.requests_left:   # a stream before its last admission: steps it ran, steps at its largest batch
+        self.max_n = max(self.max_n, n)
+        if left:   # a stream before its last admission: steps it ran, steps at its largest batch
             self._open_steps += 1
-            self._full_steps += view.batch_size >= self.max_n
+            self._full_steps += n >= self.max_n
         elif self.saturated is None and not self.closed:
             self.saturated = self._full_steps >= 0.9 * self._open_steps
 

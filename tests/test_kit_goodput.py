@@ -93,7 +93,8 @@ def test_the_estimates_weights_and_values_are_the_numpy_forms(monkeypatch):
             S0, S, cap = ge.survivals(a, f, view, K, view.remaining)
             out = [S0, S, cap, ge.row_estimates(rows, pool, cal, "counts", 8.0, 0.01), est,
                    gw.tokens_per_step(S, dbar), gw.slot_weights(S0, dbar), gg.plan_value(S, depths, w),
-                   gg.extended(depths, 16, cap)]
+                   gg.extended(depths, 16, cap), *gg.ratio_extended(S, depths, w, 1.5, 3, cap), gg.drafts(depths),
+                   gg.drafts(depths * 0)]
             tw = gw.time_weights(S, a, dbar, rows.drafted, 8.0, view.remaining, 1e-4, 0.02)
             return out + [tw[0], tw[1], tw[2]]
         got, want = _both(monkeypatch, run)
@@ -114,11 +115,13 @@ def test_the_mixture_calibration_is_the_numpy_form(monkeypatch):
 
 def test_the_nested_plan_is_the_numpy_form_with_ties(monkeypatch):
     rng = np.random.default_rng(5)
-    for _ in range(150):
-        n, K = int(rng.integers(17, 150)), int(rng.integers(1, 17))
+    for _ in range(300):
+        n, K = int(rng.integers(2, 150)), int(rng.integers(1, 17))   # (up to search._SMALL rows: _SmallColumns)
         a = rng.choice(rng.uniform(0.3, 0.99, 4), n)
         S = np.cumprod(np.minimum(a[:, None] * rng.uniform(0.8, 1.2, K), 0.999), axis=1)
         S[np.arange(K)[None, :] >= rng.integers(0, K + 1, n)[:, None]] = 0.0
+        if rng.random() < 0.05:   # (NaN: kernels.weighted_plan leaves it to the numpy form)
+            S[int(rng.integers(n)), int(rng.integers(K))] = np.nan
         w = rng.choice([0.5, 1.0], n) if rng.random() < 0.7 else rng.uniform(0.1, 1, n)
         ver = np.cumsum(rng.uniform(0, 1e-4, n * K + 1)) + 0.01
         dr = np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1e-4, n)) + 0.002])
@@ -192,3 +195,38 @@ def test_goodput_runs_alike_compiled_and_in_numpy(monkeypatch, extra):
         return repr(res.steps) + repr(res.requests)
     got, want = _both(monkeypatch, run)
     assert got == want
+
+
+def test_position_factors_forget_add_is_forget_then_add():
+    rng = np.random.default_rng(9)
+    for _ in range(100):
+        n, k = int(rng.integers(1, 70)), int(rng.integers(1, 9))
+        one, two = kit.PositionFactors(paired=True), kit.PositionFactors(paired=True)
+        for step in range(3):   # (the first grows the sums: forget, then add)
+            ver = np.arange(k)[None, :] < rng.integers(0, k + 1, n)[:, None]
+            acc = ver & (rng.random((n, k)) < 0.7)
+            est, drafted, keep = rng.uniform(0.1, 0.99, n), rng.integers(0, k + 1, n), float(rng.uniform(0.9, 1))
+            one.forget_add(keep, ver, acc, est, drafted)
+            two.forget(keep)
+            two.add(ver, acc, est, drafted)
+            assert all(_same(getattr(one, f), getattr(two, f)) for f in ("accepted", "expected", "first_acc",
+                                                                         "first_exp"))
+            assert _same(one.factor(k), two.factor(k)) and _same(one.factor(40), two.factor(40))
+
+
+def test_the_mixture_and_row_calibrations_are_the_numpy_form(monkeypatch):
+    rng = np.random.default_rng(10)
+    for _ in range(200):
+        n = int(rng.integers(1, 70))
+        st = kit.PerRequest(accepted=0.0, rejected=0.0, conf_sum=0.0, drafted=0.0, verified_conf=0.0, verified=0.0)
+        rows = st.align(np.arange(n))
+        rows.array[:] = rng.integers(0, 30, (n, 6)) * rng.random((n, 6)) ** 2
+        A, E = float(rng.uniform(0, 1e3) ** rng.uniform(0, 1)), float(rng.uniform(0, 1e3) ** rng.uniform(0, 1))
+        z = float(rng.choice([0.0, 0.5, 3.0]))
+
+        def run():
+            p = ge.Evidence(mixture=True, cal_accepted=A, cal_conf=E)
+            out = p.calibrations(rows, z)
+            return [out, p.calibration, ge.row_calibration(rows, p.calibration, z), p.calibrations(rows, z)]
+        got, want = _both(monkeypatch, run)
+        assert all(_same(x, y) for x, y in zip(got, want))

@@ -107,6 +107,27 @@ class PositionFactors:
         """Drop the cached factors: for a caller that wrote the sums in place (`CostAwareDepth`'s compiled observe)."""
         self._cache = None
 
+    def forget_add(self, keep: float, verified: np.ndarray, accepted: np.ndarray, estimate: np.ndarray,
+                   drafted: np.ndarray | None = None) -> None:
+        """`forget(keep)`, then `add(verified, accepted, estimate, drafted)`: the same sums, in one compiled call
+        (`kernels.forget_add_sums`) where the sums already reach the masks' positions, which also refreshes the
+        cached factors (`factor`'s, as many as it held, at least 32: each position's from its own sums)."""
+        k = verified.shape[1]
+        paired = self.paired and drafted is not None and k
+        if COMPILED and self.accepted.size >= k and verified.dtype == accepted.dtype == np.bool_ \
+                and verified.shape == accepted.shape and estimate.size == verified.shape[0] \
+                and kernels.floats(estimate, self.accepted, self.expected, self.first_acc, self.first_exp) \
+                and (not paired or drafted.shape == estimate.shape):
+            kf = 32 if self._cache is None else max(self._cache[2].size, 32)
+            f, ok = kernels.forget_add_sums(float(keep), verified, accepted, estimate, drafted if paired else _NO_ROWS,
+                                            bool(paired), self.accepted, self.expected, self.first_acc,
+                                            self.first_exp, kf, float(self.prior), float(self.optimism),
+                                            bool(self.paired))
+            self._cache = (self.accepted, self.expected, f) if ok else None
+            return
+        self.forget(keep)
+        self.add(verified, accepted, estimate, drafted)
+
     def forget(self, keep: float) -> None:
         if COMPILED and kernels.floats(self.accepted, self.expected, self.first_acc, self.first_exp):
             kernels.scale4(self.accepted, self.expected, self.first_acc, self.first_exp, float(keep))

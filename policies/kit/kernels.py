@@ -979,11 +979,11 @@ def rank_columns(S, key, order, done, upto):
 
 @njit(cache=True, nogil=True)
 def nested_search(S, key, order, ranked, K, G, ver, dr, pad, has_pad, n, base):
-    """`kernels.nested_by_position` over the first D columns, the columns ranked first (D from 2, doubled while
-    the search reaches D < K; `ranked[0]`: the columns of `order` ranked so far, across calls): the positions past
-    where it stops are never ranked. The same result as over all K (the loop over the first D positions is the
-    same). Returns (the m per position, their count, value, seconds)."""
-    D = min(K, 2)
+    """`kernels.nested_by_position` over the first D columns, the columns ranked first (D from 2 or the columns
+    ranked by an earlier call, doubled while the search reaches D < K; `ranked[0]`: the columns of `order` ranked
+    so far, across calls): the positions past where it stops are never ranked. The same result as over all K (the
+    loop over the first D positions is the same). Returns (the m per position, their count, value, seconds)."""
+    D = min(K, max(2, ranked[0]))
     while True:
         if ranked[0] < D:
             rank_columns(S, key, order, ranked[0], D)
@@ -1285,6 +1285,81 @@ def max_id(ids):
         if ids[i] > top:
             top = ids[i]
     return top
+
+
+@njit(cache=True, nogil=True)
+def weighted_plan(S, w, remaining, G0, ver, dr, pad, has_pad):
+    """`goodput_gates.plan_positions` with weights w, as `search.plan_by_position(S * w[:, None], costs, G0,
+    tie=remaining, nested=True, base=w.sum())` computes it compiled: base by np.sum's order, the key
+    -float(remaining), Dinkelbach's iteration (`search._dinkelbach`: at most 5 `nested_search` plans, from
+    max(g_none, G0), g_none = base / verify[0]) and the best plan's depths (`nested_depths`). Returns (depths, G,
+    True), or (zeros, 0, False) where S x w or the key hold NaN (the numpy form decides)."""
+    n, K = S.shape
+    Sw, key = np.empty((n, K)), np.empty(n)
+    for i in range(n):
+        key[i] = -float(remaining[i])
+        for p in range(K):
+            Sw[i, p] = S[i, p] * w[i]
+    if _any_nan(Sw, key):
+        return np.zeros(n, np.int64), 0.0, False
+    base = pairwise(w, 0, n)
+    g_none = base / ver[0]
+    order, ranked = np.empty((n, K), np.int64), np.zeros(1, np.int64)
+    G = G0 if G0 > g_none else g_none   # Python's max(g_none, G0)
+    best_g, best = g_none, np.zeros(0, np.int64)
+    for _ in range(5):
+        ms, m, e, t = nested_search(Sw, key, order, ranked, K, G, ver, dr, pad, has_pad, n, base)
+        if m == 0:
+            if G <= g_none:
+                break
+            G = g_none
+            continue
+        g = e / t
+        if g > best_g:
+            best_g, best = g, ms[:m]
+        if abs(g - G) <= 1e-3 * G:
+            break
+        G = g
+    return nested_depths(order, best, n), best_g, True
+
+
+@njit(cache=True, nogil=True)
+def any_nonzero(x):
+    """bool(x.any()) of a 1-D integer array (goodput's "does any row draft")."""
+    for i in range(x.shape[0]):
+        if x[i] != 0:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def extension(S, w, has_w, depths, extend, cap):
+    """`Goodput._extend`'s two reads of the plan in one call: its value (`plan_value`) and the extended depths
+    (`extend_depths`). Returns (the value, the depths)."""
+    return plan_value(S, w, has_w, depths), extend_depths(depths, extend, cap)
+
+
+@njit(cache=True, nogil=True)
+def forget_add_sums(keep, verified, accepted, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp, kf,
+                    prior, optimism, paired_factors):
+    """`PositionFactors.forget_add` (goodput's evidence, each step): the four sums x keep (`scale4`), then the
+    step's column sums added (`position_sums`). Returns the first kf factors of the new sums (`position_factors`:
+    (f, ok))."""
+    scale4(acc_s, exp_s, first_acc, first_exp, keep)
+    position_sums(verified, accepted, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp)
+    return position_factors(kf, acc_s, exp_s, first_acc, first_exp, prior, optimism, paired_factors)
+
+
+@njit(cache=True, nogil=True)
+def mixture_rows(w, grid, acc, vc, ver, z):
+    """`Evidence.calibrations`: the mixture's calibration c = exp(`mixture_median`'s log c) (libm's exp, as
+    Python's math.exp) and each row's, `row_calibration` at c. Returns (c, the rows', True), or (0, empty, False)
+    where w holds NaN (the numpy form decides)."""
+    lc, ok = mixture_median(w, grid)
+    if not ok:
+        return 0.0, np.empty(0), False
+    c = math.exp(lc)
+    return c, row_calibration(acc, vc, ver, c, z), True
 
 
 # ---- kit.tree's plan search and tree_confidence's means (np.interp's rule over an arange grid, np.sum's pairwise
