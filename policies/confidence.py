@@ -4,7 +4,9 @@ from specdepth.errors import as_bool, as_float, as_int
 
 from .kit import ConfidenceCalibration, CostAwarePolicy, as_padded, best_survivors, first_drafts, keep_by_margin
 from .kit import search
-from .kit.kernels import confidence_keep
+from .kit.kernels import confidence_drafting, confidence_keep
+
+_NONE, _NO_ROWS = np.zeros(0), np.zeros(0, np.int64)
 
 
 class ConfidenceThreshold(CostAwarePolicy):
@@ -52,17 +54,39 @@ class ConfidenceThreshold(CostAwarePolicy):
         if self.use_budget:
             depths = first_drafts(depths, view, k)
         self._cum = np.ones(n)
+        self._fused = self._compiled_step(view, n)
         return self.finish(depths, view)
+
+    def _compiled_step(self, view, n: int):
+        """keep_drafting's per-step inputs to `kernels.confidence_drafting` (the step's depths read on its first
+        call): [None, remaining, draft, verify, pad, G, rates]; None where its numpy form runs (`search.COMPILED`
+        off, other dtypes, tables too short for the compiled loops)."""
+        if not search.COMPILED:
+            return None
+        if self._margin is None:
+            return [None, _NO_ROWS, _NONE, _NONE, _NONE, 0.0, _NONE]
+        costs, G, rates = self._margin
+        rem, pad = view.remaining, _NONE if costs.pad is None else costs.pad
+        f = np.float64
+        if not (rem.dtype == np.int64 and rem.shape == (n,) and costs.draft.size > n and costs.verify.size
+                and costs.draft.dtype == costs.verify.dtype == pad.dtype == rates.dtype == f and rates.ndim == 1
+                and rates.size):
+            return None
+        return [None, rem, costs.draft, costs.verify, pad, float(G), rates]
 
     def reset(self):
         super().reset()
         self._cal = ConfidenceCalibration() if self.calibrate else None
-        self._k, self._margin = 0, None
+        self._k, self._margin, self._fused = 0, None, None
 
     def keep_drafting(self, view, position, confidence):
+        past = self._margin is not None and position + 1 >= self._k   # past the cost rule's depth: where it pays
+        if self._fused is not None and confidence.dtype == np.float64 and confidence.shape == self._cum.shape:
+            keep = self._keep_compiled(view, position, confidence, past)
+            if keep is not None:
+                return best_survivors(keep, self._cum, view) if self.use_budget and not past else keep
         # the acceptance the confidence stands for, learnt from the verified drafts
         conf = confidence if self._cal is None else self._cal(confidence)
-        past = self._margin is not None and position + 1 >= self._k   # past the cost rule's depth: where it pays
         rate = float(self._margin[2][min(position + 1, self._margin[2].size - 1)]) if past else 0.0
         keep, idx, v = self._survivors(view, position, confidence, conf, past, rate)
         if past:
@@ -71,6 +95,20 @@ class ConfidenceThreshold(CostAwarePolicy):
             costs, G, _ = self._margin
             return keep_by_margin(view, position, idx, float(v[0]) if idx.size == 1 else v, costs, G)
         return best_survivors(keep, self._cum, view) if self.use_budget else keep
+
+    def _keep_compiled(self, view, position, raw, past):
+        """keep_drafting's mask in one loop (`kernels.confidence_drafting`) after the calibration's odds; None
+        where the view's depths do not match the batch (its numpy form runs)."""
+        st = self._fused
+        if st[0] is None:   # the plan's depths, for the whole step
+            st[0] = view.depths
+            if st[0].shape != raw.shape:
+                self._fused = None
+                return None
+        cal = self._cal
+        return confidence_drafting(raw, raw if cal is None else cal.odds(raw), cal is not None, self._cum,
+                                   self.threshold, st[0], position, past, st[6], view.drafted if past else _NO_ROWS,
+                                   *st[1:6])
 
     def _survivors(self, view, position, raw, conf, past, rate):
         """The rows that keep drafting at the threshold (and the running products `_cum`); `past`: those of them

@@ -293,6 +293,48 @@ def confidence_keep(raw, conf, cum, threshold, depths, position, past, rate):
     return keep, idx[:k], v
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def confidence_drafting(raw, conf, odds, cum, threshold, depths, position, past, rates, drafted, remaining, draft,
+                        verify, pad, G):
+    """`confidence.keep_drafting` in one pass: its acceptance c = 1 / (conf + 1) where `odds` (conf: the odds
+    `ConfidenceCalibration.odds` gives), else conf itself; then `confidence_keep`'s mask and running products
+    (cum in place). `past`: instead the mask `search.keep_by_margin` picks among those rows planned deeper than
+    position + 1, valued cum x rates[min(position + 1, size - 1)] (one row: `keep_one`, more: `keep_margin`, ratio
+    off; x = the sum of drafted; pad[min(position + 1, size - 1)] where pad is not empty). The caller checks the
+    lengths: draft longer than the batch, rates and verify not empty."""
+    n = raw.shape[0]
+    keep = np.zeros(n, np.bool_)
+    idx = np.empty(n, np.int64)
+    m = 0
+    for i in range(n):
+        if math.isnan(raw[i]):
+            cum[i] = 0.0
+            continue
+        c = 1.0 / (conf[i] + 1.0) if odds else conf[i]
+        cum[i] = cum[i] * c
+        keep[i] = c >= threshold
+        if keep[i] and past and depths[i] > position + 1:
+            idx[m] = i
+            m += 1
+    if not past:
+        return keep
+    keep[:] = False
+    if m == 0:
+        return keep
+    rate = rates[min(position + 1, rates.shape[0] - 1)]
+    has_pad = pad.shape[0] > 0
+    padp = pad[min(position + 1, pad.shape[0] - 1)] if has_pad else 0.0
+    x = drafted.sum()
+    if m == 1:
+        keep[idx[0]] = keep_one(cum[idx[0]] * rate, x, draft, verify, padp, has_pad, G)[0]
+        return keep
+    v = np.empty(m)
+    for j in range(m):
+        v[j] = cum[idx[j]] * rate
+    keep_margin(keep, idx[:m], v, remaining, x, draft, verify, padp, has_pad, G, 0.0, 1.0, False)
+    return keep
+
+
 @njit(cache=True, nogil=True)
 def scaled_tokens(col, f):
     """`search.uniform_depth`'s draining rows at the batch's level: e[k, i] = mean_k(col[k] over the n rows) x
