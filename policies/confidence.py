@@ -4,7 +4,7 @@ from specdepth.errors import as_bool, as_float, as_int
 
 from .kit import ConfidenceCalibration, CostAwarePolicy, as_padded, best_survivors, first_drafts, keep_by_margin
 from .kit import search
-from .kit.kernels import confidence_drafting, confidence_keep
+from .kit.kernels import confidence_drafting, confidence_keep, confidence_plain
 
 _NONE, _NO_ROWS = np.zeros(0), np.zeros(0, np.int64)
 
@@ -97,18 +97,21 @@ class ConfidenceThreshold(CostAwarePolicy):
         return best_survivors(keep, self._cum, view) if self.use_budget else keep
 
     def _keep_compiled(self, view, position, raw, past):
-        """keep_drafting's mask in one loop (`kernels.confidence_drafting`) after the calibration's odds; None
-        where the view's depths do not match the batch (its numpy form runs)."""
+        """keep_drafting's mask in one loop (`kernels.confidence_plain`, past the cost rule's depth
+        `kernels.confidence_drafting`) after the calibration's odds; None where the view's depths do not match the
+        batch (its numpy form runs)."""
+        cal = self._cal
+        conf = raw if cal is None else cal.odds(raw)
+        if not past:
+            return confidence_plain(raw, conf, cal is not None, self._cum, self.threshold)
         st = self._fused
         if st[0] is None:   # the plan's depths, for the whole step
             st[0] = view.depths
             if st[0].shape != raw.shape:
                 self._fused = None
                 return None
-        cal = self._cal
-        return confidence_drafting(raw, raw if cal is None else cal.odds(raw), cal is not None, self._cum,
-                                   self.threshold, st[0], position, past, st[6], view.drafted if past else _NO_ROWS,
-                                   *st[1:6])
+        return confidence_drafting(raw, conf, cal is not None, self._cum, self.threshold, st[0], position, st[6],
+                                   view.drafted, *st[1:6])
 
     def _survivors(self, view, position, raw, conf, past, rate):
         """The rows that keep drafting at the threshold (and the running products `_cum`); `past`: those of them

@@ -294,18 +294,12 @@ def confidence_keep(raw, conf, cum, threshold, depths, position, past, rate):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def confidence_drafting(raw, conf, odds, cum, threshold, depths, position, past, rates, drafted, remaining, draft,
-                        verify, pad, G):
-    """`confidence.keep_drafting` in one pass: its acceptance c = 1 / (conf + 1) where `odds` (conf: the odds
-    `ConfidenceCalibration.odds` gives), else conf itself; then `confidence_keep`'s mask and running products
-    (cum in place). `past`: instead the mask `search.keep_by_margin` picks among those rows planned deeper than
-    position + 1, valued cum x rates[min(position + 1, size - 1)] (one row: `keep_one`, more: `keep_margin`, ratio
-    off; x = the sum of drafted; pad[min(position + 1, size - 1)] where pad is not empty). The caller checks the
-    lengths: draft longer than the batch, rates and verify not empty."""
+def confidence_plain(raw, conf, odds, cum, threshold):
+    """`confidence.keep_drafting`'s mask before the cost rule's depth: the acceptance c = 1 / (conf + 1) where
+    `odds` (conf: the odds `ConfidenceCalibration.odds` gives), else conf itself; where raw is not NaN, cum x c
+    (in place) and keep where c >= threshold; cum = 0 and no keep where it is NaN (`confidence_keep`'s rule)."""
     n = raw.shape[0]
     keep = np.zeros(n, np.bool_)
-    idx = np.empty(n, np.int64)
-    m = 0
     for i in range(n):
         if math.isnan(raw[i]):
             cum[i] = 0.0
@@ -313,12 +307,25 @@ def confidence_drafting(raw, conf, odds, cum, threshold, depths, position, past,
         c = 1.0 / (conf[i] + 1.0) if odds else conf[i]
         cum[i] = cum[i] * c
         keep[i] = c >= threshold
-        if keep[i] and past and depths[i] > position + 1:
+    return keep
+
+
+@njit(cache=True, nogil=True)
+def confidence_drafting(raw, conf, odds, cum, threshold, depths, position, rates, drafted, remaining, draft, verify,
+                        pad, G):
+    """`confidence.keep_drafting`'s mask past the cost rule's depth: `confidence_plain`'s rows (and cum), of them
+    those planned deeper than position + 1 valued cum x rates[min(position + 1, size - 1)], and the mask
+    `search.keep_by_margin` picks among them (one row: `keep_one`, more: `keep_margin` without the ratio; x = the
+    sum of drafted; pad[min(position + 1, size - 1)] where pad is not empty). The caller checks the lengths: draft
+    longer than the batch, rates and verify not empty."""
+    keep = confidence_plain(raw, conf, odds, cum, threshold)
+    idx = np.empty(keep.shape[0], np.int64)
+    m = 0
+    for i in range(keep.shape[0]):
+        if keep[i] and depths[i] > position + 1:
             idx[m] = i
             m += 1
-    if not past:
-        return keep
-    keep[:] = False
+        keep[i] = False
     if m == 0:
         return keep
     rate = rates[min(position + 1, rates.shape[0] - 1)]
