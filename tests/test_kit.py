@@ -339,6 +339,8 @@ def _calibration_run(rng, steps=120):
             p = np.nan_to_num(1 / (1 + np.exp(-(skew + scale * np.log(conf / (1 - conf))))), nan=0.5)
         accepted = np.argmin(np.concatenate([rng.random((rows, k)) < p, np.zeros((rows, 1), bool)], axis=1), axis=1)
         cal.add(conf, drafted, np.minimum(accepted, drafted))
+        if rng.random() < 0.05:   # counts set from outside
+            cal.n, cal.acc = cal.n * 0.5, cal.acc * 0.5
         c = rng.beta(0.5, 0.5, rows)
         c[rng.random(rows) < 0.2] = np.nan
         out.append((cal.a, cal.b, cal.n.tobytes(), cal.acc.tobytes(), cal(c).tobytes(), cal.odds(c).tobytes()))

@@ -217,6 +217,7 @@ class ConfidenceCalibration:
         self.a, self.b = 0.0, 1.0
         self._scratch, self._ok = np.empty((2, 0)), np.empty(0, bool)   # the compiled add's buffers
         self._work = np.empty((10, self.BINS))   # ... the fit's (kernels.conf_start), its rows N and ACC the counts
+        self._work[kernels.X], self._work[kernels.XX] = self.x, self._xx
         self._counts = self._work[kernels.N], self._work[kernels.ACC]
         self._odds = np.empty((2, 0))   # the compiled odds' buffer
         self._rows = self._odds[0], self._odds[1]   # ... its rows
@@ -297,12 +298,13 @@ class ConfidenceCalibration:
         lg, l1p = buf[0, :m], buf[1, :m]
         np.log(lg, out=lg)
         np.log1p(l1p, out=l1p)
-        work = self._work
-        start = kernels.conf_bins(lg, l1p, ok, math.exp(-float(m) / self.memory), self.n, self.acc, work,
-                                  self.LIM, self.BINS / (2.0 * self.LIM), self.x, self._xx, self.a, self.b,
-                                  self.prior / 8.0, 2.0)
-        self.n, self.acc = self._counts
-        self._fit_compiled(work, start)
+        n, acc = self._counts
+        if self.n is not n or self.acc is not acc:   # counts set from outside, or by the numpy form
+            n[:], acc[:] = self.n, self.acc
+            self.n, self.acc = n, acc
+        start = kernels.conf_counts(lg, l1p, ok, math.exp(-float(m) / self.memory), self._work, self.LIM,
+                                    self.BINS / (2.0 * self.LIM), self.a, self.b, self.prior / 8.0, 2.0)
+        self._fit_compiled(self._work, start)
 
     def _fit_compiled(self, work: np.ndarray, start=None, steps: int = 4) -> None:
         """`_fit` (the same Newton steps and halvings) on a work array (`kernels.conf_start`; `start`: its

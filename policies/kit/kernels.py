@@ -1608,6 +1608,13 @@ def conf_bins(lg, l1p, ok, keep, n, acc, work, lim, scale, x, xx, a, b, lam, two
     return conf_start(work, x, xx, work[N], work[ACC], a, b, lam, two)
 
 
+@njit(cache=True, nogil=True)
+def conf_counts(lg, l1p, ok, keep, work, lim, scale, a, b, lam, two):
+    """`conf_bins` on a kept work array whose rows N and ACC are the counts (updated in place) and X, XX the bins'
+    x and x^2."""
+    return conf_bins(lg, l1p, ok, keep, work[N], work[ACC], work, lim, scale, work[X], work[XX], a, b, lam, two)
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def conf_newton(e, work, a, b, f, lam, two):
     """One Newton step of `ConfidenceCalibration._fit` from (a, b) with objective f, e = exp(-(a + b x)): the
