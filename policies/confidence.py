@@ -48,12 +48,16 @@ class ConfidenceThreshold(CostAwarePolicy):
             costs, G, rate = self._depth.margin   # rows may go past k while their confidences say it pays
             self._margin = (as_padded(costs, n), G, rate)
             k = min(k + self.extend, self.cap(view))
-        depths = np.full(n, k, dtype=np.int64)
+        depths = np.empty(n, np.int64)
+        depths.fill(k)   # (np.full's values, without its wrapper)
         if self.cost_aware:
             depths = self._depth.hold(depths)   # rows held back from a catch-up (`catch_up`)
         if self.use_budget:
             depths = first_drafts(depths, view, k)
-        self._cum = np.ones(n)
+        if self._cum.shape == (n,):   # the running products start at 1 (in the kept array)
+            self._cum.fill(1.0)
+        else:
+            self._cum = np.ones(n)
         self._fused = self._compiled_step(view, n)
         return self.finish(depths, view)
 
@@ -77,7 +81,7 @@ class ConfidenceThreshold(CostAwarePolicy):
     def reset(self):
         super().reset()
         self._cal = ConfidenceCalibration() if self.calibrate else None
-        self._k, self._margin, self._fused = 0, None, None
+        self._k, self._margin, self._fused, self._cum = 0, None, None, np.ones(0)
 
     def keep_drafting(self, view, position, confidence):
         past = self._margin is not None and position + 1 >= self._k   # past the cost rule's depth: where it pays
