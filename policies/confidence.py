@@ -120,7 +120,8 @@ class ConfidenceThreshold(CostAwarePolicy):
     def _survivors(self, view, position, raw, conf, past, rate):
         """The rows that keep drafting at the threshold (and the running products `_cum`); `past`: those of them
         planned deeper than position + 1 and their values _cum x rate. Compiled for float64 confidences."""
-        if search.COMPILED and raw.dtype == conf.dtype == np.float64:
+        if search.COMPILED and raw.dtype == conf.dtype == np.float64 and raw.shape == conf.shape == self._cum.shape \
+                and view.depths.shape == raw.shape:
             return confidence_keep(raw, conf, self._cum, self.threshold, view.depths, position, past, rate)
         drafting = ~np.isnan(raw)
         self._cum = np.where(drafting, self._cum * np.where(drafting, conf, 1.0), 0.0)
