@@ -250,12 +250,12 @@ class ConfidenceCalibration:
                 self._rows = self._odds[0], self._odds[1]
             lg, l1p = self._rows
             kernels.conf_clip(c, 1e-6, 1.0 - 1e-6, self._odds)
-            np.log(lg, out=lg)
-            np.log1p(l1p, out=l1p)
+            np.log(lg, lg)
+            np.log1p(l1p, l1p)
             if kernels.conf_affine(lg, l1p, self.LIM, self.a, self.b):
                 with np.errstate(over="ignore"):
-                    return np.exp(lg, out=lg)
-            return np.exp(lg, out=lg)
+                    return np.exp(lg, lg)
+            return np.exp(lg, lg)
         z = self.logit(c)
         z *= self.b
         z += self.a
@@ -296,8 +296,8 @@ class ConfidenceCalibration:
         if not m:
             return
         lg, l1p = buf[0, :m], buf[1, :m]
-        np.log(lg, out=lg)
-        np.log1p(l1p, out=l1p)
+        np.log(lg, lg)
+        np.log1p(l1p, l1p)
         n, acc = self._counts
         if self.n is not n or self.acc is not acc:   # counts set from outside, or by the numpy form
             n[:], acc[:] = self.n, self.acc
@@ -310,17 +310,17 @@ class ConfidenceCalibration:
         """`_fit` (the same Newton steps and halvings) on a work array (`kernels.conf_start`; `start`: its
         (objective, overflow) where computed), each step one compiled loop around numpy's exp (in place on
         work[NZ]: conf_newton reads it before it writes there)."""
-        k, lam = kernels, self.prior / 8.0
-        f, big = k.conf_start(work, self.x, self._xx, self.n, self.acc, self.a, self.b, lam, 2.0) if start is None \
-            else start
-        a, b, nz = self.a, self.b, work[k.NZ]
+        lam, newton, exp = self.prior / 8.0, kernels.conf_newton, np.exp
+        f, big = kernels.conf_start(work, self.x, self._xx, self.n, self.acc, self.a, self.b, lam, 2.0) \
+            if start is None else start
+        a, b, nz = self.a, self.b, work[kernels.NZ]
         for _ in range(steps):
             if big:
                 with np.errstate(over="ignore"):
-                    np.exp(nz, out=nz)
+                    exp(nz, nz)
             else:
-                np.exp(nz, out=nz)
-            a, b, f, state, big = k.conf_newton(nz, work, a, b, f, lam, 2.0)
+                exp(nz, nz)
+            a, b, f, state, big = newton(nz, work, a, b, f, lam, 2.0)
             if state:
                 if state < 0:
                     raise ZeroDivisionError("float division by zero")
