@@ -6,7 +6,7 @@ from .kit import ConfidenceCalibration, CostAwarePolicy, as_padded, best_survivo
 from .kit import search
 from .kit.kernels import confidence_drafting, confidence_keep, confidence_plain
 
-_NONE, _NO_ROWS = np.zeros(0), np.zeros(0, np.int64)
+_NONE = np.zeros(0)
 
 
 class ConfidenceThreshold(CostAwarePolicy):
@@ -58,17 +58,15 @@ class ConfidenceThreshold(CostAwarePolicy):
             self._cum.fill(1.0)
         else:
             self._cum = np.ones(n)
-        self._fused = self._compiled_step(view, n)
+        self._compiled, self._depths = search.COMPILED, None   # keep_drafting's compiled form, this step
+        self._tables = self._drafting_tables(view, n) if self._compiled and self._margin is not None else None
+        self._compiled = self._compiled and (self._margin is None or self._tables is not None)
         return self.finish(depths, view)
 
-    def _compiled_step(self, view, n: int):
-        """keep_drafting's per-step inputs to `kernels.confidence_drafting` (the step's depths read on its first
-        call): [None, remaining, draft, verify, pad, G, rates]; None where its numpy form runs (`search.COMPILED`
-        off, other dtypes, tables too short for the compiled loops)."""
-        if not search.COMPILED:
-            return None
-        if self._margin is None:
-            return [None, _NO_ROWS, _NONE, _NONE, _NONE, 0.0, _NONE]
+    def _drafting_tables(self, view, n: int):
+        """keep_drafting's inputs past the cost rule's depth, fixed for the step (`kernels.confidence_drafting`):
+        (remaining, draft, verify, pad, G, rates); None where its numpy form runs (other dtypes, tables too short
+        for the compiled loop)."""
         costs, G, rates = self._margin
         rem, pad = view.remaining, _NONE if costs.pad is None else costs.pad
         f = np.float64
@@ -76,16 +74,17 @@ class ConfidenceThreshold(CostAwarePolicy):
                 and costs.draft.dtype == costs.verify.dtype == pad.dtype == rates.dtype == f and rates.ndim == 1
                 and rates.size):
             return None
-        return [None, rem, costs.draft, costs.verify, pad, float(G), rates]
+        return rem, costs.draft, costs.verify, pad, float(G), rates
 
     def reset(self):
         super().reset()
         self._cal = ConfidenceCalibration() if self.calibrate else None
-        self._k, self._margin, self._fused, self._cum = 0, None, None, np.ones(0)
+        self._k, self._margin, self._cum = 0, None, np.ones(0)
+        self._compiled, self._depths, self._tables = False, None, None   # keep_drafting's compiled form (plan)
 
     def keep_drafting(self, view, position, confidence):
         past = self._margin is not None and position + 1 >= self._k   # past the cost rule's depth: where it pays
-        if self._fused is not None and confidence.dtype == np.float64 and confidence.shape == self._cum.shape:
+        if self._compiled and confidence.dtype == np.float64 and confidence.shape == self._cum.shape:
             keep = self._keep_compiled(view, position, confidence, past)
             if keep is not None:
                 return best_survivors(keep, self._cum, view) if self.use_budget and not past else keep
@@ -108,14 +107,14 @@ class ConfidenceThreshold(CostAwarePolicy):
         conf = raw if cal is None else cal.odds(raw)
         if not past:
             return confidence_plain(raw, conf, cal is not None, self._cum, self.threshold)
-        st = self._fused
-        if st[0] is None:   # the plan's depths, for the whole step
-            st[0] = view.depths
-            if st[0].shape != raw.shape:
-                self._fused = None
+        if self._depths is None:   # the plan's depths, for the whole step
+            self._depths = view.depths
+            if self._depths.shape != raw.shape:
+                self._compiled = False
                 return None
-        return confidence_drafting(raw, conf, cal is not None, self._cum, self.threshold, st[0], position, st[6],
-                                   view.drafted, *st[1:6])
+        rem, draft, verify, pad, G, rates = self._tables
+        return confidence_drafting(raw, conf, cal is not None, self._cum, self.threshold, self._depths, position, rates,
+                                   view.drafted, rem, draft, verify, pad, G)
 
     def _survivors(self, view, position, raw, conf, past, rate):
         """The rows that keep drafting at the threshold (and the running products `_cum`); `past`: those of them

@@ -366,13 +366,15 @@ def test_the_compiled_confidence_calibration_is_its_numpy_form_to_the_bit(monkey
 def _confidence_keeps(cases):
     """confidence's keep_drafting on each case (its plan's state set by hand): the masks and running products."""
     from specdepth.policies.confidence import ConfidenceThreshold
+    from specdepth.policies.kit import search
     out = []
     for calibrate, ab, view, position, k, conf, margin, cum in cases:
         p = ConfidenceThreshold(calibrate=calibrate, use_budget=k == 5)
         if calibrate:
             p._cal.a, p._cal.b = ab
         p._k, p._margin, p._cum = k, margin, cum.copy()
-        p._fused = p._compiled_step(view, view.batch_size)
+        p._depths, p._tables = None, None if margin is None else p._drafting_tables(view, view.batch_size)
+        p._compiled = search.COMPILED and (margin is None or p._tables is not None)   # as plan sets them
         out.append((p.keep_drafting(view, position, conf).tobytes(), p._cum.tobytes()))
     return out
 
