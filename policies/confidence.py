@@ -4,7 +4,9 @@ from specdepth.errors import as_bool, as_float, as_int
 
 from .kit import ConfidenceCalibration, CostAwarePolicy, as_padded, best_survivors, first_drafts, keep_by_margin
 from .kit import search
-from .kit.kernels import confidence_keep
+from .kit.kernels import confidence_drafting, confidence_keep, confidence_plain
+
+_NONE = np.zeros(0)
 
 
 class ConfidenceThreshold(CostAwarePolicy):
@@ -46,23 +48,48 @@ class ConfidenceThreshold(CostAwarePolicy):
             costs, G, rate = self._depth.margin   # rows may go past k while their confidences say it pays
             self._margin = (as_padded(costs, n), G, rate)
             k = min(k + self.extend, self.cap(view))
-        depths = np.full(n, k, dtype=np.int64)
+        depths = np.empty(n, np.int64)
+        depths.fill(k)   # (np.full's values, without its wrapper)
         if self.cost_aware:
             depths = self._depth.hold(depths)   # rows held back from a catch-up (`catch_up`)
         if self.use_budget:
             depths = first_drafts(depths, view, k)
-        self._cum = np.ones(n)
+        if self._cum.shape == (n,):   # the running products start at 1 (in the kept array)
+            self._cum.fill(1.0)
+        else:
+            self._cum = np.ones(n)
+        self._compiled, self._depths = search.COMPILED, None   # keep_drafting's compiled form, this step
+        self._tables = self._drafting_tables(view, n) if self._compiled and self._margin is not None else None
+        self._compiled = self._compiled and (self._margin is None or self._tables is not None)
         return self.finish(depths, view)
+
+    def _drafting_tables(self, view, n: int):
+        """keep_drafting's inputs past the cost rule's depth, fixed for the step (`kernels.confidence_drafting`):
+        (remaining, draft, verify, pad, G, rates); None where its numpy form runs (other dtypes, tables too short
+        for the compiled loop)."""
+        costs, G, rates = self._margin
+        rem, pad = view.remaining, _NONE if costs.pad is None else costs.pad
+        f = np.float64
+        if not (rem.dtype == np.int64 and rem.shape == (n,) and costs.draft.size > n and costs.verify.size
+                and costs.draft.dtype == costs.verify.dtype == pad.dtype == rates.dtype == f and rates.ndim == 1
+                and rates.size):
+            return None
+        return rem, costs.draft, costs.verify, pad, float(G), rates
 
     def reset(self):
         super().reset()
         self._cal = ConfidenceCalibration() if self.calibrate else None
-        self._k, self._margin = 0, None
+        self._k, self._margin, self._cum = 0, None, np.ones(0)
+        self._compiled, self._depths, self._tables = False, None, None   # keep_drafting's compiled form (plan)
 
     def keep_drafting(self, view, position, confidence):
+        past = self._margin is not None and position + 1 >= self._k   # past the cost rule's depth: where it pays
+        if self._compiled and confidence.dtype == np.float64 and confidence.shape == self._cum.shape:
+            keep = self._keep_compiled(view, position, confidence, past)
+            if keep is not None:
+                return best_survivors(keep, self._cum, view) if self.use_budget and not past else keep
         # the acceptance the confidence stands for, learnt from the verified drafts
         conf = confidence if self._cal is None else self._cal(confidence)
-        past = self._margin is not None and position + 1 >= self._k   # past the cost rule's depth: where it pays
         rate = float(self._margin[2][min(position + 1, self._margin[2].size - 1)]) if past else 0.0
         keep, idx, v = self._survivors(view, position, confidence, conf, past, rate)
         if past:
@@ -72,10 +99,28 @@ class ConfidenceThreshold(CostAwarePolicy):
             return keep_by_margin(view, position, idx, float(v[0]) if idx.size == 1 else v, costs, G)
         return best_survivors(keep, self._cum, view) if self.use_budget else keep
 
+    def _keep_compiled(self, view, position, raw, past):
+        """keep_drafting's mask in one loop (`kernels.confidence_plain`, past the cost rule's depth
+        `kernels.confidence_drafting`) after the calibration's odds; None where the view's depths do not match the
+        batch (its numpy form runs)."""
+        cal = self._cal
+        conf = raw if cal is None else cal.odds(raw)
+        if not past:
+            return confidence_plain(raw, conf, cal is not None, self._cum, self.threshold)
+        if self._depths is None:   # the plan's depths, for the whole step
+            self._depths = view.depths
+            if self._depths.shape != raw.shape:
+                self._compiled = False
+                return None
+        rem, draft, verify, pad, G, rates = self._tables
+        return confidence_drafting(raw, conf, cal is not None, self._cum, self.threshold, self._depths, position, rates,
+                                   view.drafted, rem, draft, verify, pad, G)
+
     def _survivors(self, view, position, raw, conf, past, rate):
         """The rows that keep drafting at the threshold (and the running products `_cum`); `past`: those of them
         planned deeper than position + 1 and their values _cum x rate. Compiled for float64 confidences."""
-        if search.COMPILED and raw.dtype == conf.dtype == np.float64:
+        if search.COMPILED and raw.dtype == conf.dtype == np.float64 and raw.shape == conf.shape == self._cum.shape \
+                and view.depths.shape == raw.shape:
             return confidence_keep(raw, conf, self._cum, self.threshold, view.depths, position, past, rate)
         drafting = ~np.isnan(raw)
         self._cum = np.where(drafting, self._cum * np.where(drafting, conf, 1.0), 0.0)

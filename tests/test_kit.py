@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specdepth.policies import kit
-from test_policies_zoo import LinearCost, make_view
+from test_policies_zoo import LinearCost, drafting, make_view
 
 
 # ---- state -----------------------------------------------------------------------------------------
@@ -488,9 +488,11 @@ def _calibration_run(rng, steps=120):
             p = np.nan_to_num(1 / (1 + np.exp(-(skew + scale * np.log(conf / (1 - conf))))), nan=0.5)
         accepted = np.argmin(np.concatenate([rng.random((rows, k)) < p, np.zeros((rows, 1), bool)], axis=1), axis=1)
         cal.add(conf, drafted, np.minimum(accepted, drafted))
+        if rng.random() < 0.05:   # counts set from outside
+            cal.n, cal.acc = cal.n * 0.5, cal.acc * 0.5
         c = rng.beta(0.5, 0.5, rows)
         c[rng.random(rows) < 0.2] = np.nan
-        out.append((cal.a, cal.b, cal.n.tobytes(), cal.acc.tobytes(), cal(c).tobytes()))
+        out.append((cal.a, cal.b, cal.n.tobytes(), cal.acc.tobytes(), cal(c).tobytes(), cal.odds(c).tobytes()))
     return out
 
 
@@ -508,6 +510,49 @@ def test_the_compiled_confidence_calibration_is_its_numpy_form_to_the_bit(monkey
     monkeypatch.setattr(acceptance, "COMPILED", False)   # the numpy form
     assert compiled == [_calibration_run(np.random.default_rng(seed)) for seed in range(12)]
     assert cal(np.array([0.001, 0.5, 0.999, np.nan])).tobytes() == steep
+
+
+def _confidence_keeps(cases):
+    """confidence's keep_drafting on each case (its plan's state set by hand): the masks and running products."""
+    from specdepth.policies.confidence import ConfidenceThreshold
+    from specdepth.policies.kit import search
+    out = []
+    for calibrate, ab, view, position, k, conf, margin, cum in cases:
+        p = ConfidenceThreshold(calibrate=calibrate, use_budget=k == 5)
+        if calibrate:
+            p._cal.a, p._cal.b = ab
+        p._k, p._margin, p._cum = k, margin, cum.copy()
+        p._depths, p._tables = None, None if margin is None else p._drafting_tables(view, view.batch_size)
+        p._compiled = search.COMPILED and (margin is None or p._tables is not None)   # as plan sets them
+        out.append((p.keep_drafting(view, position, conf).tobytes(), p._cum.tobytes()))
+    return out
+
+
+def test_confidences_compiled_keep_drafting_is_its_numpy_form(monkeypatch):
+    """confidence's keep_drafting in one compiled loop after the calibration's odds
+    (`kernels.confidence_drafting`) gives its numpy form's masks and running products: NaN confidences, none, one
+    and several rows past the cost rule's depth, padded and plain tables, calibrated and raw, with a budget."""
+    from specdepth.policies.kit import acceptance, search
+    rng = np.random.default_rng(13)
+    cases = []
+    for t in range(300):
+        n = int(rng.integers(1, 30))
+        view = drafting(make_view(n, remaining=rng.integers(1, 60, n), budget=n + int(rng.integers(0, 5 * n))),
+                        rng.integers(0, 6, n))
+        conf = rng.uniform(0, 1, n)
+        conf[rng.random(n) < 0.2] = np.nan
+        ver = np.cumsum(rng.uniform(0, 1e-4, n * 6 + 1)) + 0.01
+        dr = np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1e-4, n + 1)) + 0.002])
+        tables = kit.Tables(ver, dr, rng.uniform(0, 1e-3, int(rng.integers(0, 8))) if t % 3 else None)
+        margin = None if t % 4 == 0 else (tables, float(10 ** rng.uniform(1, 3.5)),
+                                          rng.uniform(0.3, 0.99, int(rng.integers(1, 9))))
+        cases.append((t % 5 != 0, (rng.normal(0, 2), rng.uniform(0.1, 3)), view, int(rng.integers(0, 5)),
+                      int(rng.integers(0, 6)), conf, margin, rng.uniform(0.2, 1, n)))
+    got = _confidence_keeps(cases)
+    assert len({g[0] for g in got}) > 50   # varied masks
+    monkeypatch.setattr(search, "COMPILED", False)
+    monkeypatch.setattr(acceptance, "COMPILED", False)
+    assert got == _confidence_keeps(cases)
 
 
 def test_the_block_kernels_compute_numpys_sums_dots_and_libm_calls_to_the_bit():

@@ -241,6 +241,11 @@ class ConfidenceCalibration:
         self.acc = np.zeros(self.BINS)   # ... accepted
         self.a, self.b = 0.0, 1.0
         self._scratch, self._ok = np.empty((2, 0)), np.empty(0, bool)   # the compiled add's buffers
+        self._work = np.empty((10, self.BINS))   # ... the fit's (kernels.conf_start), its rows N and ACC the counts
+        self._work[kernels.X], self._work[kernels.XX] = self.x, self._xx
+        self._counts = self._work[kernels.N], self._work[kernels.ACC]
+        self._odds = np.empty((2, 0))   # the compiled odds' buffer
+        self._rows = self._odds[0], self._odds[1]   # ... its rows
 
     @classmethod
     def logit(cls, c: np.ndarray) -> np.ndarray:
@@ -252,19 +257,46 @@ class ConfidenceCalibration:
     def __call__(self, c: np.ndarray) -> np.ndarray:
         """The acceptance probability of tokens drafted with confidence c (NaN stays NaN)."""
         if COMPILED and c.dtype == np.float64 and c.ndim == 1:
-            return self._compiled_call(c)
+            p = self.odds(c).copy()
+            kernels.conf_sigmoid(p)   # 1 / (1 + odds)
+            return p
         z = self.logit(c)
         z *= self.b
         z += self.a
         return _sigmoid(z, out=z)
 
+    def odds(self, c: np.ndarray) -> np.ndarray:
+        """exp(-(a + b logit(c))), the odds (1 - p) / p against acceptance of tokens drafted with confidence c (p =
+        1 / (1 + odds) is __call__'s probability; NaN stays NaN). The array may be a buffer that the next call
+        overwrites (compiled: the loops between numpy's log, log1p and exp, `kernels`)."""
+        if COMPILED and c.dtype == np.float64 and c.ndim == 1:
+            if self._odds.shape[1] != c.shape[0]:
+                self._odds = np.empty((2, c.shape[0]))
+                self._rows = self._odds[0], self._odds[1]
+            lg, l1p = self._rows
+            kernels.conf_clip(c, 1e-6, 1.0 - 1e-6, self._odds)
+            np.log(lg, lg)
+            np.log1p(l1p, l1p)
+            if kernels.conf_affine(lg, l1p, self.LIM, self.a, self.b):
+                with np.errstate(over="ignore"):
+                    return np.exp(lg, lg)
+            return np.exp(lg, lg)
+        z = self.logit(c)
+        z *= self.b
+        z += self.a
+        with np.errstate(over="ignore"):
+            return np.exp(np.negative(z, out=z), out=z)
+
     def add(self, confidences: np.ndarray | None, drafted: np.ndarray, accepted: np.ndarray) -> None:
         """A step's verified drafts: row i's positions below min(drafted, accepted + 1), accepted below
         `accepted`. confidences: [rows, max depth] (view.confidences)."""
-        if confidences is None or not drafted.any():
+        if confidences is None:
             return
-        if COMPILED and confidences.dtype == np.float64 and kernels.blas_dot_matches():
-            self._compiled_add(confidences, drafted, accepted)
+        if COMPILED and confidences.dtype == np.float64 and confidences.ndim == 2 \
+                and drafted.shape == accepted.shape == confidences.shape[:1] and kernels.blas_dot_matches():
+            self._compiled_add(confidences, drafted, accepted)   # (no verified draft: nothing gathered)
+            return
+        if not drafted.any():
             return
         cols = np.arange(confidences.shape[1])[None, :]
         seen = cols < np.minimum(drafted, accepted + 1)[:, None]
@@ -279,49 +311,41 @@ class ConfidenceCalibration:
         self.acc = self.acc * keep + np.bincount(at, (cols < accepted[:, None])[seen][ok], self.BINS)
         self._fit_numpy()
 
-    def _compiled_call(self, c: np.ndarray) -> np.ndarray:
-        """__call__'s operations, the loops between numpy's log, log1p and exp compiled (`kernels`)."""
-        buf = np.empty((2, c.size))
-        kernels.conf_clip(c, 1e-6, 1.0 - 1e-6, buf)
-        lg, l1p = np.log(buf[0], out=buf[0]), np.log1p(buf[1], out=buf[1])
-        if kernels.conf_affine(lg, l1p, self.LIM, self.a, self.b):
-            with np.errstate(over="ignore"):
-                np.exp(lg, out=lg)
-        else:
-            np.exp(lg, out=lg)
-        kernels.conf_sigmoid(lg)
-        return lg
-
     def _compiled_add(self, confidences: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
-        """add's operations, the loops around numpy's log and log1p compiled (`kernels`), then the fit."""
+        """add's operations, the loops around numpy's log and log1p compiled (`kernels`), then the fit; the counts
+        are rows of the kept work array."""
         if self._scratch.shape[1] < confidences.size:
             self._scratch, self._ok = np.empty((2, confidences.size)), np.empty(confidences.size, bool)
         buf, ok = self._scratch, self._ok
         m = kernels.conf_gather(confidences, drafted, accepted, 1e-6, 1.0 - 1e-6, buf, ok)
         if not m:
             return
-        lg, l1p = np.log(buf[0, :m]), np.log1p(buf[1, :m])
-        work = np.empty((10, self.BINS))
-        start = kernels.conf_bins(lg, l1p, ok[:m], math.exp(-float(m) / self.memory), self.n, self.acc, work,
-                                  self.LIM, self.BINS / (2.0 * self.LIM), self.x, self._xx, self.a, self.b,
-                                  self.prior / 8.0, 2.0)
-        self.n, self.acc = work[kernels.N], work[kernels.ACC]
-        self._fit_compiled(work, start)
+        lg, l1p = buf[0, :m], buf[1, :m]
+        np.log(lg, lg)
+        np.log1p(l1p, l1p)
+        n, acc = self._counts
+        if self.n is not n or self.acc is not acc:   # counts set from outside, or by the numpy form
+            n[:], acc[:] = self.n, self.acc
+            self.n, self.acc = n, acc
+        start = kernels.conf_counts(lg, l1p, ok, math.exp(-float(m) / self.memory), self._work, self.LIM,
+                                    self.BINS / (2.0 * self.LIM), self.a, self.b, self.prior / 8.0, 2.0)
+        self._fit_compiled(self._work, start)
 
     def _fit_compiled(self, work: np.ndarray, start=None, steps: int = 4) -> None:
         """`_fit` (the same Newton steps and halvings) on a work array (`kernels.conf_start`; `start`: its
- (objective, overflow) where computed), each step one compiled loop around numpy's exp."""
-        k, lam = kernels, self.prior / 8.0
-        f, big = k.conf_start(work, self.x, self._xx, self.n, self.acc, self.a, self.b, lam, 2.0) if start is None \
-            else start
-        a, b, nz = self.a, self.b, work[k.NZ]
+        (objective, overflow) where computed), each step one compiled loop around numpy's exp (in place on
+        work[NZ]: conf_newton reads it before it writes there)."""
+        lam, newton, exp = self.prior / 8.0, kernels.conf_newton, np.exp
+        f, big = kernels.conf_start(work, self.x, self._xx, self.n, self.acc, self.a, self.b, lam, 2.0) \
+            if start is None else start
+        a, b, nz = self.a, self.b, work[kernels.NZ]
         for _ in range(steps):
             if big:
                 with np.errstate(over="ignore"):
-                    e = np.exp(nz)
+                    exp(nz, nz)
             else:
-                e = np.exp(nz)
-            a, b, f, state, big = k.conf_newton(e, work, a, b, f, lam, 2.0)
+                exp(nz, nz)
+            a, b, f, state, big = newton(nz, work, a, b, f, lam, 2.0)
             if state:
                 if state < 0:
                     raise ZeroDivisionError("float division by zero")
@@ -331,7 +355,7 @@ class ConfidenceCalibration:
     def _fit(self, steps: int = 4) -> None:
         """The fit (`_fit_numpy`; compiled where `COMPILED`, the same operations)."""
         if COMPILED and kernels.blas_dot_matches() and self.n.dtype == self.acc.dtype == np.float64:
-            self._fit_compiled(np.empty((10, self.BINS)), None, steps)
+            self._fit_compiled(self._work, None, steps)
         else:
             self._fit_numpy(steps)
 

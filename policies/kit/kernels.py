@@ -476,6 +476,55 @@ def confidence_keep(raw, conf, cum, threshold, depths, position, past, rate):
     return keep, idx[:k], v
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def confidence_plain(raw, conf, odds, cum, threshold):
+    """`confidence.keep_drafting`'s mask before the cost rule's depth: the acceptance c = 1 / (conf + 1) where
+    `odds` (conf: the odds `ConfidenceCalibration.odds` gives), else conf itself; where raw is not NaN, cum x c
+    (in place) and keep where c >= threshold; cum = 0 and no keep where it is NaN (`confidence_keep`'s rule)."""
+    n = raw.shape[0]
+    keep = np.zeros(n, np.bool_)
+    for i in range(n):
+        if math.isnan(raw[i]):
+            cum[i] = 0.0
+            continue
+        c = 1.0 / (conf[i] + 1.0) if odds else conf[i]
+        cum[i] = cum[i] * c
+        keep[i] = c >= threshold
+    return keep
+
+
+@njit(cache=True, nogil=True)
+def confidence_drafting(raw, conf, odds, cum, threshold, depths, position, rates, drafted, remaining, draft, verify,
+                        pad, G):
+    """`confidence.keep_drafting`'s mask past the cost rule's depth: `confidence_plain`'s rows (and cum), of them
+    those planned deeper than position + 1 valued cum x rates[min(position + 1, size - 1)], and the mask
+    `search.keep_by_margin` picks among them (one row: `keep_one`, more: `keep_margin` without the ratio; x = the
+    sum of drafted; pad[min(position + 1, size - 1)] where pad is not empty). The caller checks the lengths: draft
+    longer than the batch, rates and verify not empty."""
+    keep = confidence_plain(raw, conf, odds, cum, threshold)
+    idx = np.empty(keep.shape[0], np.int64)
+    m = 0
+    for i in range(keep.shape[0]):
+        if keep[i] and depths[i] > position + 1:
+            idx[m] = i
+            m += 1
+        keep[i] = False
+    if m == 0:
+        return keep
+    rate = rates[min(position + 1, rates.shape[0] - 1)]
+    has_pad = pad.shape[0] > 0
+    padp = pad[min(position + 1, pad.shape[0] - 1)] if has_pad else 0.0
+    x = drafted.sum()
+    if m == 1:
+        keep[idx[0]] = keep_one(cum[idx[0]] * rate, x, draft, verify, padp, has_pad, G)[0]
+        return keep
+    v = np.empty(m)
+    for j in range(m):
+        v[j] = cum[idx[j]] * rate
+    keep_margin(keep, idx[:m], v, remaining, x, draft, verify, padp, has_pad, G, 0.0, 1.0, False)
+    return keep
+
+
 @njit(cache=True, nogil=True)
 def scaled_tokens(col, f):
     """`search.uniform_depth`'s draining rows at the batch's level: e[k, i] = mean_k(col[k] over the n rows) x
@@ -1813,6 +1862,13 @@ def conf_bins(lg, l1p, ok, keep, n, acc, work, lim, scale, x, xx, a, b, lam, two
         work[N, k] = n[k] * keep + cnt[k]
         work[ACC, k] = acc[k] * keep + hit[k]
     return conf_start(work, x, xx, work[N], work[ACC], a, b, lam, two)
+
+
+@njit(cache=True, nogil=True)
+def conf_counts(lg, l1p, ok, keep, work, lim, scale, a, b, lam, two):
+    """`conf_bins` on a kept work array whose rows N and ACC are the counts (updated in place) and X, XX the bins'
+    x and x^2."""
+    return conf_bins(lg, l1p, ok, keep, work[N], work[ACC], work, lim, scale, work[X], work[XX], a, b, lam, two)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
