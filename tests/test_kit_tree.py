@@ -283,13 +283,17 @@ def test_compiled_row_means_are_numpys():
 
 
 def test_compiled_candidates_on_any_levels():
-    """kernels.candidates on levels where a node moves several levels, or a level by more than one token,
-    is the numpy form's arithmetic too."""
+    """kernels.candidates on levels where a node moves several levels, or a level by more than one token, or one
+    level anywhere in rows of up to 44 levels (numpy's pairwise sum past its 8 accumulators), is the numpy form's
+    arithmetic too."""
     from specdepth.policies.kit import kernels as KT
     rng = np.random.default_rng(9)
-    for _ in range(20):
-        N, cols, steps, n = int(rng.integers(1, 30)), int(rng.integers(1, 20)), int(rng.integers(1, 9)), 37
-        L = np.cumsum(rng.integers(0, 3, (N + 1, cols)) * (rng.random((N + 1, cols)) < 0.3), axis=0)
+    for case in range(80):
+        N, cols, steps, n = int(rng.integers(1, 30)), int(rng.integers(1, 45)), int(rng.integers(1, 12)), 37
+        moves = rng.random((N + 1, cols)) < 0.3
+        if case % 2:   # one level a node, at any column
+            moves = np.arange(cols) == rng.integers(0, cols, (N + 1, 1))
+        L = np.cumsum(rng.integers(0, 3, (N + 1, cols)) * moves, axis=0)
         prob = rng.uniform(0, 0.5, N)
         ver, dr = np.cumsum(rng.uniform(0, 1, N + 3)), np.cumsum(rng.uniform(0, 1, int(L.max()) + 3))
         oh = float(rng.choice([0.0, 0.25]))

@@ -1134,7 +1134,7 @@ def interp(x, fp, off, size):
     return r
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
 def _whole_levels(L, N, cols, dbuf, doff, oh, base, fw, ds, moved):
     """Per node count lo in 0..N: its levels' draft seconds (a table entry each, as np.interp gives at a grid
     point; + oh where the level has tokens) in base[lo], their sum (np.sum's order) in ds[lo], the levels with
@@ -1177,31 +1177,70 @@ def _between(L, lo, f, cols, dbuf, doff, dlen, oh, base, fw, buf):
     return 0.0 + pairwise(buf, 0, cols), float(cnt)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _moved_run(L, lo, m, i0, i1, steps, cols, dbuf, doff, dlen, oh, base, fw, out, o):
+@njit(cache=True, nogil=True, inline="always")
+def _swap_parts(row, n, m, r):
+    """`_block`(row[:n]) (n <= 128) as a function of its entry m, for `_swap_sum` (r: scratch of 8): (head,
+    has_head, c0, c1, stride, sib, pair, half, tail): the sum so far where m enters (head + v, or v where m opens
+    an accumulator), the later entries of its chain (c0..c1 - 1 by stride); where m is in an accumulator (stride
+    8), the other accumulator of its pair, the other pair of its half, the other half, and the entries from
+    `tail` on."""
+    B = n - n % 8
+    if n < 8 or m >= B:   # a plain loop, or m past the accumulators: one chain from m to the end
+        head = _block(row, 0, B) if n >= 8 else 0.0
+        for c in range(B if n >= 8 else 0, m):
+            head += row[c]
+        return head, True, m + 1, n, 1, 0.0, 0.0, 0.0, n
+    j = m % 8
+    r[:] = row[:8]
+    head = row[j]
+    for c in range(8, B):
+        r[c % 8] += row[c]
+        if c < m and c % 8 == j:
+            head += row[c]
+    k = 2 * ((j // 2) ^ 1)   # the first accumulator of the other pair of m's half
+    half = (r[0] + r[1]) + (r[2] + r[3]) if j >= 4 else (r[4] + r[5]) + (r[6] + r[7])
+    return head, m >= 8, m + 8, B, 8, r[j ^ 1], r[k] + r[k + 1], half, B
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _swap_sum(row, n, v, parts):
+    """`_block`(row[:n]) with its entry m = v, from `_swap_parts`(row, n, m): the same adds (a sum of two is the
+    same either way round)."""
+    head, has_head, c0, c1, stride, sib, pair, half, tail = parts
+    s = head + v if has_head else v
+    for c in range(c0, c1, stride):
+        s += row[c]
+    if stride == 8:
+        s = ((s + sib) + pair) + half
+        for c in range(tail, n):
+            s += row[c]
+    return s
+
+
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _moved_run(L, lo, m, i0, i1, xs, cols, dbuf, doff, dlen, oh, base, fw, out, o, r8):
     """Candidates i0..i1 - 1 (0 < f <= 1) of node count lo, whose node moves level m: base[lo] with that level's
-    seconds in place, summed in np.sum's order, and the forwards."""
+    seconds in place, summed in np.sum's order (`_swap_sum`; cols <= 128), and the forwards (xs[i] = i / steps)."""
     row = base[lo]
-    old, a = row[m], L[lo, m]
+    a = L[lo, m]
     d, fa = float(L[lo + 1, m] - a), float(a)
     cnt = fw[lo] - (1 if a > 0 else 0)
     inner = 0 <= a and a + 1 <= dlen - 1   # np.interp's grid step a..a + 1 (x below a + 1: below its last point)
     y0 = dbuf[doff + a] if inner else 0.0
     slope = dbuf[doff + a + 1] - y0 if inner else 0.0
+    parts = _swap_parts(row, cols, m, r8)
     for i in range(i0, i1):
-        lv = fa + (i / steps - lo) * d
+        lv = fa + (xs[i] - lo) * d
         pos = lv > 0
         v = slope * (lv - fa) + y0   # interp's slope form on that step (its values; no call per candidate)
         if not (inner and fa < lv < fa + 1.0) or math.isnan(v):
             v = interp(lv, dbuf, doff, dlen)
-        row[m] = v + (oh if pos else oh * 0.0)
-        out[1, o + i] = 0.0 + pairwise(row, 0, cols)
+        out[1, o + i] = 0.0 + _swap_sum(row, cols, v + (oh if pos else oh * 0.0), parts)
         out[2, o + i] = float(cnt + (1 if pos else 0))
-    row[m] = old
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _segment(prob, L, N, cols, steps, n, ver, dbuf, doff, dlen, oh, out, o):
+def _segment(prob, L, N, cols, steps, xs, n, ver, dbuf, doff, dlen, oh, out, o):
     """One depth cap's candidates (N nodes, steps per node: candidate i = lo steps + k at x = i / steps nodes, lo
     its floor but at most N - 1, f = x - lo) into out[:, o:o + N steps + 1]: tokens, summed draft seconds,
     forwards, verify seconds (ver: by candidate)."""
@@ -1212,21 +1251,22 @@ def _segment(prob, L, N, cols, steps, n, ver, dbuf, doff, dlen, oh, out, o):
     c1 = max(cols, 1)
     base, buf = np.empty((N + 1, c1)), np.empty(c1)
     fw, ds, moved = np.empty(N + 1, np.int64), np.empty(N + 1), np.empty(N + 1, np.int64)
+    r8 = np.empty(8)
     _whole_levels(L, N, cols, dbuf, doff, oh, base, fw, ds, moved)
     for lo in range(N):
         i0, i1 = lo * steps, lo * steps + (steps + 1 if lo == N - 1 else steps)
         e0, de = E[lo], E[lo + 1] - E[lo]
         for i in range(i0, i1):
-            out[0, o + i] = n * ((1.0 + e0) + (i / steps - lo) * de)
+            out[0, o + i] = n * ((1.0 + e0) + (xs[i] - lo) * de)
             out[3, o + i] = ver[i]
         m = moved[lo]
         for i in range(i0, i1 if m == -1 else i0 + 1):   # f = 0, or no level moves: node count lo's levels
             out[1, o + i], out[2, o + i] = ds[lo], float(fw[lo])
         if m >= 0:
-            _moved_run(L, lo, m, i0 + 1, i1, steps, cols, dbuf, doff, dlen, oh, base, fw, out, o)
+            _moved_run(L, lo, m, i0 + 1, i1, xs, cols, dbuf, doff, dlen, oh, base, fw, out, o, r8)
         elif m == -2:
             for i in range(i0 + 1, i1):
-                f = i / steps - lo
+                f = xs[i] - lo
                 out[1, o + i], out[2, o + i] = _between(L, lo, f, cols, dbuf, doff, dlen, oh, base, fw, buf)
     return o + N * steps + 1
 
@@ -1242,14 +1282,15 @@ def candidates(probs, poff, Ls, loff, Ns, cols, steps, n, ver, dr, oh):
         total += Ns[s] * steps + 1
         M = max(M, Ns[s] * steps + 1)
     out = np.empty((4, total))
-    vx = np.empty(M)
+    vx, xs = np.empty(M), np.empty(M)
     for i in range(M):
-        vx[i] = interp(i / steps, ver, 0, ver.shape[0])
+        xs[i] = i / steps
+        vx[i] = interp(xs[i], ver, 0, ver.shape[0])
     o = 0
     for s in range(S):
         N, c = Ns[s], cols[s]
         L = Ls[loff[s]:loff[s] + (N + 1) * c].reshape((N + 1, c))
-        o = _segment(probs[poff[s]:poff[s] + N], L, N, c, steps, float(n), vx, dr, 0, dr.shape[0], oh, out, o)
+        o = _segment(probs[poff[s]:poff[s] + N], L, N, c, steps, xs, float(n), vx, dr, 0, dr.shape[0], oh, out, o)
     return out
 
 

@@ -321,7 +321,11 @@ class TreePrice:
             self._memo = {}
         Q = int(np.ceil(q)) + 1
         if self._draft.size < Q + 1:
-            more = [self.cost.draft_forward(c, np.full(n, qq, np.int64))[0] for qq in range(self._draft.size, Q + 1)]
+            qs = range(self._draft.size, Q + 1)
+            if hasattr(self.cost, "draft_forwards"):   # a CostModel: the same values in one call
+                more = self.cost.draft_forwards(c, np.arange(qs.start, qs.stop))
+            else:
+                more = [self.cost.draft_forward(c, np.full(n, qq, np.int64))[0] for qq in qs]
             self._draft = np.concatenate([self._draft, more])
             self._memo = {}
         return self._verify, self._draft
