@@ -324,3 +324,44 @@ def test_compiled_picked_means_are_numpys():
         KT.picked_means(x, rows, np.flatnonzero(mask), got)
         want[rows] = x[rows, :nodes][:, mask].mean(axis=1)   # tree_confidence's numpy form
         assert np.array_equal(got, want, equal_nan=True)
+
+
+def test_compiled_rank_table_and_chain_groups_are_numpys(monkeypatch):
+    """RankEstimate.table by kernels.rank_table and chain_groups by kernels.first_groups give what their numpy
+    forms give (the table to the bit, NaN kept; the groups as specdepth.tree.by_object makes them), and
+    observe_groups on those groups learns what observe on the rows' chains does."""
+    rng = np.random.default_rng(12)
+    for R in (1, 3, 8):
+        est = K.RankEstimate(ranks=R)
+        for _ in range(20):
+            est.hits, est.trials = rng.uniform(0, 50, R), rng.uniform(0, 80, R)
+            est.prior = rng.uniform(0, 1, R)
+            if rng.random() < 0.2:
+                est.hits[rng.integers(0, R)] = np.nan
+            got = est.table
+            monkeypatch.setattr(K, "COMPILED", False)
+            est._tab = None
+            assert np.array_equal(got, est.table, equal_nan=True)
+            monkeypatch.setattr(K, "COMPILED", True)
+            est._tab = None
+    chains = {}
+    for n in (0, 1, 5, 64, 300):
+        d = rng.integers(0, 6, n) if n != 5 else np.full(5, 3)
+        got = K.chain_groups(d, chains)
+        want = T.by_object([chains.get(k) or T.chain(k) for k in d.tolist()], n) if n else []
+        want = [(chains[t.nodes], idx) for t, idx in want]
+        assert [(t, np.arange(n)[idx].tolist()) for t, idx in got] == \
+            [(t, np.arange(n)[idx].tolist()) for t, idx in want]
+        monkeypatch.setattr(K, "COMPILED", False)
+        slow = K.chain_groups(d, chains)
+        monkeypatch.setattr(K, "COMPILED", True)
+        assert [(t, np.arange(n)[idx].tolist()) for t, idx in got] == \
+            [(t, np.arange(n)[idx].tolist()) for t, idx in slow]
+    a, b = K.RankEstimate(ranks=3, memory=50.0, every=0.1), K.RankEstimate(ranks=3, memory=50.0, every=0.1)
+    for _ in range(30):
+        d = rng.integers(0, 5, 40)
+        acc = np.minimum(d, rng.integers(0, 5, 40))
+        a.observe([chains.setdefault(k, T.chain(k)) for k in d.tolist()], acc)
+        b.observe_groups(K.chain_groups(d, chains), acc)
+        assert a.hits.tolist() == b.hits.tolist() and a.trials.tolist() == b.trials.tolist()
+        assert [g[1].tolist() for g in a._groups.values()] == [g[1].tolist() for g in b._groups.values()]

@@ -1425,6 +1425,49 @@ def picked_means(x, rows, cols, out):
         out[i] = s / K
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def rank_table(hits, trials, prior, strength, out):
+    """RankEstimate.table's numpy form into out: h = (hits + strength prior) / (trials + strength), t = h x
+    [1, cumprod(1 - h)[:-1]] (the product in cumprod's order), np.minimum.accumulate(t) (a NaN kept)."""
+    run, m = 1.0, 0.0
+    for r in range(hits.shape[0]):
+        h = (hits[r] + strength * prior[r]) / (trials[r] + strength)
+        t = h * run
+        run = run * (1.0 - h) if r else 1.0 - h
+        if r == 0 or (not math.isnan(m) and (math.isnan(t) or t < m)):
+            m = t
+        out[r] = m
+    return out
+
+
+@njit(cache=True, nogil=True)
+def first_groups(v):
+    """The distinct values of an integer vector in first-row order and its rows grouped by them: (vals, starts,
+    rows), value g's rows rows[starts[g]:starts[g + 1]] ascending (np.flatnonzero(v == x) for each x of
+    dict.fromkeys(v))."""
+    n = v.shape[0]
+    vals, grp = np.empty(n, np.int64), np.empty(n, np.int64)
+    G = 0
+    for i in range(n):
+        g = 0
+        while g < G and vals[g] != v[i]:
+            g += 1
+        if g == G:
+            vals[G] = v[i]
+            G += 1
+        grp[i] = g
+    starts = np.zeros(G + 1, np.int64)
+    for i in range(n):
+        starts[grp[i] + 1] += 1
+    for g in range(G):
+        starts[g + 1] += starts[g]
+    rows, fill = np.empty(n, np.int64), starts[:G].copy()
+    for i in range(n):
+        rows[fill[grp[i]]] = i
+        fill[grp[i]] += 1
+    return vals[:G], starts, rows
+
+
 # ---- the kit's per-step blocks: ConfidenceCalibration, PerRequest, shrunk_rates, expected_tokens, PositionFactors,
 # tie_bands, PaddingFit, the cost tables and the idle rules ----------------------------------------------------------
 
