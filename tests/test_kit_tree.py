@@ -297,8 +297,8 @@ def test_compiled_candidates_on_any_levels():
         prob = rng.uniform(0, 0.5, N)
         ver, dr = np.cumsum(rng.uniform(0, 1, N + 3)), np.cumsum(rng.uniform(0, 1, int(L.max()) + 3))
         oh = float(rng.choice([0.0, 0.25]))
-        got = KT.candidates(prob, np.zeros(1, np.int64), L.ravel(), np.zeros(1, np.int64), np.array([N]),
-                            np.array([cols]), steps, n, ver, dr, oh)
+        flat, off, Ns, cs = L.ravel(), np.zeros(1, np.int64), np.array([N]), np.array([cols])
+        got = KT.candidates(prob, off, flat, off, Ns, cs, *KT.level_moves(flat, off, Ns, cs), steps, n, ver, dr, oh)
         x = np.arange(N * steps + 1) / steps
         lo = np.minimum(np.floor(x).astype(np.int64), N - 1)
         f = x - lo
@@ -365,3 +365,25 @@ def test_compiled_rank_table_and_chain_groups_are_numpys(monkeypatch):
         b.observe_groups(K.chain_groups(d, chains), acc)
         assert a.hits.tolist() == b.hits.tolist() and a.trials.tolist() == b.trials.tolist()
         assert [g[1].tolist() for g in a._groups.values()] == [g[1].tolist() for g in b._groups.values()]
+
+
+def test_compiled_plan_rows_are_the_numpy_rows(monkeypatch):
+    """plan_rows by kernels.row_plan gives every row the Tree object its numpy form gives (the same shapes from
+    the same cache, in the same order)."""
+    rng = np.random.default_rng(13)
+    order = K.best_order([0.6, 0.25, 0.1], 40, 12)
+    for _ in range(60):
+        n = int(rng.integers(1, 90))
+        caps = rng.integers(0, 14, n) if rng.random() < 0.7 else np.full(n, int(rng.integers(0, 14)))
+        plan = K.TreePlan(int(rng.integers(1, 13)), float(rng.integers(0, 39 * 8) / 8), 0.0, 0.0, order)
+        cache = {}
+        got = K.plan_rows(plan, caps, cache)
+        monkeypatch.setattr(K, "COMPILED", False)
+        want = K.plan_rows(plan, caps, cache)
+        monkeypatch.setattr(K, "COMPILED", True)
+        assert len(got) == n and all(a is b for a, b in zip(got, want))
+        fresh = {}
+        monkeypatch.setattr(K, "COMPILED", False)
+        slow = K.plan_rows(plan, caps, fresh)
+        monkeypatch.setattr(K, "COMPILED", True)
+        assert [t.parent.tolist() for t in slow] == [t.parent.tolist() for t in got]

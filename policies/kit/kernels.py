@@ -1134,23 +1134,39 @@ def interp(x, fp, off, size):
     return r
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def level_moves(Ls, loff, Ns, cols):
+    """Per depth cap's segment (levels Ls[loff[s]:] as [N + 1, cols[s]], N = Ns[s]) and node count lo in 0..N:
+    its levels with tokens (fw) and the level that node lo moves (moved: -1 none, -2 several; -1 at lo = N),
+    the segments end to end (segment s from the sum of the earlier N + 1)."""
+    total = 0
+    for s in range(Ns.shape[0]):
+        total += Ns[s] + 1
+    fw, moved = np.empty(total, np.int64), np.empty(total, np.int64)
+    k = 0
+    for s in range(Ns.shape[0]):
+        N, C = Ns[s], cols[s]
+        L = Ls[loff[s]:loff[s] + (N + 1) * C].reshape((N + 1, C))
+        for lo in range(N + 1):
+            cnt, m = 0, -1
+            for c in range(C):
+                a = L[lo, c]
+                if a > 0:
+                    cnt += 1
+                if lo < N and L[lo + 1, c] != a:
+                    m = c if m == -1 else -2
+            fw[k], moved[k] = cnt, m
+            k += 1
+    return fw, moved
+
+
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _whole_levels(L, N, cols, dbuf, doff, oh, base, fw, ds, moved):
-    """Per node count lo in 0..N: its levels' draft seconds (a table entry each, as np.interp gives at a grid
-    point; + oh where the level has tokens) in base[lo], their sum (np.sum's order) in ds[lo], the levels with
-    tokens in fw[lo], and the level that node lo moves (-1: none, -2: several) in moved[lo]."""
-    for lo in range(N + 1):
-        cnt, m = 0, -1
-        for c in range(cols):
-            a = L[lo, c]
-            pos = a > 0
-            base[lo, c] = dbuf[doff + a] + (oh if pos else oh * 0.0)
-            if pos:
-                cnt += 1
-            if lo < N and L[lo + 1, c] != a:
-                m = c if m == -1 else -2
-        fw[lo], moved[lo] = cnt, m
-        ds[lo] = 0.0 + pairwise(base[lo], 0, cols)
+def _level_row(L, lo, cols, dbuf, doff, oh, row):
+    """Node count lo's levels' draft seconds into row: a table entry each (as np.interp gives at a grid point),
+    + oh where the level has tokens."""
+    for c in range(cols):
+        a = L[lo, c]
+        row[c] = dbuf[doff + a] + (oh if a > 0 else oh * 0.0)
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
@@ -1164,13 +1180,13 @@ def _level_seconds(L, lo, f, c, dbuf, doff, dlen, oh):
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _between(L, lo, f, cols, dbuf, doff, dlen, oh, base, fw, buf):
+def _between(L, lo, f, cols, dbuf, doff, dlen, oh, row, cnt, buf):
     """Summed draft seconds and forwards of node count lo + f (0 < f <= 1) where node lo moves several levels:
-    base[lo] with the moved levels' seconds in place, summed in np.sum's order."""
-    cnt = fw[lo]
+    row (node count lo's levels' seconds; cnt of them with tokens) with the moved levels' seconds in place,
+    summed in np.sum's order."""
     for c in range(cols):
         if L[lo + 1, c] == L[lo, c]:
-            buf[c] = base[lo, c]
+            buf[c] = row[c]
         else:
             buf[c], pos, was = _level_seconds(L, lo, f, c, dbuf, doff, dlen, oh)
             cnt += (1 if pos else 0) - (1 if was else 0)
@@ -1218,13 +1234,14 @@ def _swap_sum(row, n, v, parts):
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _moved_run(L, lo, m, i0, i1, xs, cols, dbuf, doff, dlen, oh, base, fw, out, o, r8):
-    """Candidates i0..i1 - 1 (0 < f <= 1) of node count lo, whose node moves level m: base[lo] with that level's
-    seconds in place, summed in np.sum's order (`_swap_sum`; cols <= 128), and the forwards (xs[i] = i / steps)."""
-    row = base[lo]
+def _moved_run(L, lo, m, i0, i1, xs, cols, dbuf, doff, dlen, oh, row, cnt, out, o, r8):
+    """Candidates i0..i1 - 1 (0 < f <= 1) of node count lo, whose node moves level m: row (node count lo's
+    levels' seconds, cnt of them with tokens) with that level's seconds in place, summed in np.sum's order
+    (`_swap_sum`; cols <= 128), and the forwards (xs[i] = i / steps). Moves row to node count lo + 1 and returns
+    its sum."""
     a = L[lo, m]
     d, fa = float(L[lo + 1, m] - a), float(a)
-    cnt = fw[lo] - (1 if a > 0 else 0)
+    cnt -= 1 if a > 0 else 0
     inner = 0 <= a and a + 1 <= dlen - 1   # np.interp's grid step a..a + 1 (x below a + 1: below its last point)
     y0 = dbuf[doff + a] if inner else 0.0
     slope = dbuf[doff + a + 1] - y0 if inner else 0.0
@@ -1237,22 +1254,24 @@ def _moved_run(L, lo, m, i0, i1, xs, cols, dbuf, doff, dlen, oh, base, fw, out, 
             v = interp(lv, dbuf, doff, dlen)
         out[1, o + i] = 0.0 + _swap_sum(row, cols, v + (oh if pos else oh * 0.0), parts)
         out[2, o + i] = float(cnt + (1 if pos else 0))
+    a = L[lo + 1, m]
+    row[m] = dbuf[doff + a] + (oh if a > 0 else oh * 0.0)
+    return 0.0 + _swap_sum(row, cols, row[m], parts)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _segment(prob, L, N, cols, steps, xs, n, ver, dbuf, doff, dlen, oh, out, o):
+def _segment(prob, L, N, cols, fw, moved, steps, xs, n, ver, dbuf, doff, dlen, oh, out, o):
     """One depth cap's candidates (N nodes, steps per node: candidate i = lo steps + k at x = i / steps nodes, lo
     its floor but at most N - 1, f = x - lo) into out[:, o:o + N steps + 1]: tokens, summed draft seconds,
-    forwards, verify seconds (ver: by candidate)."""
+    forwards, verify seconds (ver: by candidate). fw, moved: the segment's `level_moves`. Node count lo's levels'
+    seconds are kept in one row, moved one level at a time (a sum from the rest of numpy's pairwise tree)."""
     E = np.empty(N + 1)
     E[0] = 0.0
     for i in range(N):
         E[i + 1] = prob[0] if i == 0 else E[i] + prob[i]
-    c1 = max(cols, 1)
-    base, buf = np.empty((N + 1, c1)), np.empty(c1)
-    fw, ds, moved = np.empty(N + 1, np.int64), np.empty(N + 1), np.empty(N + 1, np.int64)
-    r8 = np.empty(8)
-    _whole_levels(L, N, cols, dbuf, doff, oh, base, fw, ds, moved)
+    row, buf, r8 = np.empty(max(cols, 1)), np.empty(max(cols, 1)), np.empty(8)
+    _level_row(L, 0, cols, dbuf, doff, oh, row)
+    ds = 0.0 + pairwise(row, 0, cols)
     for lo in range(N):
         i0, i1 = lo * steps, lo * steps + (steps + 1 if lo == N - 1 else steps)
         e0, de = E[lo], E[lo + 1] - E[lo]
@@ -1261,21 +1280,23 @@ def _segment(prob, L, N, cols, steps, xs, n, ver, dbuf, doff, dlen, oh, out, o):
             out[3, o + i] = ver[i]
         m = moved[lo]
         for i in range(i0, i1 if m == -1 else i0 + 1):   # f = 0, or no level moves: node count lo's levels
-            out[1, o + i], out[2, o + i] = ds[lo], float(fw[lo])
+            out[1, o + i], out[2, o + i] = ds, float(fw[lo])
         if m >= 0:
-            _moved_run(L, lo, m, i0 + 1, i1, xs, cols, dbuf, doff, dlen, oh, base, fw, out, o, r8)
+            ds = _moved_run(L, lo, m, i0 + 1, i1, xs, cols, dbuf, doff, dlen, oh, row, fw[lo], out, o, r8)
         elif m == -2:
             for i in range(i0 + 1, i1):
-                f = xs[i] - lo
-                out[1, o + i], out[2, o + i] = _between(L, lo, f, cols, dbuf, doff, dlen, oh, base, fw, buf)
+                out[1, o + i], out[2, o + i] = _between(L, lo, xs[i] - lo, cols, dbuf, doff, dlen, oh, row, fw[lo],
+                                                        buf)
+            _level_row(L, lo + 1, cols, dbuf, doff, oh, row)
+            ds = 0.0 + pairwise(row, 0, cols)
     return o + N * steps + 1
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def candidates(probs, poff, Ls, loff, Ns, cols, steps, n, ver, dr, oh):
+def candidates(probs, poff, Ls, loff, Ns, cols, fw, moved, steps, n, ver, dr, oh):
     """float [4, sum(N steps + 1)]: every depth cap's candidates (`_segment`), segment s from the flat node
-    probabilities probs[poff[s]:] and levels Ls[loff[s]:] ([N + 1, cols[s]]), under the verify table `ver`
-    (x nodes a row) and the draft table `dr` (one forward of q tokens a row)."""
+    probabilities probs[poff[s]:] and levels Ls[loff[s]:] ([N + 1, cols[s]]; fw, moved: `level_moves`), under
+    the verify table `ver` (x nodes a row) and the draft table `dr` (one forward of q tokens a row)."""
     S = Ns.shape[0]
     total, M = 0, 1
     for s in range(S):
@@ -1286,11 +1307,13 @@ def candidates(probs, poff, Ls, loff, Ns, cols, steps, n, ver, dr, oh):
     for i in range(M):
         xs[i] = i / steps
         vx[i] = interp(xs[i], ver, 0, ver.shape[0])
-    o = 0
+    o, k = 0, 0
     for s in range(S):
         N, c = Ns[s], cols[s]
         L = Ls[loff[s]:loff[s] + (N + 1) * c].reshape((N + 1, c))
-        o = _segment(probs[poff[s]:poff[s] + N], L, N, c, steps, xs, float(n), vx, dr, 0, dr.shape[0], oh, out, o)
+        o = _segment(probs[poff[s]:poff[s] + N], L, N, c, fw[k:k + N + 1], moved[k:k + N + 1], steps, xs, float(n),
+                     vx, dr, 0, dr.shape[0], oh, out, o)
+        k += N + 1
     return out
 
 
@@ -1313,6 +1336,38 @@ def best_candidate(parts, coff, calibrated, sd, cd, sv, cv, g0):
         if jm >= 0 and gm > best * (1 + 1e-12):
             best, bs, bj = gm, s, jm
     return bs, bj, best
+
+
+@njit(cache=True, nogil=True)
+def row_plan(caps, base, extra, depth):
+    """plan_rows' rows: each row's (nodes, depth cap) is (base, or base + 1 for the `extra` rows first in
+    np.argsort(-caps, kind="stable"), min(cap, depth)); returns the distinct pairs in first-row order (nodes,
+    caps) and each row's pair."""
+    n = caps.shape[0]
+    top = 0
+    if extra > 0:   # the extra-th largest cap: rows above it, then the first rows at it
+        top = np.sort(caps)[n - extra]
+    above = 0
+    for i in range(n):
+        above += 1 if caps[i] > top else 0
+    left = extra - above
+    cs, ds, grp = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    G = 0
+    for i in range(n):
+        c = base
+        if extra > 0 and (caps[i] > top or (caps[i] == top and left > 0)):
+            c += 1
+            if caps[i] == top:
+                left -= 1
+        d = min(caps[i], depth)
+        g = 0
+        while g < G and (cs[g] != c or ds[g] != d):
+            g += 1
+        if g == G:
+            cs[G], ds[G] = c, d
+            G += 1
+        grp[i] = g
+    return cs[:G], ds[:G], grp
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -389,7 +389,7 @@ class TreePrice:
             zero = (0.0, float(v[0]))   # the plan without nodes: no draft forward, a verify of one token a row
             if some:
                 parts = kernels.candidates(pack.probs, pack.poff, pack.levels, pack.loff, pack.Ns, pack.cols,
-                                                steps, n, v, dr, oh)
+                                           pack.fw, pack.moved, steps, n, v, dr, oh)
                 coff = np.concatenate([[0], np.cumsum(pack.Ns * steps + 1)])
             else:
                 parts, coff = np.zeros((4, 0)), np.zeros(1, np.int64)
@@ -443,7 +443,8 @@ def _flat(arrays: list, dtype) -> tuple[np.ndarray, np.ndarray]:
 @dataclass(frozen=True)
 class _Orders:
     """plan_trees' depth caps with nodes and their orders, flat for the compiled search: node probabilities and
-    levels end to end (offsets poff, loff), node counts Ns, level columns and each cap's most draft tokens."""
+    levels end to end (offsets poff, loff), node counts Ns, level columns and each cap's most draft tokens,
+    and per node count its levels with tokens and the level its next node moves (kernels.level_moves)."""
     key: tuple
     depths: list
     orders: list
@@ -454,6 +455,8 @@ class _Orders:
     Ns: np.ndarray
     cols: np.ndarray
     lmax: np.ndarray
+    fw: np.ndarray
+    moved: np.ndarray
 
 
 @functools.lru_cache(maxsize=64)
@@ -468,9 +471,9 @@ def _orders(key: tuple) -> _Orders:
     Ls = [o.levels() for o in orders]
     probs, poff = _flat([o.prob for o in orders], float)
     levels, loff = _flat([L.ravel() for L in Ls], np.int64)
-    return _Orders(key, [D for D, _ in pairs], orders, probs, poff, levels, loff,
-                   np.array([o.parent.size for o in orders], np.int64), np.array([L.shape[1] for L in Ls], np.int64),
-                   np.array([L[-1].max() for L in Ls], float))
+    Ns, cols = np.array([o.parent.size for o in orders], np.int64), np.array([L.shape[1] for L in Ls], np.int64)
+    return _Orders(key, [D for D, _ in pairs], orders, probs, poff, levels, loff, Ns, cols,
+                   np.array([L[-1].max() for L in Ls], float), *kernels.level_moves(levels, loff, Ns, cols))
 
 
 def _plan_compiled(table, price: TreePrice, n: int, max_nodes: int, max_depth: int, depths, steps: int) -> TreePlan:
@@ -533,10 +536,14 @@ def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None) -> li
     base = math.floor(plan.nodes)
     extra = int(round((plan.nodes - base) * n))
     cache = {} if cache is None else cache
-    if n and not extra and COMPILED and caps.dtype == np.int64 and caps.ndim == 1:
-        lo, hi, _ = kernels.int_stats(caps)
-        if lo >= plan.depth or lo == hi:   # every row the same tree
-            return [_cached_tree(plan.order, base, min(int(lo), plan.depth), cache)] * n
+    if n and COMPILED and caps.dtype == np.int64 and caps.ndim == 1 and 0 <= extra <= n:
+        if not extra:
+            lo, hi, _ = kernels.int_stats(caps)
+            if lo >= plan.depth or lo == hi:   # every row the same tree
+                return [_cached_tree(plan.order, base, min(int(lo), plan.depth), cache)] * n
+        cs, ds, grp = kernels.row_plan(caps, base, extra, plan.depth)   # the numpy form's pairs, below
+        trees = [_cached_tree(plan.order, c, dc, cache) for c, dc in zip(cs.tolist(), ds.tolist())]
+        return [trees[g] for g in grp.tolist()]
     counts = np.full(n, base, np.int64)
     if extra:
         counts[np.argsort(-caps, kind="stable")[:extra]] += 1

@@ -217,15 +217,16 @@ class CostModel:
         n = ctx.shape[0]
         if type(self).draft_forward is not CostModel.draft_forward or ctx.dtype != np.float64 or ctx.ndim != 1:
             return np.array([self.draft_forward(ctx, np.full(n, q, np.int64))[0] for q in qs.tolist()], float)
-        c, row = float(ctx.sum()), np.empty(n)
-        dots = []
-        for q in qs.tolist():   # _sums' float(np.dot(q, ctx)): the same BLAS dot per q
-            row.fill(q)
-            dots.append(float(np.dot(row, ctx)))
+        rows = np.empty((qs.size, n))
+        rows[:] = qs[:, None]
+        if hasattr(np, "vecdot"):   # _sums' np.dot(q, ctx) for every q: vecdot's loop is np.dot's per row
+            dots = np.vecdot(rows, ctx)
+        else:
+            dots = np.array([float(np.dot(r, ctx)) for r in rows])
         t = (qs * n).astype(float)   # float(q.sum()), exact
-        pairs = np.array(dots) + (qs * (qs + 1) * n).astype(float) * 0.5
+        pairs = dots + (qs * (qs + 1) * n).astype(float) * 0.5
         flops = self._df[0] * t + self._df[1] * pairs
-        return self._times("draft", t, flops, np.full(t.size, c), np.full(t.size, n))
+        return self._times("draft", t, flops, np.full(t.size, float(ctx.sum())), np.full(t.size, n))
 
     def _times(self, which: str, tokens: np.ndarray, flops: np.ndarray, ctx_tokens: np.ndarray,
                seqs: np.ndarray) -> np.ndarray:
