@@ -387,3 +387,37 @@ def test_compiled_plan_rows_are_the_numpy_rows(monkeypatch):
         slow = K.plan_rows(plan, caps, fresh)
         monkeypatch.setattr(K, "COMPILED", True)
         assert [t.parent.tolist() for t in slow] == [t.parent.tolist() for t in got]
+
+
+def test_compiled_confidence_means_and_hazards_are_numpys(monkeypatch):
+    """RankConfidence.observe (kernels.seen_count, rank_means_add) and RankEstimate.start's hazards
+    (kernels.hazards) give what their numpy forms give, to the bit (NaN entries, zeros, tables past 1)."""
+    rng = np.random.default_rng(14)
+    shapes = [T.chain(3), T.from_widths([2, 2]), T.EAGLE_TREE, K.best_tree([0.5, 0.3, 0.1], 20, 7), T.chain(0)]
+    steps = []
+    for _ in range(30):
+        n = int(rng.integers(1, 40))
+        trees = [shapes[i] for i in rng.integers(0, len(shapes), n)] if rng.random() < 0.7 else shapes[2]
+        conf = rng.uniform(0, 1, (n, 30))
+        conf[rng.random((n, 30)) < 0.2] = np.nan
+        steps.append((trees, conf))
+
+    def run():
+        rc = K.RankConfidence(ranks=4, memory=40.0)
+        out = []
+        for trees, conf in steps:
+            rc.observe(trees, conf)
+            out.append((rc.sums.tolist(), rc.counts.tolist()))
+        return out
+    got = run()
+    monkeypatch.setattr(K, "COMPILED", False)
+    assert got == run()
+    tables = [rng.uniform(-0.2, 0.7, 5) for _ in range(30)] + [np.array([0.0, -0.0, 0.5, np.nan, 0.9, 0.3])]
+    want = []
+    for t in tables:
+        est = K.RankEstimate(ranks=6, prior=t)
+        want.append(est.prior.copy())
+    monkeypatch.setattr(K, "COMPILED", True)
+    for t, w in zip(tables, want):
+        got = K.RankEstimate(ranks=6, prior=t).prior
+        assert np.array_equal(got, w, equal_nan=True) and np.signbit(got).tolist() == np.signbit(w).tolist()

@@ -1495,6 +1495,48 @@ def rank_table(hits, trials, prior, strength, out):
     return out
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def hazards(t, out):
+    """RankEstimate.start's hazards of a table t into out: t / np.maximum(1 - [0, cumsum(t)[:-1]], 1e-12) (the
+    sum in cumsum's order), np.clip'd to 0..1 (0 where x < 0, 1 where x > 1: a NaN and -0.0 kept)."""
+    run = 0.0
+    for r in range(t.shape[0]):
+        left = 1.0 - (run if r else 0.0)
+        run = run + t[r] if r else t[r]
+        x = t[r] / (left if (left > 1e-12 or math.isnan(left)) else 1e-12)
+        x = 0.0 if x < 0.0 else x
+        out[r] = 1.0 if x > 1.0 else x
+    return out
+
+
+@njit(cache=True, nogil=True)
+def seen_count(conf, rows, nodes):
+    """The entries of conf[rows, :nodes] that are not NaN."""
+    cnt = 0
+    for i in rows:
+        for j in range(nodes):
+            cnt += 0 if math.isnan(conf[i, j]) else 1
+    return cnt
+
+
+@njit(cache=True, nogil=True)
+def rank_means_add(conf, rows, nodes, rank, R, e, sums, counts):
+    """RankConfidence.observe's update for one tree: sums and counts x e, then + np.bincount of conf[rows,
+    :nodes]'s entries that are not NaN (row by row) at min(rank, R), weighted by them (sums) and not (counts),
+    the first R bins."""
+    b, k = np.zeros(R + 1), np.zeros(R + 1, np.int64)
+    for i in rows:
+        for j in range(nodes):
+            v = conf[i, j]
+            if not math.isnan(v):
+                r = min(rank[j], R)
+                b[r] += v
+                k[r] += 1
+    for r in range(R):
+        sums[r] = sums[r] * e + b[r]
+        counts[r] = counts[r] * e + float(k[r])
+
+
 @njit(cache=True, nogil=True)
 def first_groups(v):
     """The distinct values of an integer vector in first-row order and its rows grouped by them: (vals, starts,

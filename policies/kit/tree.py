@@ -169,6 +169,9 @@ class RankEstimate:
             return
         if np.ndim(prior) == 0:
             self.prior = np.full(self.ranks, float(prior))
+        elif COMPILED and np.ndim(prior) == 1:   # a table's hazards, as below
+            t = np.asarray(prior, float)[:self.ranks]
+            self.prior = kernels.hazards(t, np.empty(t.size))
         else:   # a table's hazards
             t = np.asarray(prior, float)[:self.ranks]
             left = 1.0 - np.concatenate([[0.0], np.cumsum(t)[:-1]])
@@ -290,9 +293,16 @@ class RankConfidence:
         self._tab = None   # the last table and its inputs
 
     def observe(self, trees, confidences: np.ndarray) -> None:
-        for t, idx in by_object(trees, confidences.shape[0]):
+        n = confidences.shape[0]
+        fast = COMPILED and confidences.dtype == np.float64 and confidences.ndim == 2
+        for t, idx in by_object(trees, n):
             if not t.nodes:
                 continue
+            if fast and t.nodes <= confidences.shape[1] and self.sums.shape == self.counts.shape == (self.ranks,):
+                rws = np.arange(n) if isinstance(idx, slice) else idx
+                e = np.exp(-(float(kernels.seen_count(confidences, rws, t.nodes)) / self.memory))
+                kernels.rank_means_add(confidences, rws, t.nodes, t.rank, self.ranks, e, self.sums, self.counts)
+                continue   # the numpy form's arithmetic, below
             c = confidences[idx, :t.nodes]
             ok = ~np.isnan(c)
             r = np.broadcast_to(np.minimum(t.rank, self.ranks), c.shape)
