@@ -1509,6 +1509,27 @@ def hazards(t, out):
     return out
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def confidence_head(sums, counts, out):
+    """RankConfidence._table's drafted ranks: k, the ranks before the first with no count (all: R), their means
+    sums / counts into out[:k], what is left (1 - their np.sum) and the last one's hazard (Python's min and max
+    on t[-1] / max(left + t[-1], 1e-12), clipped to 0..1). k = 0: (0, 0.0, 0.0)."""
+    R = counts.shape[0]
+    k = 0
+    while k < R and counts[k] > 0:
+        k += 1
+    if k == 0:
+        return 0, 0.0, 0.0
+    for r in range(k):
+        out[r] = sums[r] / counts[r]
+    left = 1.0 - (0.0 + pairwise(out, 0, k))
+    last = out[k - 1]
+    den = left + last
+    x = last / (1e-12 if 1e-12 > den else den)
+    x = 0.0 if 0.0 > x else x
+    return k, left, (1.0 if 1.0 < x else x)
+
+
 @njit(cache=True, nogil=True)
 def seen_count(conf, rows, nodes):
     """The entries of conf[rows, :nodes] that are not NaN."""

@@ -323,6 +323,14 @@ class RankConfidence:
         return self._tab[1].copy()
 
     def _table(self, fallback: np.ndarray) -> np.ndarray:
+        if COMPILED and self.sums.shape == self.counts.shape == (self.ranks,):   # the numpy form's arithmetic
+            out = np.empty(self.ranks)
+            k, left, h = kernels.confidence_head(self.sums, self.counts, out)
+            if k == 0:
+                return np.asarray(fallback, float)[:self.ranks]
+            if k < self.ranks:
+                out[k:] = left * h * (1.0 - h) ** np.arange(self.ranks - k)
+            return out
         drafted = self.counts > 0
         k = self.ranks if drafted.all() else int(np.argmin(drafted))   # the ranks 0..k-1 drafted
         if k == 0:
