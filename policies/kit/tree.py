@@ -402,13 +402,15 @@ class TreePrice:
         hit = self._memo.get(key)
         if hit is None:
             some = pack is not None and pack.Ns.size > 0
-            v, dr = self._tables(float(pack.Ns.max()) if some else 0.0, float(pack.lmax.max()) if some else 0.0)
+            v, dr = self._tables(pack.most[0] if some else 0.0, pack.most[1] if some else 0.0)
             oh = float(getattr(self.cost, "position_overhead_s", 0.0))
             zero = (0.0, float(v[0]))   # the plan without nodes: no draft forward, a verify of one token a row
             if some:
                 parts = kernels.candidates(pack.probs, pack.poff, pack.levels, pack.loff, pack.Ns, pack.cols,
                                            pack.fw, pack.moved, steps, n, v, dr, oh)
-                coff = np.concatenate([[0], np.cumsum(pack.Ns * steps + 1)])
+                coff = pack.memo.get(steps)
+                if coff is None:
+                    coff = pack.memo[steps] = np.concatenate([[0], np.cumsum(pack.Ns * steps + 1)])
             else:
                 parts, coff = np.zeros((4, 0)), np.zeros(1, np.int64)
             if len(self._memo) >= 64:
@@ -475,6 +477,8 @@ class _Orders:
     lmax: np.ndarray
     fw: np.ndarray
     moved: np.ndarray
+    most: tuple = (0.0, 0.0)   # the most nodes of a cap and the most draft tokens of a level
+    memo: dict = field(default_factory=dict, compare=False, repr=False)   # each cap's first candidate, by steps
 
 
 @functools.lru_cache(maxsize=64)
@@ -490,8 +494,10 @@ def _orders(key: tuple) -> _Orders:
     probs, poff = _flat([o.prob for o in orders], float)
     levels, loff = _flat([L.ravel() for L in Ls], np.int64)
     Ns, cols = np.array([o.parent.size for o in orders], np.int64), np.array([L.shape[1] for L in Ls], np.int64)
-    return _Orders(key, [D for D, _ in pairs], orders, probs, poff, levels, loff, Ns, cols,
-                   np.array([L[-1].max() for L in Ls], float), *kernels.level_moves(levels, loff, Ns, cols))
+    lmax = np.array([L[-1].max() for L in Ls], float)
+    most = (float(Ns.max()), float(lmax.max())) if Ns.size else (0.0, 0.0)
+    return _Orders(key, [D for D, _ in pairs], orders, probs, poff, levels, loff, Ns, cols, lmax,
+                   *kernels.level_moves(levels, loff, Ns, cols), most)
 
 
 def _plan_compiled(table, price: TreePrice, n: int, max_nodes: int, max_depth: int, depths, steps: int) -> TreePlan:
