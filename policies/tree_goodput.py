@@ -75,6 +75,7 @@ class TreeGoodput(Policy):
         key = (view.acceptance_prior, c.sums.tobytes(), c.counts.tobytes(), e.hits.tobytes(), e.trials.tobytes())
         if self._rounded[0] != key:
             self._rounded = (key, np.round(self.table(view) * 200.0) / 200.0)
+            self._rounded[1].flags.writeable = False
         return self._rounded[1]
 
     def plan(self, view):
