@@ -2,6 +2,7 @@ import numpy as np
 
 from specdepth.errors import as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
+from specdepth.tree import by_object
 
 from .kit import CostCalibration, RankEstimate, TreePrice, draft_caps, plan_rows, plan_trees
 from .kit.tree import RankConfidence, chain_groups
@@ -101,6 +102,7 @@ class TreeGoodput(Policy):
             if any(t.nodes for t, _ in groups):
                 self._table.observe_groups(groups, accepted)
             return
+        groups = by_object(trees, view.batch_size)   # the rows' Tree objects, for both
         if self._use_confidence:
-            self._conf.observe(trees, view.node_confidences)
-        self._table.observe(trees, accepted)
+            self._conf.observe_groups(groups, view.node_confidences)
+        self._table.observe_groups(groups, accepted)

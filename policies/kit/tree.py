@@ -293,9 +293,14 @@ class RankConfidence:
         self._tab = None   # the last table and its inputs
 
     def observe(self, trees, confidences: np.ndarray) -> None:
+        """Add one tree step's nodes: the rows' trees (a Tree for all, or one per row) and their confidences."""
+        self.observe_groups(by_object(trees, confidences.shape[0]), confidences)
+
+    def observe_groups(self, groups: list, confidences: np.ndarray) -> None:
+        """`observe` with the rows' trees grouped as specdepth.tree.by_object groups them: (Tree, rows) pairs."""
         n = confidences.shape[0]
         fast = COMPILED and confidences.dtype == np.float64 and confidences.ndim == 2
-        for t, idx in by_object(trees, n):
+        for t, idx in groups:
             if not t.nodes:
                 continue
             if fast and t.nodes <= confidences.shape[1] and self.sums.shape == self.counts.shape == (self.ranks,):
