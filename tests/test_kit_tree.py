@@ -421,3 +421,13 @@ def test_compiled_confidence_means_and_hazards_are_numpys(monkeypatch):
     for t, w in zip(tables, want):
         got = K.RankEstimate(ranks=6, prior=t).prior
         assert np.array_equal(got, w, equal_nan=True) and np.signbit(got).tolist() == np.signbit(w).tolist()
+
+
+def test_confidence_means_refuse_rows_past_the_confidences():
+    """RankConfidence.observe with more rows or nodes than the confidences have raises as numpy does (the
+    compiled loop reads nothing past the array)."""
+    rc = K.RankConfidence(ranks=3)
+    with pytest.raises(IndexError):
+        rc.observe([T.chain(2), T.chain(3), T.chain(2)], np.full((2, 4), 0.5))
+    with pytest.raises(ValueError):
+        rc.observe(T.chain(6), np.full((2, 4), 0.5))

@@ -1532,7 +1532,12 @@ def confidence_head(sums, counts, out):
 
 @njit(cache=True, nogil=True)
 def seen_count(conf, rows, nodes):
-    """The entries of conf[rows, :nodes] that are not NaN."""
+    """The entries of conf[rows, :nodes] that are not NaN; -1 where a row or `nodes` is out of conf's range."""
+    if nodes > conf.shape[1]:
+        return -1
+    for i in rows:
+        if i < 0 or i >= conf.shape[0]:
+            return -1
     cnt = 0
     for i in rows:
         for j in range(nodes):

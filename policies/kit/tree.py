@@ -303,11 +303,13 @@ class RankConfidence:
         for t, idx in groups:
             if not t.nodes:
                 continue
-            if fast and t.nodes <= confidences.shape[1] and self.sums.shape == self.counts.shape == (self.ranks,):
-                rws = np.arange(n) if isinstance(idx, slice) else idx
-                e = np.exp(-(float(kernels.seen_count(confidences, rws, t.nodes)) / self.memory))
+            rws = np.arange(n) if isinstance(idx, slice) else np.asarray(idx)
+            ok_rows = fast and rws.dtype == np.int64 and rws.ndim == 1
+            seen = kernels.seen_count(confidences, rws, t.nodes) if ok_rows else -1   # -1: out of range
+            if seen >= 0 and self.sums.shape == self.counts.shape == (self.ranks,):   # the numpy form's arithmetic
+                e = np.exp(-(float(seen) / self.memory))
                 kernels.rank_means_add(confidences, rws, t.nodes, t.rank, self.ranks, e, self.sums, self.counts)
-                continue   # the numpy form's arithmetic, below
+                continue
             c = confidences[idx, :t.nodes]
             ok = ~np.isnan(c)
             r = np.broadcast_to(np.minimum(t.rank, self.ranks), c.shape)
