@@ -335,10 +335,14 @@ def tree_draft(forward, ctx: np.ndarray, trees: Tree | Sequence[Tree]) -> tuple[
     a level, as its draft_positions). Returns (seconds, flops, forwards)."""
     ctx = np.asarray(ctx, np.int64)
     q = parent_counts(trees, ctx.shape[0])
+    qt, full = np.ascontiguousarray(q.T), (np.count_nonzero(q, axis=0) == q.shape[0]).tolist()
     seconds = flops = 0.0
     for lvl in range(q.shape[1]):
-        m = np.flatnonzero(q[:, lvl])
-        t, f = forward(ctx[m] + lvl, q[m, lvl], lvl)
+        if full[lvl]:   # every row feeds this level: all of ctx, the level's column as it is
+            t, f = forward(ctx + lvl, qt[lvl], lvl)
+        else:
+            m = np.flatnonzero(qt[lvl])
+            t, f = forward(ctx[m] + lvl, qt[lvl, m], lvl)
         seconds += float(t)
         flops += float(f)
     return seconds, flops, int(q.shape[1])
