@@ -392,8 +392,8 @@ class TreePrice:
         Q = int(np.ceil(q)) + 1
         if self._draft.size < Q + 1:
             qs = range(self._draft.size, Q + 1)
-            if hasattr(self.cost, "draft_forwards"):   # a CostModel: the same values in one call
-                more = self.cost.draft_forwards(c, np.arange(qs.start, qs.stop))
+            if hasattr(self.cost, "draft_forward_times"):   # a CostModel: the same values in one call
+                more = self.cost.draft_forward_times(c, np.arange(qs.start, qs.stop))
             else:
                 more = [self.cost.draft_forward(c, np.full(n, qq, np.int64))[0] for qq in qs]
             self._draft = np.concatenate([self._draft, more])

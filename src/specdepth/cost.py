@@ -209,7 +209,7 @@ class CostModel:
         out[on] = self._times("draft", m, self._df[0] * m + self._df[1] * (c + m), c, m)
         return out
 
-    def draft_forwards(self, ctx: np.ndarray, qs) -> np.ndarray:
+    def draft_forward_times(self, ctx: np.ndarray, qs) -> np.ndarray:
         """draft_forward(ctx, np.full(n, q))[0] for each q in `qs` (one draft forward of q tokens a row: a draft
         tree level's price table, policies.kit.TreePrice) in one `_times` call, each with draft_forward's sums and
         arithmetic (the same bits); a subclass that prices draft_forward itself is called per q."""
