@@ -2,10 +2,10 @@ import numpy as np
 
 from specdepth.errors import as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
-from specdepth.tree import chain
+from specdepth.tree import by_object
 
 from .kit import CostCalibration, RankEstimate, TreePrice, draft_caps, plan_rows, plan_trees
-from .kit.tree import RankConfidence
+from .kit.tree import RankConfidence, chain_groups
 from .kit.options import node
 
 ESTIMATE = {"ranks": 8, "prior_strength": 50.0, "memory": 5000.0, "every": 0.02, "confidence": True}
@@ -58,6 +58,7 @@ class TreeGoodput(Policy):
         self._price = TreePrice(self._calib if self.cost == "calibrated" else None)
         self._trees, self._chains = {}, {}
         self._geometric = (None, None)
+        self._rounded = (None, None)   # the plan's table and its inputs
 
     def table(self, view) -> np.ndarray:
         """The per-rank table the plan values trees by."""
@@ -68,6 +69,16 @@ class TreeGoodput(Policy):
         self._table.start(self._conf.table(geometric) if self._use_confidence else a)
         return self._table.table
 
+    def _plan_table(self, view) -> np.ndarray:
+        """`table` rounded to 0.005 (the same trees, and cached orders, while it holds); kept while its inputs
+        (the prior, the confidence sums and the estimate's counts) hold."""
+        c, e = self._conf, self._table
+        key = (view.acceptance_prior, c.sums.tobytes(), c.counts.tobytes(), e.hits.tobytes(), e.trials.tobytes())
+        if self._rounded[0] != key:
+            self._rounded = (key, np.round(self.table(view) * 200.0) / 200.0)
+            self._rounded[1].flags.writeable = False
+        return self._rounded[1]
+
     def plan(self, view):
         n = view.batch_size
         D = min(self.max_depth, view.max_depth)
@@ -75,8 +86,7 @@ class TreeGoodput(Policy):
         if D <= 0 or N <= 0:
             return np.zeros(n, np.int64)
         price = self._price.update(view.true_cost if self.cost == "clock" else view.cost, view.context_lens)
-        table = np.round(self.table(view) * 200.0) / 200.0   # to 0.005: the same trees (and cached orders) while it holds
-        plan = plan_trees(table, price, n, N, D, steps=self.fractions)
+        plan = plan_trees(self._plan_table(view), price, n, N, D, steps=self.fractions)
         if plan.nodes == 0:
             return np.zeros(n, np.int64)
         if len(self._trees) > 4096:
@@ -88,12 +98,11 @@ class TreeGoodput(Policy):
             self._calib.observe(view)
         trees = view.trees
         if trees is None:   # a chain step (every row's tree a chain, or nothing drafted)
-            if not view.drafted.any():
-                return
-            ks, chains = view.drafted.tolist(), self._chains
-            for k in set(ks).difference(chains):
-                chains[k] = chain(k)
-            trees = [chains[k] for k in ks]
-        elif self._use_confidence:
-            self._conf.observe(trees, view.node_confidences)
-        self._table.observe(trees, accepted)
+            groups = chain_groups(view.drafted, self._chains)
+            if any(t.nodes for t, _ in groups):
+                self._table.observe_groups(groups, accepted)
+            return
+        groups = by_object(trees, view.batch_size)   # the rows' Tree objects, for both
+        if self._use_confidence:
+            self._conf.observe_groups(groups, view.node_confidences)
+        self._table.observe_groups(groups, accepted)

@@ -93,6 +93,11 @@ def test_step_time_tables_equal_the_per_shape_calls(compose, hw, model, extra):
         # the roofline's compiled tables are the per-point Python roofline's, to the bit
         assert cost.verify_times(ctx, xs).tolist() == _per_point(cost, CostModel.verify_times, ctx, xs)
         assert cost.draft_times(77.0, ms).tolist() == _per_point(cost, CostModel.draft_times, 77.0, ms)
+        # draft_forward_times (a tree level's table) is draft_forward per token count, to the bit
+        for c in (np.full(n, float(ctx.mean())), ctx.astype(float)):
+            qs = np.arange(0, 20)
+            want = [cost.draft_forward(c, np.full(n, q, np.int64))[0] for q in qs]
+            assert cost.draft_forward_times(c, qs).tolist() == want
 
 
 def _per_point(cost, method, *args) -> list:

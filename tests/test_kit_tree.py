@@ -283,18 +283,22 @@ def test_compiled_row_means_are_numpys():
 
 
 def test_compiled_candidates_on_any_levels():
-    """kernels.candidates on levels where a node moves several levels, or a level by more than one token,
-    is the numpy form's arithmetic too."""
+    """kernels.candidates on levels where a node moves several levels, or a level by more than one token, or one
+    level anywhere in rows of up to 44 levels (numpy's pairwise sum past its 8 accumulators), is the numpy form's
+    arithmetic too."""
     from specdepth.policies.kit import kernels as KT
     rng = np.random.default_rng(9)
-    for _ in range(20):
-        N, cols, steps, n = int(rng.integers(1, 30)), int(rng.integers(1, 20)), int(rng.integers(1, 9)), 37
-        L = np.cumsum(rng.integers(0, 3, (N + 1, cols)) * (rng.random((N + 1, cols)) < 0.3), axis=0)
+    for case in range(80):
+        N, cols, steps, n = int(rng.integers(1, 30)), int(rng.integers(1, 45)), int(rng.integers(1, 12)), 37
+        moves = rng.random((N + 1, cols)) < 0.3
+        if case % 2:   # one level a node, at any column
+            moves = np.arange(cols) == rng.integers(0, cols, (N + 1, 1))
+        L = np.cumsum(rng.integers(0, 3, (N + 1, cols)) * moves, axis=0)
         prob = rng.uniform(0, 0.5, N)
         ver, dr = np.cumsum(rng.uniform(0, 1, N + 3)), np.cumsum(rng.uniform(0, 1, int(L.max()) + 3))
         oh = float(rng.choice([0.0, 0.25]))
-        got = KT.candidates(prob, np.zeros(1, np.int64), L.ravel(), np.zeros(1, np.int64), np.array([N]),
-                            np.array([cols]), steps, n, ver, dr, oh)
+        flat, off, Ns, cs = L.ravel(), np.zeros(1, np.int64), np.array([N]), np.array([cols])
+        got = KT.candidates(prob, off, flat, off, Ns, cs, *KT.level_moves(flat, off, Ns, cs), steps, n, ver, dr, oh)
         x = np.arange(N * steps + 1) / steps
         lo = np.minimum(np.floor(x).astype(np.int64), N - 1)
         f = x - lo
@@ -320,3 +324,110 @@ def test_compiled_picked_means_are_numpys():
         KT.picked_means(x, rows, np.flatnonzero(mask), got)
         want[rows] = x[rows, :nodes][:, mask].mean(axis=1)   # tree_confidence's numpy form
         assert np.array_equal(got, want, equal_nan=True)
+
+
+def test_compiled_rank_table_and_chain_groups_are_numpys(monkeypatch):
+    """RankEstimate.table by kernels.rank_table and chain_groups by kernels.first_groups give what their numpy
+    forms give (the table to the bit, NaN kept; the groups as specdepth.tree.by_object makes them), and
+    observe_groups on those groups learns what observe on the rows' chains does."""
+    rng = np.random.default_rng(12)
+    for R in (1, 3, 8):
+        est = K.RankEstimate(ranks=R)
+        for _ in range(20):
+            est.hits, est.trials = rng.uniform(0, 50, R), rng.uniform(0, 80, R)
+            est.prior = rng.uniform(0, 1, R)
+            if rng.random() < 0.2:
+                est.hits[rng.integers(0, R)] = np.nan
+            got = est.table
+            monkeypatch.setattr(K, "COMPILED", False)
+            est._tab = None
+            assert np.array_equal(got, est.table, equal_nan=True)
+            monkeypatch.setattr(K, "COMPILED", True)
+            est._tab = None
+    chains = {}
+    for n in (0, 1, 5, 64, 300):
+        d = rng.integers(0, 6, n) if n != 5 else np.full(5, 3)
+        got = K.chain_groups(d, chains)
+        want = T.by_object([chains.get(k) or T.chain(k) for k in d.tolist()], n) if n else []
+        want = [(chains[t.nodes], idx) for t, idx in want]
+        assert [(t, np.arange(n)[idx].tolist()) for t, idx in got] == \
+            [(t, np.arange(n)[idx].tolist()) for t, idx in want]
+        monkeypatch.setattr(K, "COMPILED", False)
+        slow = K.chain_groups(d, chains)
+        monkeypatch.setattr(K, "COMPILED", True)
+        assert [(t, np.arange(n)[idx].tolist()) for t, idx in got] == \
+            [(t, np.arange(n)[idx].tolist()) for t, idx in slow]
+    a, b = K.RankEstimate(ranks=3, memory=50.0, every=0.1), K.RankEstimate(ranks=3, memory=50.0, every=0.1)
+    for _ in range(30):
+        d = rng.integers(0, 5, 40)
+        acc = np.minimum(d, rng.integers(0, 5, 40))
+        a.observe([chains.setdefault(k, T.chain(k)) for k in d.tolist()], acc)
+        b.observe_groups(K.chain_groups(d, chains), acc)
+        assert a.hits.tolist() == b.hits.tolist() and a.trials.tolist() == b.trials.tolist()
+        assert [g[1].tolist() for g in a._groups.values()] == [g[1].tolist() for g in b._groups.values()]
+
+
+def test_compiled_plan_rows_are_the_numpy_rows(monkeypatch):
+    """plan_rows by kernels.row_plan gives every row the Tree object its numpy form gives (the same shapes from
+    the same cache, in the same order)."""
+    rng = np.random.default_rng(13)
+    order = K.best_order([0.6, 0.25, 0.1], 40, 12)
+    for _ in range(60):
+        n = int(rng.integers(1, 90))
+        caps = rng.integers(0, 14, n) if rng.random() < 0.7 else np.full(n, int(rng.integers(0, 14)))
+        plan = K.TreePlan(int(rng.integers(1, 13)), float(rng.integers(0, 39 * 8) / 8), 0.0, 0.0, order)
+        cache = {}
+        got = K.plan_rows(plan, caps, cache)
+        monkeypatch.setattr(K, "COMPILED", False)
+        want = K.plan_rows(plan, caps, cache)
+        monkeypatch.setattr(K, "COMPILED", True)
+        assert len(got) == n and all(a is b for a, b in zip(got, want))
+        fresh = {}
+        monkeypatch.setattr(K, "COMPILED", False)
+        slow = K.plan_rows(plan, caps, fresh)
+        monkeypatch.setattr(K, "COMPILED", True)
+        assert [t.parent.tolist() for t in slow] == [t.parent.tolist() for t in got]
+
+
+def test_compiled_confidence_means_and_hazards_are_numpys(monkeypatch):
+    """RankConfidence.observe and table (kernels.seen_count, rank_means_add, confidence_head) and RankEstimate.start's
+    hazards (kernels.hazards) give what their numpy forms give, to the bit (NaN entries, zeros, tables past 1)."""
+    rng = np.random.default_rng(14)
+    shapes = [T.chain(3), T.from_widths([2, 2]), T.EAGLE_TREE, K.best_tree([0.5, 0.3, 0.1], 20, 7), T.chain(0)]
+    steps = []
+    for _ in range(30):
+        n = int(rng.integers(1, 40))
+        trees = [shapes[i] for i in rng.integers(0, len(shapes), n)] if rng.random() < 0.7 else shapes[2]
+        conf = rng.uniform(0, 1, (n, 30))
+        conf[rng.random((n, 30)) < 0.2] = np.nan
+        steps.append((trees, conf))
+
+    def run():
+        rc = K.RankConfidence(ranks=4, memory=40.0)
+        out = []
+        for trees, conf in steps:
+            rc.observe(trees, conf)
+            out.append((rc.sums.tolist(), rc.counts.tolist(), rc.table(np.full(4, 0.3)).tolist()))
+        return out
+    got = run()
+    monkeypatch.setattr(K, "COMPILED", False)
+    assert got == run()
+    tables = [rng.uniform(-0.2, 0.7, 5) for _ in range(30)] + [np.array([0.0, -0.0, 0.5, np.nan, 0.9, 0.3])]
+    want = []
+    for t in tables:
+        est = K.RankEstimate(ranks=6, prior=t)
+        want.append(est.prior.copy())
+    monkeypatch.setattr(K, "COMPILED", True)
+    for t, w in zip(tables, want):
+        got = K.RankEstimate(ranks=6, prior=t).prior
+        assert np.array_equal(got, w, equal_nan=True) and np.signbit(got).tolist() == np.signbit(w).tolist()
+
+
+def test_confidence_means_refuse_rows_past_the_confidences():
+    """RankConfidence.observe with more rows or nodes than the confidences have raises as numpy does (the
+    compiled loop reads nothing past the array)."""
+    rc = K.RankConfidence(ranks=3)
+    with pytest.raises(IndexError):
+        rc.observe([T.chain(2), T.chain(3), T.chain(2)], np.full((2, 4), 0.5))
+    with pytest.raises(ValueError):
+        rc.observe(T.chain(6), np.full((2, 4), 0.5))

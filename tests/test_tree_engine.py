@@ -184,6 +184,12 @@ def test_tree_step_time_of_a_chain_is_the_chains_price():
     assert T.tree_step_time(cost, ctx, trees) == pytest.approx(cost.step_time(ctx, depths), rel=1e-12)
     assert T.level_counts(T.EAGLE_TREE, 1).tolist() == [[4, 8, 8, 3, 2]]
     assert T.parent_counts(T.EAGLE_TREE, 1).tolist() == [[1, 4, 4, 1, 1]]
+    for t in (T.EAGLE_TREE, T.chain(0), T.chain(4), T.from_widths([3, 2, 1])):   # each tree's row, kept by the tree
+        par = np.unique(t.parent)
+        want = np.bincount(np.where(par >= 0, t.depth[np.maximum(par, 0)], 0), minlength=t.max_depth)
+        assert t.level_parents().tolist() == want[:t.max_depth].tolist() and t.level_parents() is t.level_parents()
+    assert T.parent_counts([T.chain(2), T.EAGLE_TREE, T.chain(2)], 3).tolist() == [[1, 1, 0, 0, 0], [1, 4, 4, 1, 1],
+                                                                                   [1, 1, 0, 0, 0]]
 
 
 def test_only_oracles_see_the_rank_table():

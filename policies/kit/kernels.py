@@ -1440,22 +1440,38 @@ def interp(x, fp, off, size):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _whole_levels(L, N, cols, dbuf, doff, oh, base, fw, ds, moved):
-    """Per node count lo in 0..N: its levels' draft seconds (a table entry each, as np.interp gives at a grid
-    point; + oh where the level has tokens) in base[lo], their sum (np.sum's order) in ds[lo], the levels with
-    tokens in fw[lo], and the level that node lo moves (-1: none, -2: several) in moved[lo]."""
-    for lo in range(N + 1):
-        cnt, m = 0, -1
-        for c in range(cols):
-            a = L[lo, c]
-            pos = a > 0
-            base[lo, c] = dbuf[doff + a] + (oh if pos else oh * 0.0)
-            if pos:
-                cnt += 1
-            if lo < N and L[lo + 1, c] != a:
-                m = c if m == -1 else -2
-        fw[lo], moved[lo] = cnt, m
-        ds[lo] = 0.0 + pairwise(base[lo], 0, cols)
+def level_moves(Ls, loff, Ns, cols):
+    """Per depth cap's segment (levels Ls[loff[s]:] as [N + 1, cols[s]], N = Ns[s]) and node count lo in 0..N:
+    its levels with tokens (fw) and the level that node lo moves (moved: -1 none, -2 several; -1 at lo = N),
+    the segments end to end (segment s from the sum of the earlier N + 1)."""
+    total = 0
+    for s in range(Ns.shape[0]):
+        total += Ns[s] + 1
+    fw, moved = np.empty(total, np.int64), np.empty(total, np.int64)
+    k = 0
+    for s in range(Ns.shape[0]):
+        N, C = Ns[s], cols[s]
+        L = Ls[loff[s]:loff[s] + (N + 1) * C].reshape((N + 1, C))
+        for lo in range(N + 1):
+            cnt, m = 0, -1
+            for c in range(C):
+                a = L[lo, c]
+                if a > 0:
+                    cnt += 1
+                if lo < N and L[lo + 1, c] != a:
+                    m = c if m == -1 else -2
+            fw[k], moved[k] = cnt, m
+            k += 1
+    return fw, moved
+
+
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _level_row(L, lo, cols, dbuf, doff, oh, row):
+    """Node count lo's levels' draft seconds into row: a table entry each (as np.interp gives at a grid point),
+    + oh where the level has tokens."""
+    for c in range(cols):
+        a = L[lo, c]
+        row[c] = dbuf[doff + a] + (oh if a > 0 else oh * 0.0)
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
@@ -1469,92 +1485,140 @@ def _level_seconds(L, lo, f, c, dbuf, doff, dlen, oh):
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _between(L, lo, f, cols, dbuf, doff, dlen, oh, base, fw, buf):
+def _between(L, lo, f, cols, dbuf, doff, dlen, oh, row, cnt, buf):
     """Summed draft seconds and forwards of node count lo + f (0 < f <= 1) where node lo moves several levels:
-    base[lo] with the moved levels' seconds in place, summed in np.sum's order."""
-    cnt = fw[lo]
+    row (node count lo's levels' seconds; cnt of them with tokens) with the moved levels' seconds in place,
+    summed in np.sum's order."""
     for c in range(cols):
         if L[lo + 1, c] == L[lo, c]:
-            buf[c] = base[lo, c]
+            buf[c] = row[c]
         else:
             buf[c], pos, was = _level_seconds(L, lo, f, c, dbuf, doff, dlen, oh)
             cnt += (1 if pos else 0) - (1 if was else 0)
     return 0.0 + pairwise(buf, 0, cols), float(cnt)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _moved_run(L, lo, m, i0, i1, steps, cols, dbuf, doff, dlen, oh, base, fw, out, o):
-    """Candidates i0..i1 - 1 (0 < f <= 1) of node count lo, whose node moves level m: base[lo] with that level's
-    seconds in place, summed in np.sum's order, and the forwards."""
-    row = base[lo]
-    old, a = row[m], L[lo, m]
+@njit(cache=True, nogil=True, inline="always")
+def _swap_parts(row, n, m, r):
+    """`_block`(row[:n]) (n <= 128) as a function of its entry m, for `_swap_sum` (r: scratch of 8): (head,
+    has_head, c0, c1, stride, sib, pair, half, tail): the sum so far where m enters (head + v, or v where m opens
+    an accumulator), the later entries of its chain (c0..c1 - 1 by stride); where m is in an accumulator (stride
+    8), the other accumulator of its pair, the other pair of its half, the other half, and the entries from
+    `tail` on."""
+    B = n - n % 8
+    if n < 8 or m >= B:   # a plain loop, or m past the accumulators: one chain from m to the end
+        head = _block(row, 0, B) if n >= 8 else 0.0
+        for c in range(B if n >= 8 else 0, m):
+            head += row[c]
+        return head, True, m + 1, n, 1, 0.0, 0.0, 0.0, n
+    j = m % 8
+    r[:] = row[:8]
+    head = row[j]
+    for c in range(8, B):
+        r[c % 8] += row[c]
+        if c < m and c % 8 == j:
+            head += row[c]
+    k = 2 * ((j // 2) ^ 1)   # the first accumulator of the other pair of m's half
+    half = (r[0] + r[1]) + (r[2] + r[3]) if j >= 4 else (r[4] + r[5]) + (r[6] + r[7])
+    return head, m >= 8, m + 8, B, 8, r[j ^ 1], r[k] + r[k + 1], half, B
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _swap_sum(row, n, v, parts):
+    """`_block`(row[:n]) with its entry m = v, from `_swap_parts`(row, n, m): the same adds (a sum of two is the
+    same either way round)."""
+    head, has_head, c0, c1, stride, sib, pair, half, tail = parts
+    s = head + v if has_head else v
+    for c in range(c0, c1, stride):
+        s += row[c]
+    if stride == 8:
+        s = ((s + sib) + pair) + half
+        for c in range(tail, n):
+            s += row[c]
+    return s
+
+
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _moved_run(L, lo, m, i0, i1, xs, cols, dbuf, doff, dlen, oh, row, cnt, out, o, r8):
+    """Candidates i0..i1 - 1 (0 < f <= 1) of node count lo, whose node moves level m: row (node count lo's
+    levels' seconds, cnt of them with tokens) with that level's seconds in place, summed in np.sum's order
+    (`_swap_sum`; cols <= 128), and the forwards (xs[i] = i / steps). Moves row to node count lo + 1 and returns
+    its sum."""
+    a = L[lo, m]
     d, fa = float(L[lo + 1, m] - a), float(a)
-    cnt = fw[lo] - (1 if a > 0 else 0)
+    cnt -= 1 if a > 0 else 0
     inner = 0 <= a and a + 1 <= dlen - 1   # np.interp's grid step a..a + 1 (x below a + 1: below its last point)
     y0 = dbuf[doff + a] if inner else 0.0
     slope = dbuf[doff + a + 1] - y0 if inner else 0.0
+    parts = _swap_parts(row, cols, m, r8)
     for i in range(i0, i1):
-        lv = fa + (i / steps - lo) * d
+        lv = fa + (xs[i] - lo) * d
         pos = lv > 0
         v = slope * (lv - fa) + y0   # interp's slope form on that step (its values; no call per candidate)
         if not (inner and fa < lv < fa + 1.0) or math.isnan(v):
             v = interp(lv, dbuf, doff, dlen)
-        row[m] = v + (oh if pos else oh * 0.0)
-        out[1, o + i] = 0.0 + pairwise(row, 0, cols)
+        out[1, o + i] = 0.0 + _swap_sum(row, cols, v + (oh if pos else oh * 0.0), parts)
         out[2, o + i] = float(cnt + (1 if pos else 0))
-    row[m] = old
+    a = L[lo + 1, m]
+    row[m] = dbuf[doff + a] + (oh if a > 0 else oh * 0.0)
+    return 0.0 + _swap_sum(row, cols, row[m], parts)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _segment(prob, L, N, cols, steps, n, ver, dbuf, doff, dlen, oh, out, o):
+def _segment(prob, L, N, cols, fw, moved, steps, xs, n, ver, dbuf, doff, dlen, oh, out, o):
     """One depth cap's candidates (N nodes, steps per node: candidate i = lo steps + k at x = i / steps nodes, lo
     its floor but at most N - 1, f = x - lo) into out[:, o:o + N steps + 1]: tokens, summed draft seconds,
-    forwards, verify seconds (ver: by candidate)."""
+    forwards, verify seconds (ver: by candidate). fw, moved: the segment's `level_moves`. Node count lo's levels'
+    seconds are kept in one row, moved one level at a time (a sum from the rest of numpy's pairwise tree)."""
     E = np.empty(N + 1)
     E[0] = 0.0
     for i in range(N):
         E[i + 1] = prob[0] if i == 0 else E[i] + prob[i]
-    c1 = max(cols, 1)
-    base, buf = np.empty((N + 1, c1)), np.empty(c1)
-    fw, ds, moved = np.empty(N + 1, np.int64), np.empty(N + 1), np.empty(N + 1, np.int64)
-    _whole_levels(L, N, cols, dbuf, doff, oh, base, fw, ds, moved)
+    row, buf, r8 = np.empty(max(cols, 1)), np.empty(max(cols, 1)), np.empty(8)
+    _level_row(L, 0, cols, dbuf, doff, oh, row)
+    ds = 0.0 + pairwise(row, 0, cols)
     for lo in range(N):
         i0, i1 = lo * steps, lo * steps + (steps + 1 if lo == N - 1 else steps)
         e0, de = E[lo], E[lo + 1] - E[lo]
         for i in range(i0, i1):
-            out[0, o + i] = n * ((1.0 + e0) + (i / steps - lo) * de)
+            out[0, o + i] = n * ((1.0 + e0) + (xs[i] - lo) * de)
             out[3, o + i] = ver[i]
         m = moved[lo]
         for i in range(i0, i1 if m == -1 else i0 + 1):   # f = 0, or no level moves: node count lo's levels
-            out[1, o + i], out[2, o + i] = ds[lo], float(fw[lo])
+            out[1, o + i], out[2, o + i] = ds, float(fw[lo])
         if m >= 0:
-            _moved_run(L, lo, m, i0 + 1, i1, steps, cols, dbuf, doff, dlen, oh, base, fw, out, o)
+            ds = _moved_run(L, lo, m, i0 + 1, i1, xs, cols, dbuf, doff, dlen, oh, row, fw[lo], out, o, r8)
         elif m == -2:
             for i in range(i0 + 1, i1):
-                f = i / steps - lo
-                out[1, o + i], out[2, o + i] = _between(L, lo, f, cols, dbuf, doff, dlen, oh, base, fw, buf)
+                out[1, o + i], out[2, o + i] = _between(L, lo, xs[i] - lo, cols, dbuf, doff, dlen, oh, row, fw[lo],
+                                                        buf)
+            _level_row(L, lo + 1, cols, dbuf, doff, oh, row)
+            ds = 0.0 + pairwise(row, 0, cols)
     return o + N * steps + 1
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def candidates(probs, poff, Ls, loff, Ns, cols, steps, n, ver, dr, oh):
+def candidates(probs, poff, Ls, loff, Ns, cols, fw, moved, steps, n, ver, dr, oh):
     """float [4, sum(N steps + 1)]: every depth cap's candidates (`_segment`), segment s from the flat node
-    probabilities probs[poff[s]:] and levels Ls[loff[s]:] ([N + 1, cols[s]]), under the verify table `ver`
-    (x nodes a row) and the draft table `dr` (one forward of q tokens a row)."""
+    probabilities probs[poff[s]:] and levels Ls[loff[s]:] ([N + 1, cols[s]]; fw, moved: `level_moves`), under
+    the verify table `ver` (x nodes a row) and the draft table `dr` (one forward of q tokens a row)."""
     S = Ns.shape[0]
     total, M = 0, 1
     for s in range(S):
         total += Ns[s] * steps + 1
         M = max(M, Ns[s] * steps + 1)
     out = np.empty((4, total))
-    vx = np.empty(M)
+    vx, xs = np.empty(M), np.empty(M)
     for i in range(M):
-        vx[i] = interp(i / steps, ver, 0, ver.shape[0])
-    o = 0
+        xs[i] = i / steps
+        vx[i] = interp(xs[i], ver, 0, ver.shape[0])
+    o, k = 0, 0
     for s in range(S):
         N, c = Ns[s], cols[s]
         L = Ls[loff[s]:loff[s] + (N + 1) * c].reshape((N + 1, c))
-        o = _segment(probs[poff[s]:poff[s] + N], L, N, c, steps, float(n), vx, dr, 0, dr.shape[0], oh, out, o)
+        o = _segment(probs[poff[s]:poff[s] + N], L, N, c, fw[k:k + N + 1], moved[k:k + N + 1], steps, xs, float(n),
+                     vx, dr, 0, dr.shape[0], oh, out, o)
+        k += N + 1
     return out
 
 
@@ -1577,6 +1641,38 @@ def best_candidate(parts, coff, calibrated, sd, cd, sv, cv, g0):
         if jm >= 0 and gm > best * (1 + 1e-12):
             best, bs, bj = gm, s, jm
     return bs, bj, best
+
+
+@njit(cache=True, nogil=True)
+def row_plan(caps, base, extra, depth):
+    """plan_rows' rows: each row's (nodes, depth cap) is (base, or base + 1 for the `extra` rows first in
+    np.argsort(-caps, kind="stable"), min(cap, depth)); returns the distinct pairs in first-row order (nodes,
+    caps) and each row's pair."""
+    n = caps.shape[0]
+    top = 0
+    if extra > 0:   # the extra-th largest cap: rows above it, then the first rows at it
+        top = np.sort(caps)[n - extra]
+    above = 0
+    for i in range(n):
+        above += 1 if caps[i] > top else 0
+    left = extra - above
+    cs, ds, grp = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    G = 0
+    for i in range(n):
+        c = base
+        if extra > 0 and (caps[i] > top or (caps[i] == top and left > 0)):
+            c += 1
+            if caps[i] == top:
+                left -= 1
+        d = min(caps[i], depth)
+        g = 0
+        while g < G and (cs[g] != c or ds[g] != d):
+            g += 1
+        if g == G:
+            cs[G], ds[G] = c, d
+            G += 1
+        grp[i] = g
+    return cs[:G], ds[:G], grp
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -1687,6 +1783,117 @@ def picked_means(x, rows, cols, out):
         else:
             s = 0.0 + pairwise(buf, 0, K)
         out[i] = s / K
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def rank_table(hits, trials, prior, strength, out):
+    """RankEstimate.table's numpy form into out: h = (hits + strength prior) / (trials + strength), t = h x
+    [1, cumprod(1 - h)[:-1]] (the product in cumprod's order), np.minimum.accumulate(t) (a NaN kept)."""
+    run, m = 1.0, 0.0
+    for r in range(hits.shape[0]):
+        h = (hits[r] + strength * prior[r]) / (trials[r] + strength)
+        t = h * run
+        run = run * (1.0 - h) if r else 1.0 - h
+        if r == 0 or (not math.isnan(m) and (math.isnan(t) or t < m)):
+            m = t
+        out[r] = m
+    return out
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def hazards(t, out):
+    """RankEstimate.start's hazards of a table t into out: t / np.maximum(1 - [0, cumsum(t)[:-1]], 1e-12) (the
+    sum in cumsum's order), np.clip'd to 0..1 (0 where x < 0, 1 where x > 1: a NaN and -0.0 kept)."""
+    run = 0.0
+    for r in range(t.shape[0]):
+        left = 1.0 - (run if r else 0.0)
+        run = run + t[r] if r else t[r]
+        x = t[r] / (left if (left > 1e-12 or math.isnan(left)) else 1e-12)
+        x = 0.0 if x < 0.0 else x
+        out[r] = 1.0 if x > 1.0 else x
+    return out
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def confidence_head(sums, counts, out):
+    """RankConfidence._table's drafted ranks: k, the ranks before the first with no count (all: R), their means
+    sums / counts into out[:k], what is left (1 - their np.sum) and the last one's hazard (Python's min and max
+    on t[-1] / max(left + t[-1], 1e-12), clipped to 0..1). k = 0: (0, 0.0, 0.0)."""
+    R = counts.shape[0]
+    k = 0
+    while k < R and counts[k] > 0:
+        k += 1
+    if k == 0:
+        return 0, 0.0, 0.0
+    for r in range(k):
+        out[r] = sums[r] / counts[r]
+    left = 1.0 - (0.0 + pairwise(out, 0, k))
+    last = out[k - 1]
+    den = left + last
+    x = last / (1e-12 if 1e-12 > den else den)
+    x = 0.0 if 0.0 > x else x
+    return k, left, (1.0 if 1.0 < x else x)
+
+
+@njit(cache=True, nogil=True)
+def seen_count(conf, rows, nodes):
+    """The entries of conf[rows, :nodes] that are not NaN; -1 where a row or `nodes` is out of conf's range."""
+    if nodes > conf.shape[1]:
+        return -1
+    for i in rows:
+        if i < 0 or i >= conf.shape[0]:
+            return -1
+    cnt = 0
+    for i in rows:
+        for j in range(nodes):
+            cnt += 0 if math.isnan(conf[i, j]) else 1
+    return cnt
+
+
+@njit(cache=True, nogil=True)
+def rank_means_add(conf, rows, nodes, rank, R, e, sums, counts):
+    """RankConfidence.observe's update for one tree: sums and counts x e, then + np.bincount of conf[rows,
+    :nodes]'s entries that are not NaN (row by row) at min(rank, R), weighted by them (sums) and not (counts),
+    the first R bins."""
+    b, k = np.zeros(R + 1), np.zeros(R + 1, np.int64)
+    for i in rows:
+        for j in range(nodes):
+            v = conf[i, j]
+            if not math.isnan(v):
+                r = min(rank[j], R)
+                b[r] += v
+                k[r] += 1
+    for r in range(R):
+        sums[r] = sums[r] * e + b[r]
+        counts[r] = counts[r] * e + float(k[r])
+
+
+@njit(cache=True, nogil=True)
+def first_groups(v):
+    """The distinct values of an integer vector in first-row order and its rows grouped by them: (vals, starts,
+    rows), value g's rows rows[starts[g]:starts[g + 1]] ascending (np.flatnonzero(v == x) for each x of
+    dict.fromkeys(v))."""
+    n = v.shape[0]
+    vals, grp = np.empty(n, np.int64), np.empty(n, np.int64)
+    G = 0
+    for i in range(n):
+        g = 0
+        while g < G and vals[g] != v[i]:
+            g += 1
+        if g == G:
+            vals[G] = v[i]
+            G += 1
+        grp[i] = g
+    starts = np.zeros(G + 1, np.int64)
+    for i in range(n):
+        starts[grp[i] + 1] += 1
+    for g in range(G):
+        starts[g + 1] += starts[g]
+    rows, fill = np.empty(n, np.int64), starts[:G].copy()
+    for i in range(n):
+        rows[fill[grp[i]]] = i
+        fill[grp[i]] += 1
+    return vals[:G], starts, rows
 
 
 # ---- the kit's per-step blocks: ConfidenceCalibration, PerRequest, shrunk_rates, expected_tokens, PositionFactors,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -114,6 +115,25 @@ def best_tree(table, nodes: int, max_depth: int) -> Tree:
     return best_order(table, nodes, max_depth).tree(nodes)
 
 
+def chain_groups(drafted: np.ndarray, chains: dict) -> list:
+    """specdepth.tree.by_object's groups for rows whose trees are chains of `drafted` nodes: (chain(k), rows) in
+    first-row order (rows: an index array, or a slice where every row has the same k). `chains`: the chains by k,
+    kept by the caller (one Tree object per k; the missing ones are added)."""
+    d = np.asarray(drafted)
+    if COMPILED and d.dtype == np.int64 and d.ndim == 1:
+        ks, starts, rws = kernels.first_groups(d)
+        ks, at = ks.tolist(), starts.tolist()
+        groups = [(k, rws[at[g]:at[g + 1]]) for g, k in enumerate(ks)]
+    else:
+        ks = list(dict.fromkeys(d.tolist()))
+        groups = [(k, np.flatnonzero(d == k)) for k in ks]
+    for k in set(ks).difference(chains):
+        chains[k] = chain(k)
+    if len(groups) == 1:
+        return [(chains[ks[0]], slice(None))]
+    return [(chains[k], idx) for k, idx in groups]
+
+
 # ---- the per-rank table, online ----------------------------------------------------------------------------
 class RankEstimate:
     """The per-rank table estimated from what every engine sees after a step: each row's tree and its accepted
@@ -136,6 +156,7 @@ class RankEstimate:
         self.hits = np.zeros(self.ranks)
         self.trials = np.zeros(self.ranks)
         self._groups: dict[bytes, list] = {}   # tree shape (parents) -> [tree, decayed rows per path length]
+        self._cnt, self._coff = np.zeros(0), np.zeros(1, np.int64)   # the groups' rows end to end (views), offsets
         self._packed = None   # the groups' trees end to end, for the compiled refresh
         self._start = self._tab = None   # the last start's prior and hazards; the last table and its inputs
         self.start(prior)
@@ -148,6 +169,9 @@ class RankEstimate:
             return
         if np.ndim(prior) == 0:
             self.prior = np.full(self.ranks, float(prior))
+        elif COMPILED and np.ndim(prior) == 1:   # a table's hazards, as below
+            t = np.asarray(prior, float)[:self.ranks]
+            self.prior = kernels.hazards(t, np.empty(t.size))
         else:   # a table's hazards
             t = np.asarray(prior, float)[:self.ranks]
             left = 1.0 - np.concatenate([[0.0], np.cumsum(t)[:-1]])
@@ -158,22 +182,31 @@ class RankEstimate:
     def table(self) -> np.ndarray:
         key = (self.hits.tobytes(), self.trials.tobytes(), self.prior.tobytes(), self.strength)
         if self._tab is None or self._tab[0] != key:   # computed once per hits, trials and prior
-            h = (self.hits + self.strength * self.prior) / (self.trials + self.strength)
-            t = h * np.concatenate([[1.0], np.cumprod(1.0 - h)[:-1]])
-            self._tab = (key, np.minimum.accumulate(t))
+            if COMPILED and self.hits.shape == self.trials.shape == self.prior.shape == (self.ranks,):
+                self._tab = (key, kernels.rank_table(self.hits, self.trials, self.prior, self.strength,
+                                                     np.empty(self.ranks)))   # the numpy form's arithmetic
+            else:
+                h = (self.hits + self.strength * self.prior) / (self.trials + self.strength)
+                t = h * np.concatenate([[1.0], np.cumprod(1.0 - h)[:-1]])
+                self._tab = (key, np.minimum.accumulate(t))
         return self._tab[1].copy()
 
     def observe(self, trees, accepted: np.ndarray) -> None:
         """Add one step's rows: their trees (a Tree for all, or one per row) and accepted path lengths."""
         acc = np.asarray(accepted, np.int64)
+        self.observe_groups(by_object(trees, acc.size), acc)
+
+    def observe_groups(self, groups: list, accepted: np.ndarray) -> None:
+        """`observe` with the rows' trees grouped as specdepth.tree.by_object groups them: (Tree, rows) pairs."""
+        acc = np.asarray(accepted, np.int64)
         keep = np.exp(-acc.size / self.memory)
-        for g in self._groups.values():
-            g[1] *= keep
-        for t, idx in by_object(trees, acc.size):
+        self._cnt *= keep   # every group's rows (views of it)
+        for t, idx in groups:
             if t.nodes:   # nothing drafted, nothing learnt
                 g = self._groups.get(key := t.parent.tobytes())
                 if g is None:
-                    g = self._groups[key] = [t, np.zeros(t.max_depth + 1)]
+                    self._groups[key] = [t, np.zeros(t.max_depth + 1)]
+                    g = self._repack()[key]
                 if not (COMPILED and kernels.add_ones(g[1], acc[idx])):
                     np.add.at(g[1], acc[idx], 1.0)   # one row at a time, in row order
         self._new += acc.size
@@ -187,6 +220,7 @@ class RankEstimate:
         if COMPILED and self._groups:
             return self._refresh_compiled()
         self._groups = {k: g for k, g in self._groups.items() if g[1].sum() >= 1e-3}
+        self._repack()
         table = self.table
         hits, trials = np.zeros(self.ranks), np.zeros(self.ranks)
         for t, counts in self._groups.values():
@@ -205,12 +239,23 @@ class RankEstimate:
                                                for a in ("parent", "depth", "rank"))
             self._packed = (keys, par, dep, rnk, np.append(noff, par.size))
         _, par, dep, rnk, noff = self._packed
-        cnt, coff = _flat([g[1] for _, g in groups], float)
         hits, trials, keep = np.zeros(self.ranks), np.zeros(self.ranks), np.zeros(len(groups), bool)
-        kernels.expected_counts(par, dep, rnk, noff, cnt, np.append(coff, cnt.size), self.table, self.ranks,
-                                     hits, trials, keep)
-        self._groups = {k: g for (k, g), kp in zip(groups, keep.tolist()) if kp}
+        kernels.expected_counts(par, dep, rnk, noff, self._cnt, self._coff, self.table, self.ranks, hits, trials,
+                                keep)
+        if not keep.all():
+            self._groups = {k: g for (k, g), kp in zip(groups, keep.tolist()) if kp}
+            self._repack()
         self.hits, self.trials = hits, trials
+
+    def _repack(self) -> dict:
+        """The groups' rows end to end in one array (each group's a view of it, decayed by one product) and their
+        offsets; returns the groups."""
+        rows = [g[1] for g in self._groups.values()]
+        self._cnt, off = _flat(rows, float) if rows else (np.zeros(0), np.zeros(0, np.int64))
+        self._coff = np.append(off, self._cnt.size)
+        for g, o in zip(self._groups.values(), off.tolist()):
+            g[1] = self._cnt[o:o + g[1].size]
+        return self._groups
 
     def _expected_counts(self, tree: Tree, counts: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Expected hits and trials per rank of the rows whose paths on `tree` accepted a nodes (counts[a] rows)."""
@@ -248,8 +293,22 @@ class RankConfidence:
         self._tab = None   # the last table and its inputs
 
     def observe(self, trees, confidences: np.ndarray) -> None:
-        for t, idx in by_object(trees, confidences.shape[0]):
+        """Add one tree step's nodes: the rows' trees (a Tree for all, or one per row) and their confidences."""
+        self.observe_groups(by_object(trees, confidences.shape[0]), confidences)
+
+    def observe_groups(self, groups: list, confidences: np.ndarray) -> None:
+        """`observe` with the rows' trees grouped as specdepth.tree.by_object groups them: (Tree, rows) pairs."""
+        n = confidences.shape[0]
+        fast = COMPILED and confidences.dtype == np.float64 and confidences.ndim == 2
+        for t, idx in groups:
             if not t.nodes:
+                continue
+            rws = np.arange(n) if isinstance(idx, slice) else np.asarray(idx)
+            ok_rows = fast and rws.dtype == np.int64 and rws.ndim == 1
+            seen = kernels.seen_count(confidences, rws, t.nodes) if ok_rows else -1   # -1: out of range
+            if seen >= 0 and self.sums.shape == self.counts.shape == (self.ranks,):   # the numpy form's arithmetic
+                e = np.exp(-(float(seen) / self.memory))
+                kernels.rank_means_add(confidences, rws, t.nodes, t.rank, self.ranks, e, self.sums, self.counts)
                 continue
             c = confidences[idx, :t.nodes]
             ok = ~np.isnan(c)
@@ -271,6 +330,14 @@ class RankConfidence:
         return self._tab[1].copy()
 
     def _table(self, fallback: np.ndarray) -> np.ndarray:
+        if COMPILED and self.sums.shape == self.counts.shape == (self.ranks,):   # the numpy form's arithmetic
+            out = np.empty(self.ranks)
+            k, left, h = kernels.confidence_head(self.sums, self.counts, out)
+            if k == 0:
+                return np.asarray(fallback, float)[:self.ranks]
+            if k < self.ranks:
+                out[k:] = left * h * (1.0 - h) ** np.arange(self.ranks - k)
+            return out
         drafted = self.counts > 0
         k = self.ranks if drafted.all() else int(np.argmin(drafted))   # the ranks 0..k-1 drafted
         if k == 0:
@@ -299,7 +366,10 @@ class TreePrice:
 
     def update(self, cost, ctx: np.ndarray) -> "TreePrice":
         n = int(ctx.size)
-        cbar = float(ctx.mean()) if n else 0.0
+        if COMPILED and n and ctx.dtype == np.int64 and ctx.ndim == 1:
+            cbar = float(kernels.int_stats(ctx)[2]) / n   # ctx.mean(): its float sum of integers is exact
+        else:
+            cbar = float(ctx.mean()) if n else 0.0
         key = (n, int(np.log1p(cbar) * 50.0), id(cost))
         if key != self._key:
             self._key, self.cost, self.n, self.cbar = key, cost, n, cbar
@@ -321,7 +391,11 @@ class TreePrice:
             self._memo = {}
         Q = int(np.ceil(q)) + 1
         if self._draft.size < Q + 1:
-            more = [self.cost.draft_forward(c, np.full(n, qq, np.int64))[0] for qq in range(self._draft.size, Q + 1)]
+            qs = range(self._draft.size, Q + 1)
+            if hasattr(self.cost, "draft_forward_times"):   # a CostModel: the same values in one call
+                more = self.cost.draft_forward_times(c, np.arange(qs.start, qs.stop))
+            else:
+                more = [self.cost.draft_forward(c, np.full(n, qq, np.int64))[0] for qq in qs]
             self._draft = np.concatenate([self._draft, more])
             self._memo = {}
         return self._verify, self._draft
@@ -335,13 +409,15 @@ class TreePrice:
         hit = self._memo.get(key)
         if hit is None:
             some = pack is not None and pack.Ns.size > 0
-            v, dr = self._tables(float(pack.Ns.max()) if some else 0.0, float(pack.lmax.max()) if some else 0.0)
+            v, dr = self._tables(pack.most[0] if some else 0.0, pack.most[1] if some else 0.0)
             oh = float(getattr(self.cost, "position_overhead_s", 0.0))
             zero = (0.0, float(v[0]))   # the plan without nodes: no draft forward, a verify of one token a row
             if some:
                 parts = kernels.candidates(pack.probs, pack.poff, pack.levels, pack.loff, pack.Ns, pack.cols,
-                                                steps, n, v, dr, oh)
-                coff = np.concatenate([[0], np.cumsum(pack.Ns * steps + 1)])
+                                           pack.fw, pack.moved, steps, n, v, dr, oh)
+                coff = pack.memo.get(steps)
+                if coff is None:
+                    coff = pack.memo[steps] = np.concatenate([[0], np.cumsum(pack.Ns * steps + 1)])
             else:
                 parts, coff = np.zeros((4, 0)), np.zeros(1, np.int64)
             if len(self._memo) >= 64:
@@ -394,7 +470,8 @@ def _flat(arrays: list, dtype) -> tuple[np.ndarray, np.ndarray]:
 @dataclass(frozen=True)
 class _Orders:
     """plan_trees' depth caps with nodes and their orders, flat for the compiled search: node probabilities and
-    levels end to end (offsets poff, loff), node counts Ns, level columns and each cap's most draft tokens."""
+    levels end to end (offsets poff, loff), node counts Ns, level columns and each cap's most draft tokens,
+    and per node count its levels with tokens and the level its next node moves (kernels.level_moves)."""
     key: tuple
     depths: list
     orders: list
@@ -405,6 +482,10 @@ class _Orders:
     Ns: np.ndarray
     cols: np.ndarray
     lmax: np.ndarray
+    fw: np.ndarray
+    moved: np.ndarray
+    most: tuple = (0.0, 0.0)   # the most nodes of a cap and the most draft tokens of a level
+    memo: dict = field(default_factory=dict, compare=False, repr=False)   # each cap's first candidate, by steps
 
 
 @functools.lru_cache(maxsize=64)
@@ -419,9 +500,11 @@ def _orders(key: tuple) -> _Orders:
     Ls = [o.levels() for o in orders]
     probs, poff = _flat([o.prob for o in orders], float)
     levels, loff = _flat([L.ravel() for L in Ls], np.int64)
-    return _Orders(key, [D for D, _ in pairs], orders, probs, poff, levels, loff,
-                   np.array([o.parent.size for o in orders], np.int64), np.array([L.shape[1] for L in Ls], np.int64),
-                   np.array([L[-1].max() for L in Ls], float))
+    Ns, cols = np.array([o.parent.size for o in orders], np.int64), np.array([L.shape[1] for L in Ls], np.int64)
+    lmax = np.array([L[-1].max() for L in Ls], float)
+    most = (float(Ns.max()), float(lmax.max())) if Ns.size else (0.0, 0.0)
+    return _Orders(key, [D for D, _ in pairs], orders, probs, poff, levels, loff, Ns, cols, lmax,
+                   *kernels.level_moves(levels, loff, Ns, cols), most)
 
 
 def _plan_compiled(table, price: TreePrice, n: int, max_nodes: int, max_depth: int, depths, steps: int) -> TreePlan:
@@ -481,12 +564,20 @@ def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None) -> li
     e.g. kit.draft_caps) get one node more, and a row's tree is cut at its cap. `cache`: Trees by shape, kept
     by the caller so that equal trees are the same object across steps."""
     n = caps.size
-    base = int(np.floor(plan.nodes))
+    base = math.floor(plan.nodes)
     extra = int(round((plan.nodes - base) * n))
+    cache = {} if cache is None else cache
+    if n and COMPILED and caps.dtype == np.int64 and caps.ndim == 1 and 0 <= extra <= n:
+        if not extra:
+            lo, hi, _ = kernels.int_stats(caps)
+            if lo >= plan.depth or lo == hi:   # every row the same tree
+                return [_cached_tree(plan.order, base, min(int(lo), plan.depth), cache)] * n
+        cs, ds, grp = kernels.row_plan(caps, base, extra, plan.depth)   # the numpy form's pairs, below
+        trees = [_cached_tree(plan.order, c, dc, cache) for c, dc in zip(cs.tolist(), ds.tolist())]
+        return [trees[g] for g in grp.tolist()]
     counts = np.full(n, base, np.int64)
     if extra:
         counts[np.argsort(-caps, kind="stable")[:extra]] += 1
-    cache = {} if cache is None else cache
     d = np.minimum(caps.astype(np.int64), plan.depth)
     if n and not extra and d.min() == d.max():   # every row the same tree
         return [_cached_tree(plan.order, base, int(d[0]), cache)] * n
@@ -498,8 +589,11 @@ def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None) -> li
 
 
 def _cached_tree(order: Order, c: int, d: int, cache: dict) -> Tree:
-    """order's first c nodes cut at depth d (no nodes: chain(0)), from `cache` by shape."""
-    key = tuple(order.parent[:c].tolist()) + (d,) if c and d else ()
+    """order's first c nodes cut at depth d (no nodes: chain(0)), from `cache` by shape (the shape's key kept by
+    the order)."""
+    key = order.memo.get(("key", c, d))
+    if key is None:
+        key = order.memo["key", c, d] = tuple(order.parent[:c].tolist()) + (d,) if c and d else ()
     t = cache.get(key)
     if t is None:
         t = cache[key] = order.tree(c, d) if key else chain(0)

@@ -209,6 +209,25 @@ class CostModel:
         out[on] = self._times("draft", m, self._df[0] * m + self._df[1] * (c + m), c, m)
         return out
 
+    def draft_forward_times(self, ctx: np.ndarray, qs) -> np.ndarray:
+        """draft_forward(ctx, np.full(n, q))[0] for each q in `qs` (one draft forward of q tokens a row: a draft
+        tree level's price table, policies.kit.TreePrice) in one `_times` call, each with draft_forward's sums and
+        arithmetic (the same bits); a subclass that prices draft_forward itself is called per q."""
+        ctx, qs = np.asarray(ctx), np.asarray(qs, np.int64)
+        n = ctx.shape[0]
+        if type(self).draft_forward is not CostModel.draft_forward or ctx.dtype != np.float64 or ctx.ndim != 1:
+            return np.array([self.draft_forward(ctx, np.full(n, q, np.int64))[0] for q in qs.tolist()], float)
+        rows = np.empty((qs.size, n))
+        rows[:] = qs[:, None]
+        if hasattr(np, "vecdot"):   # _sums' np.dot(q, ctx) for every q: vecdot's loop is np.dot's per row
+            dots = np.vecdot(rows, ctx)
+        else:
+            dots = np.array([float(np.dot(r, ctx)) for r in rows])
+        t = (qs * n).astype(float)   # float(q.sum()), exact
+        pairs = dots + (qs * (qs + 1) * n).astype(float) * 0.5
+        flops = self._df[0] * t + self._df[1] * pairs
+        return self._times("draft", t, flops, np.full(t.size, float(ctx.sum())), np.full(t.size, n))
+
     def _times(self, which: str, tokens: np.ndarray, flops: np.ndarray, ctx_tokens: np.ndarray,
                seqs: np.ndarray) -> np.ndarray:
         """`_time` of each forward of arrays of them."""

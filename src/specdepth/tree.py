@@ -51,11 +51,11 @@ class Tree:
     """A draft tree by its parent array (see the module docstring), with each node's depth (1 below the
     root) and rank; immutable. Built by from_parents, from_choices, from_widths or chain."""
 
-    __slots__ = ("parent", "depth", "rank", "_max_depth")
+    __slots__ = ("parent", "depth", "rank", "_max_depth", "_parents")
 
     def __init__(self, parent: np.ndarray, depth: np.ndarray, rank: np.ndarray):
         self.parent, self.depth, self.rank = parent, depth, rank
-        self._max_depth = None
+        self._max_depth = self._parents = None
         for a in (parent, depth, rank):
             a.flags.writeable = False
 
@@ -68,6 +68,21 @@ class Tree:
         if self._max_depth is None:   # the arrays are read-only: computed once
             self._max_depth = int(self.depth.max(initial=0))
         return self._max_depth
+
+    def level_parents(self) -> np.ndarray:
+        """int64 [max_depth]: the distinct parents of the nodes at each depth 1..max_depth (`parent_counts`' row
+        for this tree; computed once, read-only)."""
+        out = getattr(self, "_parents", None)
+        if out is None:
+            D = self.max_depth
+            out = np.zeros(D, np.int64)
+            if self.nodes:
+                par = np.unique(self.parent)                        # parents with children (-1: the root)
+                pd = np.where(par >= 0, self.depth[np.maximum(par, 0)], 0)   # a parent's depth; children at pd + 1
+                out = np.bincount(pd, minlength=D)[:D]
+            out.flags.writeable = False
+            self._parents = out
+        return out
 
     @property
     def is_chain(self) -> bool:
@@ -309,9 +324,7 @@ def parent_counts(trees: Tree | Sequence[Tree], n: int | None = None) -> np.ndar
     out = np.zeros((len(ts), max((t.max_depth for t, _ in groups), default=0)), np.int64)
     for t, idx in groups:
         if t.nodes:
-            par = np.unique(t.parent)                        # parents with children (-1: the root)
-            pd = np.where(par >= 0, t.depth[np.maximum(par, 0)], 0)   # a parent's depth; its children at pd + 1
-            out[idx, :t.max_depth] = np.bincount(pd, minlength=t.max_depth)[:t.max_depth]
+            out[idx, :t.max_depth] = t.level_parents()
     return out
 
 
@@ -322,10 +335,14 @@ def tree_draft(forward, ctx: np.ndarray, trees: Tree | Sequence[Tree]) -> tuple[
     a level, as its draft_positions). Returns (seconds, flops, forwards)."""
     ctx = np.asarray(ctx, np.int64)
     q = parent_counts(trees, ctx.shape[0])
+    qt, full = np.ascontiguousarray(q.T), (np.count_nonzero(q, axis=0) == q.shape[0]).tolist()
     seconds = flops = 0.0
     for lvl in range(q.shape[1]):
-        m = np.flatnonzero(q[:, lvl])
-        t, f = forward(ctx[m] + lvl, q[m, lvl], lvl)
+        if full[lvl]:   # every row feeds this level: all of ctx, the level's column as it is
+            t, f = forward(ctx + lvl, qt[lvl], lvl)
+        else:
+            m = np.flatnonzero(qt[lvl])
+            t, f = forward(ctx[m] + lvl, qt[lvl, m], lvl)
         seconds += float(t)
         flops += float(f)
     return seconds, flops, int(q.shape[1])
