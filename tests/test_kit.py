@@ -431,6 +431,9 @@ def test_the_compiled_drain_gives_the_numpy_form_to_the_bit(monkeypatch):
     for n in (3, 70, 300):   # rows in random orders, many distinct pairs (the sort's fallback)
         mu = rng.uniform(10, 300, (5, n))
         cases.append((mu, np.sqrt(mu) * rng.choice([0.0, 1.0, 1.0, 2.0], (5, n))))
+    for _ in range(8):   # bounds of either zero sign (no sum depends on the sign)
+        row = rng.permutation([-0.0, 0.0, -3.0, 0.0, -0.0, -0.0, -2.0])   # lo = 0 or -0
+        cases.append((np.array([row, row]), np.array([(row < 0) * 1.0, (row < 0) * 0.5])))
     with np.errstate(all="ignore"):
         got = [drain.expected_maxes(mu, sd) for mu, sd in cases]
         monkeypatch.setattr(search, "COMPILED", False)

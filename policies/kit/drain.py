@@ -60,7 +60,6 @@ def expected_maxes(mu: np.ndarray, sd: np.ndarray, points: int = 256) -> np.ndar
     and the trapezoid sums at once; the powers and products per d (`_cdf_products`). Compiled
     (`kit.search.COMPILED`, float64 arrays): the same operations in kernels, with numpy's tanh and power between
     them on the arguments that are not saturated (`kernels.drain_setup`, `kernels.drain_sums`)."""
-    from . import search
     if search.COMPILED and mu.dtype == sd.dtype == np.float64 and points >= 2 and mu.ndim == 2 and mu.shape[1]:
         return _compiled(mu, sd, points)
     out = np.empty(mu.shape[0])
@@ -176,3 +175,6 @@ def _steps(points: int) -> np.ndarray:
         base = _STEPS[points] = np.arange(points, dtype=np.float64)
         base.flags.writeable = False
     return base
+
+
+from . import search  # noqa: E402  (kit.search imports this module; its COMPILED switch is read per call)

@@ -386,11 +386,20 @@ def drain_setup(mu, sd, points):
 @njit(cache=True, nogil=True, inline="always")
 def _drain_bounds(mu, sd, d, points):
     """Row d's grid: lo = max(mu - 6 sd), hi = max(mu + 6 sd) (np.max's: NaN wins), step = (hi - lo) / (points - 1),
-    and whether it is degenerate or not finite (the caller's one-row form)."""
-    a, b = mu[d, 0] - 6.0 * sd[d, 0], mu[d, 0] + 6.0 * sd[d, 0]
-    for r in range(1, mu.shape[1]):
-        a = maximum(a, mu[d, r] - 6.0 * sd[d, r])
-        b = maximum(b, mu[d, r] + 6.0 * sd[d, r])
+    and whether it is degenerate or not finite (the caller's one-row form). Four running maxima of every fourth
+    row (the order of a maximum can only change the sign of a zero bound, which no sum depends on)."""
+    m, s, n = mu[d], sd[d], mu.shape[1]
+    a0, b0 = m[0] - 6.0 * s[0], m[0] + 6.0 * s[0]
+    a1, b1, a2, b2, a3, b3 = a0, b0, a0, b0, a0, b0
+    top = 1 + (n - 1) // 4 * 4
+    for r in range(1, top, 4):
+        a0, b0 = maximum(a0, m[r] - 6.0 * s[r]), maximum(b0, m[r] + 6.0 * s[r])
+        a1, b1 = maximum(a1, m[r + 1] - 6.0 * s[r + 1]), maximum(b1, m[r + 1] + 6.0 * s[r + 1])
+        a2, b2 = maximum(a2, m[r + 2] - 6.0 * s[r + 2]), maximum(b2, m[r + 2] + 6.0 * s[r + 2])
+        a3, b3 = maximum(a3, m[r + 3] - 6.0 * s[r + 3]), maximum(b3, m[r + 3] + 6.0 * s[r + 3])
+    for r in range(top, n):
+        a0, b0 = maximum(a0, m[r] - 6.0 * s[r]), maximum(b0, m[r] + 6.0 * s[r])
+    a, b = maximum(maximum(a0, a1), maximum(a2, a3)), maximum(maximum(b0, b1), maximum(b2, b3))
     step = (b - a) / (points - 1)
     return a, b, step, not (math.isfinite(a) and math.isfinite(b) and b - a > 0.0 and step != 0.0)
 
@@ -519,6 +528,7 @@ def drain_sums(t, groups, mu, sd, points):
     D, n = mu.shape
     out = np.empty(D)
     x, F, terms = np.empty(points), np.empty(points), np.empty(points - 1)
+    stack, vals = np.empty((3, 64), np.int64), np.empty(64)   # pairwise_into's
     g, again = 0, False
     for d in range(D):
         lo, hi, step, odd = _drain_bounds(mu, sd, d, points)
@@ -540,7 +550,7 @@ def drain_sums(t, groups, mu, sd, points):
                 F[i] = F[i] * (1.0 if x[i] >= top else 0.0)
         for i in range(points - 1):
             terms[i] = (x[i + 1] - x[i]) * ((1.0 - F[i + 1]) + (1.0 - F[i])) / 2.0
-        out[d] = lo + (0.0 + pairwise(terms, 0, points - 1))
+        out[d] = lo + (0.0 + pairwise_into(terms, 0, points - 1, stack, vals))
         again |= math.isnan(out[d])
     return out, again
 
@@ -597,15 +607,23 @@ def _block(a, lo, n):
 @njit(cache=True, nogil=True)
 def pairwise(a, lo, n):
     """numpy's float sum of a[lo:lo + n] (np.sum over a contiguous axis): `_block` up to 128 values, above that
-    the sum of two halves (the first a multiple of 8), evaluated with an explicit stack (no recursion)."""
+    the sum of two halves (the first a multiple of 8), evaluated with an explicit stack (no recursion:
+    `pairwise_into`)."""
     if n <= 128:
         return _block(a, lo, n)
-    los, ns, state = np.empty(64, np.int64), np.empty(64, np.int64), np.empty(64, np.int64)
-    vals = np.empty(64)
+    return pairwise_into(a, lo, n, np.empty((3, 64), np.int64), np.empty(64))
+
+
+@njit(cache=True, nogil=True)
+def pairwise_into(a, lo, n, stack, vals):
+    """`pairwise` with its stack given (stack [3, 64] int64: a part's start, size and state; vals [64]): a loop
+    that sums many rows allocates it once."""
+    if n <= 128:
+        return _block(a, lo, n)
     top, nv = 0, 0
-    los[0], ns[0], state[0] = lo, n, 0
+    stack[0, 0], stack[1, 0], stack[2, 0] = lo, n, 0
     while top >= 0:
-        b, m, st = los[top], ns[top], state[top]
+        b, m, st = stack[0, top], stack[1, top], stack[2, top]
         top -= 1
         if m <= 128:
             vals[nv] = _block(a, b, m)
@@ -616,9 +634,9 @@ def pairwise(a, lo, n):
         else:
             h = m // 2
             h -= h % 8
-            los[top + 1], ns[top + 1], state[top + 1] = b, m, 1
-            los[top + 2], ns[top + 2], state[top + 2] = b + h, m - h, 0
-            los[top + 3], ns[top + 3], state[top + 3] = b, h, 0
+            stack[0, top + 1], stack[1, top + 1], stack[2, top + 1] = b, m, 1
+            stack[0, top + 2], stack[1, top + 2], stack[2, top + 2] = b + h, m - h, 0
+            stack[0, top + 3], stack[1, top + 3], stack[2, top + 3] = b, h, 0
             top += 3
     return vals[0]
 
