@@ -360,7 +360,7 @@ def drain_setup(mu, sd, points):
     x = np.empty((D, points))
     groups = np.empty((D * n, 4), np.int64)
     gm, gs, count = np.empty(D * n), np.empty(D * n), np.empty(D * n)
-    perm = np.arange(n)   # the rows in the last row's order of (mu, sd): the next row's sort starts from it
+    perm = np.arange(n)   # the columns, the last row's near ones first in their (mu, sd) order: the next sort's start
     m, s, ids, rest = np.empty(n), np.empty(n), np.empty(n, np.int64), np.empty(n, np.int64)
     g = 0
     for d in range(D):
