@@ -619,7 +619,15 @@ def test_the_compiled_drain_gives_the_numpy_form_to_the_bit(monkeypatch):
         if t % 11 == 0:   # degenerate and non-finite grids
             mu[0], sd[0] = 5.0, 0.0
             mu[-1, 0] = [np.nan, np.inf][t % 2]
+        if t % 13 == 0:   # NaN anywhere in a row (np.max's NaN wins)
+            [mu, sd][t % 2][int(rng.integers(D)), int(rng.integers(mu.shape[1]))] = np.nan
         cases.append((mu, sd))
+    for n in (3, 70, 300):   # rows in random orders, many distinct pairs (the sort's fallback)
+        mu = rng.uniform(10, 300, (5, n))
+        cases.append((mu, np.sqrt(mu) * rng.choice([0.0, 1.0, 1.0, 2.0], (5, n))))
+    for _ in range(8):   # bounds of either zero sign (no sum depends on the sign)
+        row = rng.permutation([-0.0, 0.0, -3.0, 0.0, -0.0, -0.0, -2.0])   # lo = 0 or -0
+        cases.append((np.array([row, row]), np.array([(row < 0) * 1.0, (row < 0) * 0.5])))
     with np.errstate(all="ignore"):
         got = [drain.expected_maxes(mu, sd) for mu, sd in cases]
         monkeypatch.setattr(search, "COMPILED", False)

@@ -59,8 +59,7 @@ def expected_maxes(mu: np.ndarray, sd: np.ndarray, points: int = 256) -> np.ndar
     arithmetic (the same bits) in a few calls for all d: the grids, the groups (sorted by d, then mu, then sd),
     and the trapezoid sums at once; the powers and products per d (`_cdf_products`). Compiled
     (`kit.search.COMPILED`, float64 arrays): the same operations in kernels, with numpy's tanh and power between
-    them on the arguments that are not saturated (`kernels.drain_setup`)."""
-    from . import search
+    them on the arguments that are not saturated (`kernels.drain_setup`, `kernels.drain_sums`)."""
     if search.COMPILED and mu.dtype == sd.dtype == np.float64 and points >= 2 and mu.ndim == 2 and mu.shape[1]:
         return _compiled(mu, sd, points)
     out = np.empty(mu.shape[0])
@@ -88,15 +87,19 @@ def expected_maxes(mu: np.ndarray, sd: np.ndarray, points: int = 256) -> np.ndar
 
 
 def _compiled(mu: np.ndarray, sd: np.ndarray, points: int) -> np.ndarray:
-    """expected_maxes in kernels (the same operations), tanh and power as numpy's calls between them."""
+    """expected_maxes in kernels (the same operations), tanh and power as numpy's calls between them: the groups'
+    tanh arguments (those numpy's power raises first), their CDFs and powers, and the products' trapezoid sums."""
     mu, sd = np.ascontiguousarray(mu), np.ascontiguousarray(sd)
-    lo, hi, x, odd, gd, gc, off, size, c = kernels.drain_setup(mu, sd, points)
-    np.tanh(c, out=c)
-    raised, ex, at = kernels.drain_cdfs(c, gd, gc, off, size, lo.size)
-    np.power(raised, ex, out=raised)
-    out = kernels.drain_sums(x, lo, hi, c, gd, off, size, mu, sd, odd, raised, at)
-    for d in np.flatnonzero(np.isnan(out)).tolist():   # other degenerate grids: the one-row form
-        out[d] = expected_max(mu[d], sd[d], points, grouped=True)
+    args, power, groups = kernels.drain_setup(mu, sd, points)
+    np.tanh(args, out=args)
+    if power.size:
+        base = args[:power.size]
+        kernels.drain_bases(base)
+        np.power(base, power, out=base)
+    out, again = kernels.drain_sums(args, groups, mu, sd, points)
+    if again:
+        for d in np.flatnonzero(np.isnan(out)).tolist():   # other degenerate grids: the one-row form
+            out[d] = expected_max(mu[d], sd[d], points, grouped=True)
     return out
 
 
@@ -172,3 +175,6 @@ def _steps(points: int) -> np.ndarray:
         base = _STEPS[points] = np.arange(points, dtype=np.float64)
         base.flags.writeable = False
     return base
+
+
+from . import search  # noqa: E402  (kit.search imports this module; its COMPILED switch is read per call)

@@ -575,51 +575,75 @@ def finish_moments(e, e3, rem, mu, sd):
 # gathered arguments. A CDF argument above SATURATED has tanh exactly 1, so its CDF, its power and its factor in
 # the product are exactly 1: the arguments rise along the grid, and each group's are cut where they pass it.
 SATURATED = 22.0
+Z_SATURATED = 7.639154673522217   # about the z where (z + 0.044715 z^3) x 0.7978845608028654 reaches SATURATED
+_CDF, _RAISED, _SQUARED = 0, 1, 2   # a group's factor: its CDF; its CDF ** count (numpy's power); its CDF squared
 
 
 @njit(cache=True, nogil=True)
 def drain_setup(mu, sd, points):
-    """expected_maxes' grids and CDF arguments for rows d of [D, n] arrays (the same operations): lo, hi, x [D,
-    points] (i x step + lo, the last point hi), `odd` (a degenerate or non-finite grid: the caller's one-row form),
-    the groups (`drain._row_groups` over the rows with sd > 0 and mu + 6 sd > lo: d, mu, sd, count, ascending),
-    and per group the tanh arguments of its grid points below saturation (`args[off[g]:off[g] + size[g]]`)."""
+    """expected_maxes' groups and tanh arguments for the rows d of [D, n] arrays (the same operations): per row
+    with a proper grid (`_drain_bounds`), `drain._row_groups`' distinct (mu, sd) pairs (ascending) among the rows
+    with sd > 0 and mu + 6 sd > lo, and per group the tanh arguments of its grid points below saturation. Returns
+    (the arguments, the groups raised by numpy's power first; those groups' exponents, one per argument; the
+    groups [G, 4]: row d, offset in the arguments, size, factor kind (`_drain_row_groups`))."""
     D, n = mu.shape
-    lo, hi = np.empty(D), np.empty(D)
-    odd = np.zeros(D, np.bool_)
     x = np.empty((D, points))
+    groups = np.empty((D * n, 4), np.int64)
+    gm, gs, count = np.empty(D * n), np.empty(D * n), np.empty(D * n)
+    perm = np.arange(n)   # the columns, the last row's near ones first in their (mu, sd) order: the next sort's start
+    m, s, ids, rest = np.empty(n), np.empty(n), np.empty(n, np.int64), np.empty(n, np.int64)
+    g = 0
     for d in range(D):
-        a, b = mu[d, 0] - 6.0 * sd[d, 0], mu[d, 0] + 6.0 * sd[d, 0]
-        for r in range(1, n):
-            a = max(a, mu[d, r] - 6.0 * sd[d, r])
-            b = max(b, mu[d, r] + 6.0 * sd[d, r])
-        step = (b - a) / (points - 1)
-        lo[d], hi[d] = a, b
-        odd[d] = not (math.isfinite(a) and math.isfinite(b) and b - a > 0.0 and step != 0.0)
-        for i in range(points):
-            x[d, i] = float(i) * step + a
-        x[d, points - 1] = b
-    gd, gm, gs, gc = _groups(mu, sd, lo, odd)
-    off = np.empty(gd.shape[0], np.int64)
-    size = np.empty(gd.shape[0], np.int64)
-    args = np.empty(gd.shape[0] * points)
-    k = 0
-    for g in range(gd.shape[0]):
-        d, m, s = gd[g], gm[g], gs[g]
-        a, b = 0, points   # the first saturated point, by bisection (the arguments do not fall along the grid)
-        while a < b:
-            h = (a + b) // 2
-            if _cdf_argument(x[d, h], m, s) > SATURATED:
-                b = h
+        lo, hi, step, odd = _drain_bounds(mu, sd, d, points)
+        if odd:
+            continue
+        _drain_grid(x[d], lo, hi, step)
+        k, r = 0, 0
+        for j in range(n):
+            i = perm[j]
+            if sd[d, i] > 0.0 and mu[d, i] + 6.0 * sd[d, i] > lo:
+                m[k], s[k], ids[k] = mu[d, i], sd[d, i], i
+                k += 1
             else:
-                a = h + 1
-        off[g], size[g] = k, a
-        for i in range(a):
-            args[k + i] = _cdf_argument(x[d, i], m, s)
-        k += a
-    return lo, hi, x, odd, gd, gc, off, size, args[:k]
+                rest[r] = i
+                r += 1
+        _sort_pairs(m, s, ids, k)
+        perm[:k], perm[k:] = ids[:k], rest[:r]
+        g = _drain_row_groups(groups, gm, gs, count, g, d, m[:k], s[:k], x[d], lo, step)
+    return _drain_arguments(x, groups[:g], gm, gs, count)
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _drain_bounds(mu, sd, d, points):
+    """Row d's grid: lo = max(mu - 6 sd), hi = max(mu + 6 sd) (np.max's: NaN wins), step = (hi - lo) / (points - 1),
+    and whether it is degenerate or not finite (the caller's one-row form). Four running maxima of every fourth
+    row (the order of a maximum can only change the sign of a zero bound, which no sum depends on)."""
+    m, s, n = mu[d], sd[d], mu.shape[1]
+    a0, b0 = m[0] - 6.0 * s[0], m[0] + 6.0 * s[0]
+    a1, b1, a2, b2, a3, b3 = a0, b0, a0, b0, a0, b0
+    top = 1 + (n - 1) // 4 * 4
+    for r in range(1, top, 4):
+        a0, b0 = maximum(a0, m[r] - 6.0 * s[r]), maximum(b0, m[r] + 6.0 * s[r])
+        a1, b1 = maximum(a1, m[r + 1] - 6.0 * s[r + 1]), maximum(b1, m[r + 1] + 6.0 * s[r + 1])
+        a2, b2 = maximum(a2, m[r + 2] - 6.0 * s[r + 2]), maximum(b2, m[r + 2] + 6.0 * s[r + 2])
+        a3, b3 = maximum(a3, m[r + 3] - 6.0 * s[r + 3]), maximum(b3, m[r + 3] + 6.0 * s[r + 3])
+    for r in range(top, n):
+        a0, b0 = maximum(a0, m[r] - 6.0 * s[r]), maximum(b0, m[r] + 6.0 * s[r])
+    a, b = maximum(maximum(a0, a1), maximum(a2, a3)), maximum(maximum(b0, b1), maximum(b2, b3))
+    step = (b - a) / (points - 1)
+    return a, b, step, not (math.isfinite(a) and math.isfinite(b) and b - a > 0.0 and step != 0.0)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _drain_grid(x, lo, hi, step):
+    """x[i] = i x step + lo, the last point hi (drain._linspace)."""
+    last = x.shape[0] - 1
+    for i in range(last):
+        x[i] = float(i) * step + lo
+    x[last] = hi
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _cdf_argument(x, m, s):
     """The argument of tanh in `drain.normal_cdf((x - m) / s)`, in its operations' order."""
     z = (x - m) / s
@@ -627,102 +651,153 @@ def _cdf_argument(x, m, s):
 
 
 @njit(cache=True, nogil=True)
-def _groups(mu, sd, lo, odd):
-    """`drain._row_groups` over the rows d not `odd`, with near = sd > 0 and mu + 6 sd > lo[d]."""
-    D, n = mu.shape
-    gd, gm = np.empty(D * n, np.int64), np.empty(D * n)
-    gs, gc = np.empty(D * n), np.empty(D * n)
-    g = 0
-    m, s = np.empty(n), np.empty(n)
-    for d in range(D):
-        k = 0
-        for i in range(n):
-            if not odd[d] and sd[d, i] > 0.0 and mu[d, i] + 6.0 * sd[d, i] > lo[d]:
-                m[k], s[k] = mu[d, i], sd[d, i]
-                k += 1
-        order = np.argsort(m[:k])
-        for i in range(1, k):   # ties of mu by sd (insertion: the runs of equal mu are short)
-            j, o = i, order[i]
-            while j > 0 and m[order[j - 1]] == m[o] and s[order[j - 1]] > s[o]:
-                order[j] = order[j - 1]
-                j -= 1
-            order[j] = o
-        for i in range(k):
-            a, b = m[order[i]], s[order[i]]
-            if i > 0 and a == gm[g - 1] and b == gs[g - 1]:
-                gc[g - 1] += 1.0
-            else:
-                gd[g], gm[g], gs[g], gc[g] = d, a, b, 1.0
-                g += 1
-    return gd[:g], gm[:g], gs[:g], gc[:g]
+def _sort_pairs(m, s, ids, k):
+    """Sorts m[:k] ascending, ties by s, in place (ids along): insertion from the order given (a few moves where it
+    is nearly sorted); past 4 k + 16 moves, numba's argsort and an insertion of the ties. The pairs are finite."""
+    moves = 0
+    for i in range(1, k):
+        j, a, b, o = i, m[i], s[i], ids[i]
+        while j > 0 and (m[j - 1] > a or (m[j - 1] == a and s[j - 1] > b)):
+            m[j], s[j], ids[j] = m[j - 1], s[j - 1], ids[j - 1]
+            j -= 1
+        m[j], s[j], ids[j] = a, b, o
+        moves += i - j
+        if moves > 4 * k + 16:
+            order = np.argsort(m[:k])
+            for q in range(1, k):
+                j, o = q, order[q]
+                while j > 0 and m[order[j - 1]] == m[o] and s[order[j - 1]] > s[o]:
+                    order[j] = order[j - 1]
+                    j -= 1
+                order[j] = o
+            m[:k], s[:k], ids[:k] = m[order], s[order], ids[order]
+            return
 
 
 @njit(cache=True, nogil=True)
-def drain_cdfs(t, gd, gc, off, size, D):
-    """The CDFs (t + 1) x 0.5 from t = tanh(argument), in place, raised as numpy's `block ** count` raises them:
-    in a row whose groups do not all count 1, each group with count > 1 (x ** 1 is x exactly); a row of one group
-    of count 2 squares (numpy's fast path for a size-1 exponent of 2) here. Returns the bases numpy's power
-    raises, their exponents and their positions in t."""
-    groups = np.zeros(D, np.int64)
-    high = np.zeros(D, np.bool_)
-    for g in range(gd.shape[0]):
-        groups[gd[g]] += 1
-        high[gd[g]] |= gc[g] != 1.0
+def _drain_row_groups(groups, gm, gs, count, g, d, m, s, x, lo, step):
+    """Appends row d's groups from its sorted pairs (m, s) at g: (d, -, the number of grid points below
+    saturation, kind), their pair and count. The kind of a group: `_CDF` where all of the row's counts are 1 or
+    its count is 1 (x ** 1 is x exactly), `_SQUARED` where it is the row's only group and counts 2 (numpy's fast
+    path for a size-1 exponent of 2), else `_RAISED`. Returns the groups' new end."""
+    first = g
+    for j in range(m.shape[0]):
+        if j > 0 and m[j] == gm[g - 1] and s[j] == gs[g - 1]:
+            count[g - 1] += 1.0
+        else:
+            groups[g, 0], groups[g, 2] = d, _saturation(x, m[j], s[j], lo, step)
+            gm[g], gs[g], count[g] = m[j], s[j], 1.0
+            g += 1
+    high = False
+    for q in range(first, g):
+        high |= count[q] != 1.0
+    for q in range(first, g):
+        kind = _CDF if not high or count[q] == 1.0 else _RAISED
+        groups[q, 3] = _SQUARED if kind == _RAISED and g - first == 1 and count[q] == 2.0 else kind
+    return g
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _saturation(x, m, s, lo, step):
+    """The first i with `_cdf_argument(x[i], m, s)` > SATURATED (x.size where none): the guess from Z_SATURATED
+    checked and its neighbour, else a bisection in what is left (the arguments do not fall along the grid)."""
+    a, b = 0, x.shape[0]
+    guess = (m + Z_SATURATED * s - lo) / step
+    if 1.0 <= guess < b - 1:
+        h = int(guess)
+        if _cdf_argument(x[h], m, s) > SATURATED:
+            a, b = (h if not _cdf_argument(x[h - 1], m, s) > SATURATED else a), h
+        else:
+            a, b = h + 1, (h + 1 if _cdf_argument(x[h + 1], m, s) > SATURATED else b)
+    while a < b:
+        h = (a + b) // 2
+        if _cdf_argument(x[h], m, s) > SATURATED:
+            b = h
+        else:
+            a = h + 1
+    return a
+
+
+@njit(cache=True, nogil=True)
+def _drain_arguments(x, groups, gm, gs, count):
+    """drain_setup's returns: the groups' offsets (the `_RAISED` groups first), their tanh arguments, the
+    exponents of the `_RAISED` ones."""
+    k = 0
+    for raised in (True, False):
+        for q in range(groups.shape[0]):
+            if (groups[q, 3] == _RAISED) == raised:
+                groups[q, 1] = k
+                k += groups[q, 2]
+    args, power = np.empty(k), np.empty(k)
+    kp = 0
+    for q in range(groups.shape[0]):
+        o, size = groups[q, 1], groups[q, 2]
+        xq, aq, mq, sq = x[groups[q, 0]], args[o:o + size], gm[q], gs[q]
+        for i in range(size):
+            aq[i] = _cdf_argument(xq[i], mq, sq)
+        if groups[q, 3] == _RAISED:
+            power[o:o + size] = count[q]
+            kp += size
+    return args, power[:kp], groups
+
+
+@njit(cache=True, nogil=True)
+def drain_bases(t):
+    """The CDFs (t + 1) x 0.5 from t = tanh(argument), in place: the bases numpy's power raises."""
     for j in range(t.shape[0]):
         t[j] = (t[j] + 1.0) * 0.5
-    total = 0
-    for g in range(gd.shape[0]):
-        if high[gd[g]] and gc[g] != 1.0:
-            total += size[g]
-    base, ex, at = np.empty(total), np.empty(total), np.empty(total, np.int64)
-    k = 0
-    for g in range(gd.shape[0]):
-        d = gd[g]
-        if not high[d] or gc[g] == 1.0:
-            continue
-        if groups[d] == 1 and gc[g] == 2.0:
-            for j in range(off[g], off[g] + size[g]):
-                t[j] = t[j] * t[j]
-            continue
-        for j in range(off[g], off[g] + size[g]):
-            base[k], ex[k], at[k] = t[j], gc[g], j
-            k += 1
-    return base[:k], ex[:k], at[:k]
 
 
 @njit(cache=True, nogil=True)
-def drain_sums(x, lo, hi, c, gd, off, size, mu, sd, odd, raised, at):
-    """Per row d not `odd` (NaN for the rest, but the largest mu where hi <= lo): lo[d] + the trapezoid sum
-    (np.sum's pairwise order) of 1 - F over the grid x[d], F the product (in group order) of its groups' factors c
-    (`raised` at positions `at`; the saturated ones are 1), times (x >= the largest mu of the rows with sd <= 0)
-    where row d has any."""
-    D, P = x.shape
-    for k in range(at.shape[0]):
-        c[at[k]] = raised[k]
-    F = np.ones((D, P))
-    for g in range(gd.shape[0]):
-        d, o = gd[g], off[g]
-        for i in range(size[g]):
-            F[d, i] = F[d, i] * c[o + i]
+def drain_sums(t, groups, mu, sd, points):
+    """Per row d of [D, n] arrays with a proper grid: lo + the trapezoid sum (np.sum's pairwise order) of 1 - F
+    over the grid, F the product (in group order, from 1) of its groups' factors over their sizes (the saturated
+    ones are 1): from t = tanh(argument), (t + 1) x 0.5 (`_CDF`), its square (`_SQUARED`), or t itself (`_RAISED`:
+    numpy's power of the CDF), times (x >= the largest mu of the rows with sd <= 0) where row d has any. The other
+    rows: NaN, but the largest mu where lo and hi are finite and hi <= lo. Returns (the sums, whether any is NaN)."""
+    D, n = mu.shape
     out = np.empty(D)
-    terms = np.empty(P - 1)
+    x, F, terms = np.empty(points), np.empty(points), np.empty(points - 1)
+    stack, vals = np.empty((3, 64), np.int64), np.empty(64)   # pairwise_into's
+    g, again = 0, False
     for d in range(D):
-        if odd[d]:
-            out[d] = np.nan
-            if math.isfinite(lo[d]) and math.isfinite(hi[d]) and hi[d] - lo[d] <= 0.0:
-                out[d] = mu[d].max()   # expected_max's degenerate grid: the largest mean
+        lo, hi, step, odd = _drain_bounds(mu, sd, d, points)
+        if odd:
+            out[d] = mu[d].max() if math.isfinite(lo) and math.isfinite(hi) and hi - lo <= 0.0 else np.nan
+            again |= math.isnan(out[d])
             continue
+        _drain_grid(x, lo, hi, step)
+        F[:] = 1.0
+        while g < groups.shape[0] and groups[g, 0] == d:
+            _drain_factor(F, t[groups[g, 1]:groups[g, 1] + groups[g, 2]], groups[g, 3])
+            g += 1
         cut, top = False, -math.inf
-        for r in range(mu.shape[1]):
+        for r in range(n):
             if not sd[d, r] > 0.0:
-                cut, top = True, max(top, mu[d, r])
+                cut, top = True, maximum(top, mu[d, r])
         if cut:
-            for i in range(P):
-                F[d, i] = F[d, i] * (1.0 if x[d, i] >= top else 0.0)
-        for i in range(P - 1):
-            terms[i] = (x[d, i + 1] - x[d, i]) * ((1.0 - F[d, i + 1]) + (1.0 - F[d, i])) / 2.0
-        out[d] = lo[d] + (0.0 + pairwise(terms, 0, P - 1))
-    return out
+            for i in range(points):
+                F[i] = F[i] * (1.0 if x[i] >= top else 0.0)
+        for i in range(points - 1):
+            terms[i] = (x[i + 1] - x[i]) * ((1.0 - F[i + 1]) + (1.0 - F[i])) / 2.0
+        out[d] = lo + (0.0 + pairwise_into(terms, 0, points - 1, stack, vals))
+        again |= math.isnan(out[d])
+    return out, again
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _drain_factor(F, t, kind):
+    """F[:t.size] x= one group's factors (drain_sums) from its t."""
+    if kind == _RAISED:
+        for i in range(t.shape[0]):
+            F[i] = F[i] * t[i]
+    elif kind == _CDF:
+        for i in range(t.shape[0]):
+            F[i] = F[i] * ((t[i] + 1.0) * 0.5)
+    else:
+        for i in range(t.shape[0]):
+            f = (t[i] + 1.0) * 0.5
+            F[i] = F[i] * (f * f)
 
 
 # ---- goodput's per-step loops: its estimates, weights, position search, keep gate and evidence (numpy's pairwise
@@ -762,15 +837,23 @@ def _block(a, lo, n):
 @njit(cache=True, nogil=True)
 def pairwise(a, lo, n):
     """numpy's float sum of a[lo:lo + n] (np.sum over a contiguous axis): `_block` up to 128 values, above that
-    the sum of two halves (the first a multiple of 8), evaluated with an explicit stack (no recursion)."""
+    the sum of two halves (the first a multiple of 8), evaluated with an explicit stack (no recursion:
+    `pairwise_into`)."""
     if n <= 128:
         return _block(a, lo, n)
-    los, ns, state = np.empty(64, np.int64), np.empty(64, np.int64), np.empty(64, np.int64)
-    vals = np.empty(64)
+    return pairwise_into(a, lo, n, np.empty((3, 64), np.int64), np.empty(64))
+
+
+@njit(cache=True, nogil=True)
+def pairwise_into(a, lo, n, stack, vals):
+    """`pairwise` with its stack given (stack [3, 64] int64: a part's start, size and state; vals [64]): a loop
+    that sums many rows allocates it once."""
+    if n <= 128:
+        return _block(a, lo, n)
     top, nv = 0, 0
-    los[0], ns[0], state[0] = lo, n, 0
+    stack[0, 0], stack[1, 0], stack[2, 0] = lo, n, 0
     while top >= 0:
-        b, m, st = los[top], ns[top], state[top]
+        b, m, st = stack[0, top], stack[1, top], stack[2, top]
         top -= 1
         if m <= 128:
             vals[nv] = _block(a, b, m)
@@ -781,9 +864,9 @@ def pairwise(a, lo, n):
         else:
             h = m // 2
             h -= h % 8
-            los[top + 1], ns[top + 1], state[top + 1] = b, m, 1
-            los[top + 2], ns[top + 2], state[top + 2] = b + h, m - h, 0
-            los[top + 3], ns[top + 3], state[top + 3] = b, h, 0
+            stack[0, top + 1], stack[1, top + 1], stack[2, top + 1] = b, m, 1
+            stack[0, top + 2], stack[1, top + 2], stack[2, top + 2] = b + h, m - h, 0
+            stack[0, top + 3], stack[1, top + 3], stack[2, top + 3] = b, h, 0
             top += 3
     return vals[0]
 
