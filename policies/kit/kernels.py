@@ -1549,7 +1549,7 @@ def level_moves(Ls, loff, Ns, cols):
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _level_row(L, lo, cols, dbuf, doff, oh, row):
+def _level_draft_row(L, lo, cols, dbuf, doff, oh, row):
     """Node count lo's levels' draft seconds into row: a table entry each (as np.interp gives at a grid point),
     + oh where the level has tokens."""
     for c in range(cols):
@@ -1658,7 +1658,7 @@ def _segment(prob, L, N, cols, fw, moved, steps, xs, n, ver, dbuf, doff, dlen, o
     for i in range(N):
         E[i + 1] = prob[0] if i == 0 else E[i] + prob[i]
     row, buf, r8 = np.empty(max(cols, 1)), np.empty(max(cols, 1)), np.empty(8)
-    _level_row(L, 0, cols, dbuf, doff, oh, row)
+    _level_draft_row(L, 0, cols, dbuf, doff, oh, row)
     ds = 0.0 + pairwise(row, 0, cols)
     for lo in range(N):
         i0, i1 = lo * steps, lo * steps + (steps + 1 if lo == N - 1 else steps)
@@ -1675,7 +1675,7 @@ def _segment(prob, L, N, cols, fw, moved, steps, xs, n, ver, dbuf, doff, dlen, o
             for i in range(i0 + 1, i1):
                 out[1, o + i], out[2, o + i] = _between(L, lo, xs[i] - lo, cols, dbuf, doff, dlen, oh, row, fw[lo],
                                                         buf)
-            _level_row(L, lo + 1, cols, dbuf, doff, oh, row)
+            _level_draft_row(L, lo + 1, cols, dbuf, doff, oh, row)
             ds = 0.0 + pairwise(row, 0, cols)
     return o + N * steps + 1
 
