@@ -230,8 +230,8 @@ class StepView:
                      tree_draft_time(self._cost, ctx, s.trees))
             elif which == 1:
                 t = float(self._cost.verify_time(ctx, d))
-            else:   # (a step that ran a draft forward drafted a row)
-                t = float(self._cost.draft_positions(ctx, d)[0]) if s.draft_forwards or d.any() else 0.0
+            else:
+                t = float(self._cost.draft_positions(ctx, d)[0]) if d.any() else 0.0
             pred[which] = t
         return t
 
