@@ -657,7 +657,9 @@ def test_the_compiled_steps_to_finish_give_the_numpy_form_to_the_bit(monkeypatch
     for _ in range(200):
         K, n = int(rng.integers(1, 10)), int(rng.integers(2, 100))
         steps = np.cumprod(np.vstack([np.ones(n), np.tile(rng.uniform(0, 0.99, n), (K - 1, 1))]), axis=0)
-        cases.append((np.cumsum(steps, axis=0), rng.integers(1, 500, n).astype(float)))
+        e = np.cumsum(steps, axis=0)
+        cases.append((e if len(cases) % 10 else np.asfortranarray(e), rng.integers(1, 500, n).astype(float)))
+    cases.append((np.tile(cases[0][0], 2)[:, ::2], cases[0][1]))   # a strided view
     got = [search._steps_to_finish(e, rem, True) for e, rem in cases]
     monkeypatch.setattr(search, "COMPILED", False)
     assert all(np.array_equal(g, search._steps_to_finish(e, rem, True)) for g, (e, rem) in zip(got, cases))
