@@ -179,7 +179,7 @@ def test_cost_aware_depths_compiled_chains_are_its_blocks(policy, monkeypatch):
 def _depth_case(rng, cost):
     """A CostAwareDepth with random evidence (rows' counts, the pool, position sums, fits, policy time) and a view of
     random rows (remaining tokens, lags that may need a catch-up, draining or not)."""
-    n, kmax = int(rng.integers(2, 48)), int(rng.integers(1, 9))
+    n, kmax = int(rng.integers(1, 48)), int(rng.integers(1, 9))
     view = make_view(n, remaining=rng.integers(1, 200, n), ctx=int(rng.integers(10, 4000)), cost=cost,
                      requests_left=int(rng.choice([0, 10])), max_depth=kmax)
     lag = np.where(rng.random(n) < 0.3, rng.integers(3, 40, n), rng.integers(1, 3, n)) if rng.random() < 0.6 else \
