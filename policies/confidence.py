@@ -48,11 +48,13 @@ class ConfidenceThreshold(CostAwarePolicy):
             costs, G, rate = self._depth.margin   # rows may go past k while their confidences say it pays
             self._margin = (as_padded(costs, n), G, rate)
             k = min(k + self.extend, self.cap(view))
-        depths = np.empty(n, np.int64)
-        depths.fill(k)   # (np.full's values, without its wrapper)
-        if self.cost_aware:
-            depths = self._depth.hold(depths)   # rows held back from a catch-up (`catch_up`)
-        if self.use_budget:
+        if not self.use_budget:   # k for every row, those held back from a catch-up at 0, finished, in one loop
+            depths = self.uniform(view, k)
+        else:
+            depths = np.empty(n, np.int64)
+            depths.fill(k)   # (np.full's values, without its wrapper)
+            if self.cost_aware:
+                depths = self._depth.hold(depths)   # rows held back from a catch-up (`catch_up`)
             depths = first_drafts(depths, view, k)
         if self._cum.shape == (n,):   # the running products start at 1 (in the kept array)
             self._cum.fill(1.0)
@@ -61,7 +63,7 @@ class ConfidenceThreshold(CostAwarePolicy):
         self._compiled, self._depths = search.COMPILED, None   # keep_drafting's compiled form, this step
         self._tables = self._drafting_tables(view, n) if self._compiled and self._margin is not None else None
         self._compiled = self._compiled and (self._margin is None or self._tables is not None)
-        return self.finish(depths, view)
+        return depths if not self.use_budget else self.finish(depths, view)
 
     def _drafting_tables(self, view, n: int):
         """keep_drafting's inputs past the cost rule's depth, fixed for the step (`kernels.confidence_drafting`):

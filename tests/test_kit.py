@@ -179,7 +179,7 @@ def test_cost_aware_depths_compiled_chains_are_its_blocks(policy, monkeypatch):
 def _depth_case(rng, cost):
     """A CostAwareDepth with random evidence (rows' counts, the pool, position sums, fits, policy time) and a view of
     random rows (remaining tokens, lags that may need a catch-up, draining or not)."""
-    n, kmax = int(rng.integers(2, 48)), int(rng.integers(1, 9))
+    n, kmax = int(rng.integers(1, 48)), int(rng.integers(1, 9))
     view = make_view(n, remaining=rng.integers(1, 200, n), ctx=int(rng.integers(10, 4000)), cost=cost,
                      requests_left=int(rng.choice([0, 10])), max_depth=kmax)
     lag = np.where(rng.random(n) < 0.3, rng.integers(3, 40, n), rng.integers(1, 3, n)) if rng.random() < 0.6 else \
@@ -657,7 +657,9 @@ def test_the_compiled_steps_to_finish_give_the_numpy_form_to_the_bit(monkeypatch
     for _ in range(200):
         K, n = int(rng.integers(1, 10)), int(rng.integers(2, 100))
         steps = np.cumprod(np.vstack([np.ones(n), np.tile(rng.uniform(0, 0.99, n), (K - 1, 1))]), axis=0)
-        cases.append((np.cumsum(steps, axis=0), rng.integers(1, 500, n).astype(float)))
+        e = np.cumsum(steps, axis=0)
+        cases.append((e if len(cases) % 10 else np.asfortranarray(e), rng.integers(1, 500, n).astype(float)))
+    cases.append((np.tile(cases[0][0], 2)[:, ::2], cases[0][1]))   # a strided view
     got = [search._steps_to_finish(e, rem, True) for e, rem in cases]
     monkeypatch.setattr(search, "COMPILED", False)
     assert all(np.array_equal(g, search._steps_to_finish(e, rem, True)) for g, (e, rem) in zip(got, cases))

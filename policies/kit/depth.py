@@ -219,7 +219,8 @@ def _fused_depth(d: CostAwareDepth, view, kmax: int) -> int | None:
     compiled call, the same operations: `kernels.uniform_plan` while rows may still join, else
     `kernels.drain_plan`, the drain's expected maxima (`search._steps_to_finish`) and `kernels.ratio_best`. The
     catch-up (where a row lags) and the probe as `_best_depth` runs them. None where the calls do not apply (a
-    single row, no position factors, a padded verify fit, other dtypes): `_best_depth` runs the blocks."""
+    single row while rows may join, no position factors, a padded verify fit, other dtypes): `_best_depth` runs
+    the blocks."""
     args = _fused_args(d, view, kmax)
     if args is None:
         return None
@@ -278,8 +279,8 @@ def _fused_args(d: CostAwareDepth, view, kmax: int):
     counts, the pool, the position sums and options, kmax, remaining, draft_lag), or None where the kernels do not
     apply."""
     n = view.batch_size
-    if n < 2 or not d.positions or d._calib.pad:
-        return None
+    if n < (1 if d.drain and view.requests_left == 0 else 2) or not d.positions or d._calib.pad:
+        return None   # (one row: the drain's kernel only)
     tables = d._costs.update(view, kmax)
     pos = d._pos
     rem, lag = view.remaining, view.draft_lag

@@ -90,7 +90,19 @@ def _compiled(mu: np.ndarray, sd: np.ndarray, points: int) -> np.ndarray:
     """expected_maxes in kernels (the same operations), tanh and power as numpy's calls between them: the groups'
     tanh arguments (those numpy's power raises first), their CDFs and powers, and the products' trapezoid sums."""
     mu, sd = np.ascontiguousarray(mu), np.ascontiguousarray(sd)
-    args, power, groups = kernels.drain_setup(mu, sd, points)
+    return _sums(mu, sd, points, *kernels.drain_setup(mu, sd, points))
+
+
+def finish_maxes(e: np.ndarray, rem: np.ndarray, points: int = 256) -> np.ndarray:
+    """expected_maxes(rem / e, sd) of `search._steps_to_finish`'s normal approximation for float64 [depths, rows]
+    expected tokens e and the rows' remaining tokens rem: the moments and the groups in one kernel
+    (`kernels.finish_setup`; e ** 3 numpy's power), then `_compiled`'s tanh, powers and sums."""
+    mu, sd, args, power, groups = kernels.finish_setup(e, e ** 3, rem, points)
+    return _sums(mu, sd, points, args, power, groups)
+
+
+def _sums(mu, sd, points, args, power, groups):
+    """The end of `_compiled` from drain_setup's returns: numpy's tanh and power, then kernels.drain_sums."""
     np.tanh(args, out=args)
     if power.size:
         base = args[:power.size]

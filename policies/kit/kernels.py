@@ -552,20 +552,21 @@ def ratio_best(num, S, T):
     return best, bg
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def finish_moments(e, e3, rem, mu, sd):
     """`search._steps_to_finish`'s normal approximation: per depth k and row i, the mean rem_i / e[k, i] steps and
     its sd, sqrt(rem_i x max(L2 - (e - 1)^2, 0) / e3), L2[k] the running sum over p < k of (2p + 1) x
     (e[p + 1] - e[p]) (np.cumsum's order); e3 = e ** 3 (numpy's power). Written into mu and sd."""
     K, n = e.shape
-    for i in range(n):
-        L = 0.0
-        for k in range(K):
+    L = np.zeros(n)   # per row, the running sum (depth by depth over the rows: loops the compiler vectorises)
+    for k in range(K):
+        c = 2.0 * (k - 1) + 1.0
+        for i in range(n):
             if k > 0:
-                t = (2.0 * (k - 1) + 1.0) * (e[k, i] - e[k - 1, i])
-                L = t if k == 1 else L + t
+                t = c * (e[k, i] - e[k - 1, i])
+                L[i] = t if k == 1 else L[i] + t
             w = e[k, i] - 1.0
-            v = L - w * w
+            v = L[i] - w * w
             mu[k, i] = rem[i] / e[k, i]
             sd[k, i] = math.sqrt(rem[i] * (v if v >= 0.0 or math.isnan(v) else 0.0) / e3[k, i])   # np.maximum
 
@@ -579,7 +580,7 @@ Z_SATURATED = 7.639154673522217   # about the z where (z + 0.044715 z^3) x 0.797
 _CDF, _RAISED, _SQUARED = 0, 1, 2   # a group's factor: its CDF; its CDF ** count (numpy's power); its CDF squared
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def drain_setup(mu, sd, points):
     """expected_maxes' groups and tanh arguments for the rows d of [D, n] arrays (the same operations): per row
     with a proper grid (`_drain_bounds`), `drain._row_groups`' distinct (mu, sd) pairs (ascending) among the rows
@@ -718,7 +719,7 @@ def _saturation(x, m, s, lo, step):
     return a
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _drain_arguments(x, groups, gm, gs, count):
     """drain_setup's returns: the groups' offsets (the `_RAISED` groups first), their tanh arguments, the
     exponents of the `_RAISED` ones."""
@@ -748,7 +749,7 @@ def drain_bases(t):
         t[j] = (t[j] + 1.0) * 0.5
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def drain_sums(t, groups, mu, sd, points):
     """Per row d of [D, n] arrays with a proper grid: lo + the trapezoid sum (np.sum's pairwise order) of 1 - F
     over the grid, F the product (in group order, from 1) of its groups' factors over their sizes (the saturated
@@ -798,6 +799,16 @@ def _drain_factor(F, t, kind):
         for i in range(t.shape[0]):
             f = (t[i] + 1.0) * 0.5
             F[i] = F[i] * (f * f)
+
+
+@njit(cache=True, nogil=True)
+def finish_setup(e, e3, rem, points):
+    """`search._steps_to_finish`'s moments (`finish_moments` into new arrays mu, sd) and `drain_setup` on them, in
+    one call: (mu, sd, the tanh arguments, the exponents, the groups)."""
+    mu, sd = np.empty(e.shape), np.empty(e.shape)
+    finish_moments(e, e3, rem, mu, sd)
+    args, power, groups = drain_setup(mu, sd, points)
+    return mu, sd, args, power, groups
 
 
 # ---- goodput's per-step loops: its estimates, weights, position search, keep gate and evidence (numpy's pairwise

@@ -8,7 +8,7 @@ import numpy as np
 from . import kernels
 from .acceptance import expected_tokens
 from .cost import StepCost
-from .drain import expected_maxes
+from .drain import expected_maxes, finish_maxes
 
 
 def plan_by_position(S: np.ndarray, costs, G0: float = 0.0, tie: np.ndarray | None = None,
@@ -383,10 +383,8 @@ def _steps_to_finish(e: np.ndarray, rem: np.ndarray, spread: bool) -> np.ndarray
     (`spread`, more than one row) the expected maximum of the rows' about normal finishing steps."""
     if not spread or rem.size == 1:   # (one row: its mean, exactly)
         return (rem[None, :] / e).max(axis=1)
-    if COMPILED and e.dtype == rem.dtype == np.float64:
-        mu, sd = np.empty(e.shape), np.empty(e.shape)
-        kernels.finish_moments(e, e ** 3, rem, mu, sd)
-        return expected_maxes(mu, sd)
+    if COMPILED and e.dtype == rem.dtype == np.float64 and e.ndim == 2 and rem.shape == (e.shape[1],):
+        return finish_maxes(e, rem)   # (kernels.finish_moments, then expected_maxes' compiled form)
     surv = np.diff(e, axis=0)   # [p, row]: P(drafts 0..p survive)
     L2 = np.concatenate([np.zeros((1, e.shape[1])),
                          np.cumsum((2.0 * np.arange(e.shape[0] - 1) + 1.0)[:, None] * surv, axis=0)])
