@@ -107,15 +107,15 @@ class Goodput(Policy):
         return self._step.drafting.keep(view, position, confidence, self._pool.positions)
 
     def observe(self, view, accepted):
+        drafted = view.drafted   # (read once)
         if self.policy_time:
             self._ptime.observe(view)
         if self.catch_up and self.cost != "clock":
             self._pad.observe(view, self._calib)
         if self.cost == "calibrated" and not self._step.kept:
-            self._calib.observe(view, pad_extra(self._costs, view.drafted, view))
-        if gates.drafts(view.drafted):   # nothing drafted, nothing learned of the draft
-            est = self._step.est   # (the plan's rows: a step's batch is the same from plan to observe)
-            self._pool.observe(view, accepted, est.rows, est.a, self.est.pool_memory)
+            self._calib.observe(view, pad_extra(self._costs, drafted, view))
+        if gates.drafts(drafted):   # nothing drafted, nothing learned of the draft; the plan's rows (the same batch)
+            self._pool.observe(view, accepted, self._step.est.rows, self._step.est.a, self.est.pool_memory, drafted)
 
     def _estimate(self, view, K, ids=None) -> SimpleNamespace:
         """Each row's calibration, acceptance estimate and slot survivals (S0; S: 0 past its end); ids: the view's."""
