@@ -25,7 +25,8 @@ class Step:
     """One plan's record; each field is written by one phase of `Goodput.plan`."""
     G0: float                    # the Dinkelbach start: the last plan's goodput
     kept: bool = False           # an idle plan kept (`idle_replan`): no phase ran
-    est: SimpleNamespace = None  # estimate: a, cal (per row), S0, S (slot survivals), rowcap, rows, rem, f (factors)
+    est: SimpleNamespace = None  # estimate: a, cal (per row), S0, S (slot survivals), rowcap, rows, rem, f, lag
+    #                              (lag: view.draft_lag, read once for the catch-up gate and CatchUpPadding.planned)
     costs: object = None         # price: the step-time tables
     weights: SimpleNamespace = None   # weigh: w, drained, p_min, fixed
     planned: np.ndarray = None   # search: the plan's depths
@@ -97,7 +98,7 @@ class Goodput(Policy):
         r.drafting, depths = self._extend(view, r)
         self._idle.record(view, gates.drafts(depths))
         if self.catch_up and self.cost != "clock":
-            self._pad.planned(view, depths > 0)
+            self._pad.planned(view, depths > 0, lag=r.est.lag)
         return depths
 
     def keep_drafting(self, view, position, confidence):
@@ -106,15 +107,15 @@ class Goodput(Policy):
         return self._step.drafting.keep(view, position, confidence, self._pool.positions)
 
     def observe(self, view, accepted):
+        drafted = view.drafted   # (read once)
         if self.policy_time:
             self._ptime.observe(view)
         if self.catch_up and self.cost != "clock":
             self._pad.observe(view, self._calib)
         if self.cost == "calibrated" and not self._step.kept:
-            self._calib.observe(view, pad_extra(self._costs, view.drafted, view))
-        if gates.drafts(view.drafted):   # nothing drafted, nothing learned of the draft
-            est = self._step.est   # (the plan's rows: a step's batch is the same from plan to observe)
-            self._pool.observe(view, accepted, est.rows, est.a, self.est.pool_memory)
+            self._calib.observe(view, pad_extra(self._costs, drafted, view))
+        if gates.drafts(drafted):   # nothing drafted, nothing learned of the draft; the plan's rows (the same batch)
+            self._pool.observe(view, accepted, self._step.est.rows, self._step.est.a, self.est.pool_memory, drafted)
 
     def _estimate(self, view, K, ids=None) -> SimpleNamespace:
         """Each row's calibration, acceptance estimate and slot survivals (S0; S: 0 past its end); ids: the view's."""
@@ -123,7 +124,7 @@ class Goodput(Policy):
         a = self._alpha(rows, cal)
         rem, f = view.remaining, self._pool.positions.factor(K)
         S0, S, rowcap = survivals(a, f, view, K, rem)
-        return SimpleNamespace(a=a, cal=cal, S0=S0, S=S, rowcap=rowcap, rows=rows, rem=rem, f=f)
+        return SimpleNamespace(a=a, cal=cal, S0=S0, S=S, rowcap=rowcap, rows=rows, rem=rem, f=f, lag=view.draft_lag)
 
     def _alpha(self, rows, cal) -> np.ndarray:
         e = self.est
@@ -158,11 +159,11 @@ class Goodput(Policy):
 
     def _gate(self, view, r):
         """Catch-up, then the drain's makespan, then (where nothing drafts) the probe."""
-        n, S, costs, w = view.batch_size, r.est.S, r.costs, r.weights.w
-        depths, G = r.planned, r.G_plan
+        n, S, costs, w, depths, G = view.batch_size, r.est.S, r.costs, r.weights.w, r.planned, r.G_plan
         if self.catch_up and gates.drafts(depths):
+            price = lambda: gates.catch_up_pricing(view, self.cost, self._pad, self._calib)   # noqa: E731
             depths, G = gates.catch_up(view, depths, S, costs, G, r.weights, self._pool, self.est.calibration_prior,
-                                       lambda: gates.catch_up_pricing(view, self.cost, self._pad, self._calib))
+                                       price, r.est.lag)
         judged = self._pool.verified >= self.est.calibration_prior + n
         if gates.ends_later(depths, S, costs, G, r.weights, r.est.rem, self._stream.closed, judged):
             return np.zeros(n, np.int64), float(n if w is None else w.sum()) / float(costs.verify[0]), False

@@ -119,10 +119,11 @@ class Evidence:
         self._vc = self._vc * keep + verified_conf
         self._vn = self._vn * keep + verified
 
-    def observe(self, view, accepted: np.ndarray, rows, estimate: np.ndarray, memory: float) -> None:
+    def observe(self, view, accepted: np.ndarray, rows, estimate: np.ndarray, memory: float, drafted=None) -> None:
         """A verified step's counts: into each row's sums (`rows`, goodput's PerRequest fields) and, forgetting with
-        a memory of `memory` drafted tokens, the batch's, and the position factors (at the rows' `estimate`)."""
-        drafted, conf = view.drafted, view.confidences
+        a memory of `memory` drafted tokens, the batch's, and the position factors (at the rows' `estimate`).
+        `drafted`: view.drafted, where the caller read it."""
+        drafted, conf = view.drafted if drafted is None else drafted, view.confidences
         if search.COMPILED and accepted.dtype == drafted.dtype == np.int64 and (conf is None or conf.dtype == float):
             return self._observe_compiled(drafted, accepted, conf, rows, estimate, memory)
         rej = (accepted < drafted).astype(float)

@@ -98,12 +98,13 @@ def catch_up_pricing(view, cost: str, pad, calib):
     return view.cost, pad.verdict(cost == "calibrated" and bool(calib.pad))
 
 
-def catch_up(view, depths, S, costs, G, weights, evidence, calibration_prior, pricing):
+def catch_up(view, depths, S, costs, G, weights, evidence, calibration_prior, pricing, lag=None):
     """Rows whose draft lags (view.draft_lag > 2) resume only where the plan's gain over the steps it is expected
     to go on pays for their catch-up (`kit.plan_pays_catch_up`; draining, till the run ends); else no lagging row
     drafts and the others are planned again without them. On thin evidence only the rows whose catch-up costs at
-    most one idle step resume (`kit.catch_up_rows`). `pricing()`: (cost, padded) to price it. Returns (depths, G)."""
-    lag = view.draft_lag
+    most one idle step resume (`kit.catch_up_rows`). `pricing()`: (cost, padded) to price it; `lag`: view.draft_lag
+    where read already. Returns (depths, G)."""
+    lag = view.draft_lag if lag is None else lag
     if search.COMPILED and depths.dtype == lag.dtype == np.int64 and not kernels.any_late(depths, lag):
         return depths, G   # (compiled: no row that drafts lags)
     late = (depths > 0) & (lag > 2)

@@ -170,9 +170,9 @@ class CatchUpPadding:
         self.caught_up = False   # the last plan drafted a row whose draft lagged (CostCalibration.observe)
         self._est = None
 
-    def planned(self, view, drafting: np.ndarray, cost=None) -> None:
-        self._est = None
-        self.caught_up = not _lag_at_most(view.draft_lag, drafting, 2)
+    def planned(self, view, drafting: np.ndarray, cost=None, lag=None) -> None:
+        self._est = None   # (lag: view.draft_lag, where the caller read it this step)
+        self.caught_up = not _lag_at_most(view.draft_lag if lag is None else lag, drafting, 2)
         if self.caught_up:
             self._est = (catch_up_s(view, drafting, cost, False), catch_up_s(view, drafting, cost, True))
 
