@@ -2000,7 +2000,7 @@ def _block_tokens(out, o, lo, i0, i1, n, e0, de, xs, vx):
 def _segment_heads(prob, L, N, C, fw, moved, steps, xs, vx, n, dr, oh, out, o, head, b):
     """`candidate_heads` of one segment (`_segment`'s arithmetic, the blocks from b); returns whether its
     probabilities are finite and >= 0."""
-    row, r8 = np.empty(max(C, 1)), np.empty(8)
+    row = np.empty(max(C, 1))
     _level_draft_row(L, 0, C, dr, 0, oh, row)
     ds, e1, ok = 0.0 + pairwise(row, 0, C), 0.0, True
     for lo in range(N):
@@ -2018,11 +2018,10 @@ def _segment_heads(prob, L, N, C, fw, moved, steps, xs, vx, n, dr, oh, out, o, h
         head[3, b + lo] = 1.0 if m == -1 else 0.0
         for r in range(4):
             head[4 + r, b + lo] = out[r, o + i0]
-        if m >= 0:   # `_moved_run`'s move of row to node count lo + 1
-            parts = _swap_parts(row, C, m, r8)
+        if m >= 0:   # row to node count lo + 1 (its sum: np.sum's, as `_moved_run`'s)
             a = L[lo + 1, m]
             row[m] = dr[a] + (oh if a > 0 else oh * 0.0)
-            ds = 0.0 + _swap_sum(row, C, row[m], parts)
+            ds = 0.0 + pairwise(row, 0, C)
         elif m == -2:
             _level_draft_row(L, lo + 1, C, dr, 0, oh, row)
             ds = 0.0 + pairwise(row, 0, C)
