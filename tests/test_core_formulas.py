@@ -98,6 +98,12 @@ def test_step_time_tables_equal_the_per_shape_calls(compose, hw, model, extra):
             qs = np.arange(0, 20)
             want = [cost.draft_forward(c, np.full(n, q, np.int64))[0] for q in qs]
             assert cost.draft_forward_times(c, qs).tolist() == want
+            assert cost.verify_times(c, xs).tolist() == _per_point(cost, CostModel.verify_times, c, xs)
+        # draft_level_times (a draft tree's level forwards) is draft_forward per level, to the bit
+        q = rng.integers(0, 4, (n, 6)) * (rng.random((n, 6)) < 0.7)
+        q[:, 0] = 1
+        want = [cost.draft_forward(ctx[q[:, lv] != 0] + lv, q[q[:, lv] != 0, lv])[0] for lv in range(6)]
+        assert cost.draft_level_times(ctx, q).tolist() == want
 
 
 def _per_point(cost, method, *args) -> list:

@@ -431,3 +431,42 @@ def test_confidence_means_refuse_rows_past_the_confidences():
         rc.observe([T.chain(2), T.chain(3), T.chain(2)], np.full((2, 4), 0.5))
     with pytest.raises(ValueError):
         rc.observe(T.chain(6), np.full((2, 4), 0.5))
+
+
+def test_pruned_best_is_best_candidate():
+    """kernels.candidate_heads + fill_blocks give kernels.candidates' parts, and best_pruned (filling blocks as it
+    goes, called again on the same parts) answers what best_candidate answers over every candidate, under tables
+    and calibrations where its bounds hold and where they do not (a falling table, negative scales)."""
+    from specdepth.policies.kit import kernels as KT
+    rng = np.random.default_rng(10)
+    for case in range(60):
+        S, steps, n = int(rng.integers(1, 5)), int(rng.integers(1, 9)), int(rng.integers(1, 80))
+        Ls, probs, Ns, cs = [], [], [], []
+        for _ in range(S):
+            N, cols = int(rng.integers(1, 25)), int(rng.integers(1, 20))
+            moves = np.arange(cols) == rng.integers(0, cols, (N + 1, 1))   # one level a node
+            if case % 3:
+                moves = rng.random((N + 1, cols)) < 0.3
+            Ls.append(np.cumsum(rng.integers(0, 3, (N + 1, cols)) * moves, axis=0).ravel())
+            probs.append(np.sort(rng.uniform(0, 0.6, N))[::-1])
+            Ns.append(N), cs.append(cols)
+        flat, loff = np.concatenate(Ls), np.concatenate([[0], np.cumsum([a.size for a in Ls])[:-1]]).astype(np.int64)
+        prob, poff = np.concatenate(probs), np.concatenate([[0], np.cumsum(Ns)[:-1]]).astype(np.int64)
+        Ns, cs = np.array(Ns, np.int64), np.array(cs, np.int64)
+        fw, moved = KT.level_moves(flat, loff, Ns, cs)
+        ver = np.cumsum(rng.uniform(0, 1, Ns.max() + 3)) + 1.0
+        dr = np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1, int(flat.max()) + 3))])
+        if case % 7 == 3:
+            dr[2:] = dr[2:][::-1]   # not monotone: no bounds
+        oh = float(rng.choice([0.0, 0.25]))
+        want = KT.candidates(prob, poff, flat, loff, Ns, cs, fw, moved, steps, n, ver, dr, oh)
+        coff = np.concatenate([[0], np.cumsum(Ns * steps + 1)]).astype(np.int64)
+        parts, head, xs, vx, ok = KT.candidate_heads(prob, poff, flat, loff, Ns, cs, fw, moved, steps, n, ver, dr, oh)
+        for _ in range(4):
+            sd, cd, sv, cv = rng.uniform(-0.2, 2.0, 4) * [1, 0.1, 1, 1]
+            cal, g0 = bool(rng.random() < 0.7), float(rng.uniform(0, 3)) * n / (ver[0] + 1)
+            got = KT.best_pruned(parts, coff, head, xs, vx, float(n), ok, flat, loff, Ns, cs, fw, moved, steps, dr,
+                                 oh, cal, sd, cd, sv, cv, g0)
+            assert got == KT.best_candidate(want, coff, cal, sd, cd, sv, cv, g0)
+        KT.fill_blocks(parts, head, xs, vx, float(n), flat, loff, Ns, cs, fw, moved, steps, dr, oh)
+        assert np.array_equal(parts, want)

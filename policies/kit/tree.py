@@ -405,6 +405,17 @@ class TreePrice:
         plan's largest demand (an entry does not depend on the table's size): the zero plan's seconds, float
         [4, candidates] (tokens, summed draft seconds, forwards, verify seconds) and each depth cap's first
         candidate (and the end); kept while the tables hold."""
+        hit = self._heads(pack, n, steps)
+        if hit[3] is not None:   # the blocks not filled yet
+            head, xs, vx, _ = hit[3]
+            kernels.fill_blocks(hit[1], head, xs, vx, float(n), pack.levels, pack.loff, pack.Ns, pack.cols, pack.fw,
+                                pack.moved, steps, *hit[4])
+        return self._zero(*hit[0]), hit[1], hit[2]
+
+    def _heads(self, pack: "_Orders | None", n: int, steps: int) -> tuple:
+        """`candidates`' parts as kernels.candidate_heads leaves them: (zero plan's parts, parts, first
+        candidates, (head, xs, vx, bounds hold: candidate_heads') or None, (draft table, oh)); kept while the
+        tables hold, the blocks filled in place."""
         key = (None if pack is None else pack.key, n, steps)
         hit = self._memo.get(key)
         if hit is None:
@@ -413,17 +424,19 @@ class TreePrice:
             oh = float(getattr(self.cost, "position_overhead_s", 0.0))
             zero = (0.0, float(v[0]))   # the plan without nodes: no draft forward, a verify of one token a row
             if some:
-                parts = kernels.candidates(pack.probs, pack.poff, pack.levels, pack.loff, pack.Ns, pack.cols,
-                                           pack.fw, pack.moved, steps, n, v, dr, oh)
+                parts, head, xs, vx, ok = kernels.candidate_heads(pack.probs, pack.poff, pack.levels, pack.loff,
+                                                                  pack.Ns, pack.cols, pack.fw, pack.moved, steps, n,
+                                                                  v, dr, oh)
                 coff = pack.memo.get(steps)
                 if coff is None:
                     coff = pack.memo[steps] = np.concatenate([[0], np.cumsum(pack.Ns * steps + 1)])
+                lazy = (head, xs, vx, bool(ok))
             else:
-                parts, coff = np.zeros((4, 0)), np.zeros(1, np.int64)
+                parts, coff, lazy = np.zeros((4, 0)), np.zeros(1, np.int64), None
             if len(self._memo) >= 64:
                 self._memo.clear()
-            hit = self._memo[key] = (zero, parts, coff)
-        return self._zero(*hit[0]), hit[1], hit[2]
+            hit = self._memo[key] = (zero, parts, coff, lazy, (dr, oh))
+        return hit
 
     def _zero(self, draft: float, verify: float) -> float:
         """`seconds` of the plan without nodes from its summed draft and verify seconds."""
@@ -514,14 +527,15 @@ def _plan_compiled(table, price: TreePrice, n: int, max_nodes: int, max_depth: i
     ok = max_nodes > 0 and max_depth > 0
     pack = _orders((np.asarray(table, float).tobytes(), int(max_nodes), int(max_depth),
                     None if depths is None else tuple(int(d) for d in depths))) if ok else None
-    zero, parts, coff = price.candidates(pack, n, steps)
-    best = TreePlan(0, 0.0, float(n), float(n) / zero, None)
+    zero, parts, coff, lazy, (dr, oh) = price._heads(pack, n, steps)
+    best = TreePlan(0, 0.0, float(n), float(n) / price._zero(*zero), None)
     if not parts.shape[1]:
         return best
     cal = price.calibration
     (sd, cd), (sv, cv) = (cal.params("draft"), cal.params("verify")) if cal is not None else ((1.0, 0.0), (1.0, 0.0))
-    s, j, g = kernels.best_candidate(parts, coff, cal is not None, float(sd), float(cd), float(sv), float(cv),
-                                          best.goodput)
+    s, j, g = kernels.best_pruned(parts, coff, *lazy[:3], float(n), lazy[3], pack.levels, pack.loff, pack.Ns,
+                                  pack.cols, pack.fw, pack.moved, steps, dr, oh, cal is not None, float(sd),
+                                  float(cd), float(sv), float(cv), best.goodput)
     if s < 0:
         return best
     return TreePlan(pack.depths[s], float((j - coff[s]) / steps), float(parts[0, j]), float(g), pack.orders[s])

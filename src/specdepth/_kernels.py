@@ -411,6 +411,55 @@ def roofline_verify_table(ctx, totals, a, b, w, kv, inv_f, inv_b, oh, ca):
 
 
 @njit(cache=True, nogil=True)
+def roofline_verify_table_at(c, nf, totals, a, b, w, kv, inv_f, inv_b, oh, ca):
+    """roofline_verify_table with the contexts' sum c and the row count nf given as floats (CostModel.verify_times
+    of a float context vector: c = float(np.sum(ctx))), the same arithmetic."""
+    out = np.empty(totals.shape[0])
+    for j in range(totals.shape[0]):
+        q = totals[j] / nf + 1.0
+        t = nf * q
+        f = a * t + b * (q * c + nf * q * (q + 1.0) * 0.5)
+        out[j] = _roofline_seconds(f, t, c, w, kv, inv_f, inv_b, oh, ca)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def roofline_draft_forward_table(qs, n, dots, csum, a, b, w, kv, inv_f, inv_b, oh, ca):
+    """CostModel.draft_forward_times priced by the roofline after its dot products (dots[j]: np.vecdot of q = qs[j]
+    a row with the contexts; csum: their float sum; n rows): t = float(q n), pairs = dots[j] + float(q (q + 1) n)
+    x 0.5, flops a t + b pairs (the same integers and arithmetic)."""
+    out = np.empty(qs.shape[0])
+    for j in range(qs.shape[0]):
+        q = qs[j]
+        t = float(q * n)
+        pairs = dots[j] + float(q * (q + 1) * n) * 0.5
+        out[j] = _roofline_seconds(a * t + b * pairs, t, csum, w, kv, inv_f, inv_b, oh, ca)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def roofline_tree_levels(ctx, q, a, b, w, kv, inv_f, inv_b, oh, ca):
+    """CostModel.draft_level_times priced by the roofline in one pass: per level l (column of q [n, D]), the
+    draft forward over the rows with q[i, l] != 0, row i at context ctx[i] + l feeding q[i, l] tokens
+    (ragged_sums' integers, then the roofline: the same arithmetic)."""
+    n, D = q.shape
+    out = np.empty(D)
+    for lvl in range(D):
+        t = c = qc = qq = 0
+        for i in range(n):
+            qi = q[i, lvl]
+            if qi != 0:
+                ci = ctx[i] + lvl
+                t += qi
+                c += ci
+                qc += qi * ci
+                qq += qi * (qi + 1)
+        tf, pairs, cf = float(t), float(qc) + float(qq) * 0.5, float(c)
+        out[lvl] = _roofline_seconds(a * tf + b * pairs, tf, cf, w, kv, inv_f, inv_b, oh, ca)
+    return out
+
+
+@njit(cache=True, nogil=True)
 def roofline_draft_table(context, rows, a, b, w, kv, inv_f, inv_b, oh, ca):
     """CostModel.draft_times priced by the roofline in one pass: m rows at `context` each, c = m x context, flops
     a m + b (c + m); 0 seconds for m = 0."""

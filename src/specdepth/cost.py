@@ -228,6 +228,16 @@ class CostModel:
         flops = self._df[0] * t + self._df[1] * pairs
         return self._times("draft", t, flops, np.full(t.size, float(ctx.sum())), np.full(t.size, n))
 
+    def draft_level_times(self, ctx: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """float [D]: a draft tree's level forwards (specdepth.tree.tree_draft), draft_forward(ctx[m] + l,
+        q[m, l])[0] for each column l of q [n, D], m the rows with q[:, l] != 0."""
+        ctx, q = np.asarray(ctx, np.int64), np.asarray(q, np.int64)
+        out = []
+        for lvl in range(q.shape[1]):
+            m = np.flatnonzero(q[:, lvl])
+            out.append(self.draft_forward(ctx[m] + lvl, q[m, lvl])[0])
+        return np.array(out, float)
+
     def _times(self, which: str, tokens: np.ndarray, flops: np.ndarray, ctx_tokens: np.ndarray,
                seqs: np.ndarray) -> np.ndarray:
         """`_time` of each forward of arrays of them."""
@@ -331,7 +341,28 @@ class RooflineCost(CostModel):
         if (self._moe["target"] is None and type(ctx) is np.ndarray and ctx.dtype == np.int64 and ctx.ndim == 1
                 and ctx.shape[0] and x.ndim == 1):   # the base class's table, in one compiled pass
             return _k.roofline_verify_table(ctx, x, *self._target_terms)
+        if (self._moe["target"] is None and type(ctx) is np.ndarray and ctx.dtype == np.float64 and ctx.ndim == 1
+                and ctx.shape[0] and x.ndim == 1):   # a float context vector (TreePrice's): the same, compiled
+            return _k.roofline_verify_table_at(float(np.sum(ctx)), float(ctx.shape[0]), x, *self._target_terms)
         return super().verify_times(ctx, totals)
+
+    def draft_level_times(self, ctx, q):
+        if (self._moe["draft"] is None and type(self).draft_forward is CostModel.draft_forward
+                and type(self)._time is RooflineCost._time and type(ctx) is np.ndarray and type(q) is np.ndarray
+                and ctx.dtype == np.int64 and q.dtype == np.int64 and q.ndim == 2 and ctx.shape == q.shape[:1]):
+            return _k.roofline_tree_levels(ctx, q, *self._draft_terms)   # the base class's forwards, one pass
+        return super().draft_level_times(ctx, q)
+
+    def draft_forward_times(self, ctx, qs):
+        c, q = np.asarray(ctx), np.asarray(qs, np.int64)
+        if (self._moe["draft"] is None and type(self).draft_forward is CostModel.draft_forward
+                and type(self)._time is RooflineCost._time and c.dtype == np.float64 and c.ndim == 1 and q.ndim == 1
+                and hasattr(np, "vecdot")):   # the base class's dot products, then its arithmetic in one pass
+            rows = np.empty((q.size, c.shape[0]))
+            rows[:] = q[:, None]
+            return _k.roofline_draft_forward_table(q, c.shape[0], np.vecdot(rows, c), float(c.sum()),
+                                                   *self._draft_terms)
+        return super().draft_forward_times(ctx, qs)
 
     def draft_times(self, context, rows):
         m = np.asarray(rows, float)

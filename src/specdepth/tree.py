@@ -358,6 +358,12 @@ def tree_draft_time(cost, ctx: np.ndarray, trees: Tree | Sequence[Tree]) -> floa
     them, plus cost.position_overhead_s a level where the cost has it (the simulator's true cost); a chain of
     k costs what cost.draft_positions(ctx, k) does."""
     extra = float(getattr(cost, "position_overhead_s", 0.0))
+    if hasattr(cost, "draft_level_times"):   # a CostModel: the same forwards' seconds in one call
+        ctx = np.asarray(ctx, np.int64)
+        seconds = 0.0
+        for t in cost.draft_level_times(ctx, parent_counts(trees, ctx.shape[0])).tolist():
+            seconds += t + extra
+        return seconds
     return tree_draft(lambda c, q, lvl: (cost.draft_forward(c, q)[0] + extra, 0.0), ctx, trees)[0]
 
 
