@@ -2407,6 +2407,15 @@ def conf_sigmoid(e):
 # ---- PerRequest (kit.state) -----------------------------------------------------------------------------------
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _ascending(a):
+    """Whether a[i] >= a[i - 1] for every i."""
+    for i in range(1, a.shape[0]):
+        if a[i] < a[i - 1]:
+            return False
+    return True
+
+
 @njit(cache=True, nogil=True)
 def align_rows(old_ids, old, ids, init, new, ids_copy):
     """`PerRequest.align`'s new rows, into new [len(ids), fields]: each id's row of `old` where old_ids holds it
@@ -2421,12 +2430,7 @@ def align_rows(old_ids, old, ids, init, new, ids_copy):
     m = old_ids.shape[0]
     if m == 0:
         return
-    ascending = True
-    for i in range(1, m):
-        if old_ids[i] < old_ids[i - 1]:
-            ascending = False
-            break
-    if ascending:
+    if _ascending(old_ids):
         for i in range(n):
             key = ids[i]
             lo, hi = 0, m

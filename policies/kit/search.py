@@ -276,10 +276,7 @@ def uniform_depth(acceptance: np.ndarray, costs, kmax: int, remaining: np.ndarra
     ks = np.arange(kmax + 1)
     got = None if ends is None else np.minimum(ks[:, None], np.asarray(ends, np.int64)[None, :])   # [k, row]
     e = _row_tokens(np.asarray(acceptance, float), ks, factors, trials, got)   # [k, row] expected tokens per step
-    if got is None:
-        x, deep = n * ks, ks
-    else:   # drafts row i gets at depth k
-        x, deep = got.sum(axis=1), got.max(axis=1, initial=0)
+    x, deep = (n * ks, ks) if got is None else (got.sum(axis=1), got.max(axis=1, initial=0))   # drafts at depth k
     T = _step_seconds(costs, x, deep, n)
     if remaining is None:
         g = e.sum(axis=1) / T
