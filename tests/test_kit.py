@@ -895,3 +895,14 @@ def test_the_search_blocks_name_a_length_mismatch():
     view = drafting_view(make_view(4, remaining=np.array([9, 9, 9, 9])), 2)
     with pytest.raises(ValueError, match="keep_by_margin: 2 values for 3 rows"):
         kit.keep_by_margin(view, 0, np.array([0, 1, 2]), np.array([0.5, 0.4]), costs, 10.0)
+
+
+def test_kernels_define_each_name_once():
+    """A second top-level def of a name in the kernels file shadows the first for every kernel compiled after the
+    module loads (numba resolves globals then), so a caller of the first gets the second."""
+    import ast
+    import collections
+    from specdepth.policies.kit import kernels
+    tree = ast.parse(open(kernels.__file__).read())
+    names = collections.Counter(n.name for n in tree.body if isinstance(n, ast.FunctionDef))
+    assert [name for name, count in names.items() if count > 1] == []

@@ -1225,13 +1225,7 @@ def mixture_median(w, grid):
         return grid[0], True
     if j == n or j == n - 1 or cdf[j] == x:
         return grid[n - 1] if j == n else grid[j], True
-    slope = (grid[j + 1] - grid[j]) / (cdf[j + 1] - cdf[j])
-    res = slope * (x - cdf[j]) + grid[j]
-    if math.isnan(res):
-        res = slope * (x - cdf[j + 1]) + grid[j + 1]
-        if math.isnan(res) and grid[j] == grid[j + 1]:
-            res = grid[j]
-    return res, True
+    return _interp_step(x, cdf[j], cdf[j + 1], grid[j], grid[j + 1]), True
 
 
 @njit(cache=True, nogil=True)
@@ -1431,6 +1425,18 @@ def max_id(ids):
 
 
 @njit(cache=True, nogil=True)
+def dinkelbach_next(found, e, t, G, g_none, best_g):
+    """One step of Dinkelbach's iteration (`search._dinkelbach`) after the plan made at goodput G (found: it
+    drafts, e / t its goodput g): (whether g beats best_g, g, the next G, whether to stop). No plan: once more at
+    g_none, unless G was g_none already; else the next G is g, and the iteration stops where it moved by at most
+    0.1 %."""
+    if not found:
+        return False, 0.0, g_none, G <= g_none
+    g = e / t
+    return g > best_g, g, g, abs(g - G) <= 1e-3 * G
+
+
+@njit(cache=True, nogil=True)
 def weighted_plan(S, w, remaining, G0, ver, dr, pad, has_pad):
     """`goodput_gates.plan_positions` with weights w, as `search.plan_by_position(S * w[:, None], costs, G0,
     tie=remaining, nested=True, base=w.sum())` computes it compiled: base by np.sum's order, the key
@@ -1452,17 +1458,11 @@ def weighted_plan(S, w, remaining, G0, ver, dr, pad, has_pad):
     best_g, best = g_none, np.zeros(0, np.int64)
     for _ in range(5):
         ms, m, e, t = nested_search(Sw, key, order, ranked, K, G, ver, dr, pad, has_pad, n, base)
-        if m == 0:
-            if G <= g_none:
-                break
-            G = g_none
-            continue
-        g = e / t
-        if g > best_g:
+        better, g, G, stop = dinkelbach_next(m > 0, e, t, G, g_none, best_g)
+        if better:
             best_g, best = g, ms[:m]
-        if abs(g - G) <= 1e-3 * G:
+        if stop:
             break
-        G = g
     return nested_depths(order, best, n), best_g, True
 
 
@@ -1507,6 +1507,19 @@ def mixture_rows(w, grid, acc, vc, ver, z):
 
 # ---- kit.tree's plan search and tree_confidence's means (np.interp's rule over an arange grid, np.sum's pairwise
 # order, np.argmax's first maximum; numpy's error model: a division by zero gives inf or NaN, as numpy's does) ----
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _interp_step(x, x0, x1, f0, f1):
+    """np.interp's value at x in [x0, x1) of a grid with values f0, f1 there: its slope form from x0, from x1 where
+    that is NaN, and f0 where that is NaN too and f0 == f1 (numpy's division rules)."""
+    slope = (f1 - f0) / (x1 - x0)
+    r = slope * (x - x0) + f0
+    if math.isnan(r):
+        r = slope * (x - x1) + f1
+        if math.isnan(r) and f0 == f1:
+            r = f0
+    return r
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
@@ -2582,37 +2595,14 @@ def position_sums(verified, accepted, estimate, drafted, paired, acc_s, exp_s, f
 @njit(cache=True, nogil=True)
 def position_sums_counts(k, verified, accepted, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp):
     """`position_sums` where row i verified its positions below verified[i] and accepted those below accepted[i]:
-    its loops with each mask entry read as p < verified[i], p < accepted[i] (no masks built)."""
+    the masks p < verified[i], p < accepted[i] built here, then `position_sums`."""
     rows = verified.shape[0]
-    col = np.zeros((4, k))
-    if k == 1:   # one column: numpy's sum runs down a contiguous axis, pairwise
-        t = np.empty((2, rows))
-        for i in range(rows):
-            v, a = 0 < verified[i], 0 < accepted[i]
-            col[0, 0] += 1.0 if v and a else 0.0
-            t[0, i] = (1.0 if v else 0.0) * estimate[i]
-            col[2, 0] += 1.0 if paired and 0 < drafted[i] and v and a else 0.0
-            t[1, i] = (1.0 if paired and 0 < drafted[i] else 0.0) * estimate[i]
-        col[1, 0], col[3, 0] = _sum(t[0]), _sum(t[1])
-        rows = 0
+    vm, am = np.empty((rows, k), np.bool_), np.empty((rows, k), np.bool_)
     for i in range(rows):
-        e, vi, ai = estimate[i], verified[i], accepted[i]
-        first = 0 < vi and 0 < ai if k else False
         for p in range(k):
-            col[0, p] += 1.0 if p < vi and p < ai else 0.0
-            t = (1.0 if p < vi else 0.0) * e
-            col[1, p] = t if i == 0 else col[1, p] + t
-            if paired:
-                past = p < drafted[i]
-                col[2, p] += 1.0 if past and first else 0.0
-                t = (1.0 if past else 0.0) * e
-                col[3, p] = t if i == 0 else col[3, p] + t
-    for p in range(k):
-        acc_s[p] += col[0, p]
-        exp_s[p] += col[1, p]
-        if paired:
-            first_acc[p] += col[2, p]
-            first_exp[p] += col[3, p]
+            vm[i, p] = p < verified[i]
+            am[i, p] = p < accepted[i]
+    position_sums(vm, am, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp)
 
 
 @njit(cache=True, nogil=True)
@@ -2945,13 +2935,7 @@ def interp_points(m, xp, fp):
         elif j == n - 1 or xp[j] == x:
             out[i] = fp[j]
         else:
-            slope = (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j])
-            r = slope * (x - xp[j]) + fp[j]
-            if math.isnan(r):
-                r = slope * (x - xp[j + 1]) + fp[j + 1]
-                if math.isnan(r) and fp[j] == fp[j + 1]:
-                    r = fp[j]
-            out[i] = r
+            out[i] = _interp_step(x, xp[j], xp[j + 1], fp[j], fp[j + 1])
     return out, True
 
 

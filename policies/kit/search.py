@@ -53,17 +53,13 @@ def _dinkelbach(search, g_none: float, G0: float):
     best_g, best = g_none, []
     for _ in range(5):
         cand, e, t = search(G)
-        if not len(cand):
-            if G <= g_none:
-                break
-            G = g_none
-            continue
-        g = e / t
-        if g > best_g:
+        found = len(cand) > 0
+        better, g, G, stop = kernels.dinkelbach_next(found, float(e) if found else 0.0, float(t) if found else 1.0,
+                                                     float(G), float(g_none), float(best_g))
+        if better:
             best_g, best = g, cand
-        if abs(g - G) <= 1e-3 * G:
+        if stop:
             break
-        G = g
     return best, best_g
 
 

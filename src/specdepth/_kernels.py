@@ -400,14 +400,7 @@ def roofline_verify_table(ctx, totals, a, b, w, kv, inv_f, inv_b, oh, ca):
     csum = 0
     for i in range(ctx.shape[0]):
         csum += ctx[i]
-    c, nf = float(csum), float(ctx.shape[0])
-    out = np.empty(totals.shape[0])
-    for j in range(totals.shape[0]):
-        q = totals[j] / nf + 1.0
-        t = nf * q
-        f = a * t + b * (q * c + nf * q * (q + 1.0) * 0.5)
-        out[j] = _roofline_seconds(f, t, c, w, kv, inv_f, inv_b, oh, ca)
-    return out
+    return roofline_verify_table_at(float(csum), float(ctx.shape[0]), totals, a, b, w, kv, inv_f, inv_b, oh, ca)
 
 
 @njit(cache=True, nogil=True)
