@@ -157,23 +157,29 @@ def test_cost_aware_depths_compiled_chains_are_its_blocks(policy, monkeypatch):
     """End to end, CostAwareDepth's chains in one compiled call each (`kit.depth.COMPILED`) against its blocks one by
     one: a closed batch that drains with the draft's catch-up and a padded engine, a steady run, both with the policy
     time priced (a fixed measurement: the simulator's wall time would differ between the runs)."""
-    from sdtest import engine
     from specdepth.policies.kit import cost, depth
     monkeypatch.setattr(cost.PolicyTime, "terms", lambda self: (True, 2e-4, 5e-4))
+    runs = _runs_both_ways(monkeypatch, depth, policy, [
+        ["workload.batch_size=40", "workload.output_len={dist: uniform, low: 8, high: 120}",
+         "backend.draft_catch_up=true", "backend.pad_ragged=true"],
+        ["workload.batch_size=24", "workload.output_len={dist: uniform, low: 8, high: 60}",
+         "backend.draft_catch_up=true"],
+        STEADY_24])
+    assert runs[0] == runs[1]
+
+
+STEADY_24 = ["workload=poisson", "workload.rate=1e9", "workload.num_requests=96", "engine.max_batch_size=24",
+             "workload.max_concurrency=24", "workload.output_len=48"]
+
+
+def _runs_both_ways(monkeypatch, module, policy: str, overrides: list) -> list:
+    """The steps and requests of `policy`'s runs under each override list, with `module.COMPILED` True, then False."""
+    from sdtest import engine
     runs = []
     for compiled in (True, False):
-        monkeypatch.setattr(depth, "COMPILED", compiled)
-        got = []
-        for ov in (["workload.batch_size=40", "workload.output_len={dist: uniform, low: 8, high: 120}",
-                    "backend.draft_catch_up=true", "backend.pad_ragged=true"],
-                   ["workload.batch_size=24", "workload.output_len={dist: uniform, low: 8, high: 60}",
-                    "backend.draft_catch_up=true"],
-                   ["workload=poisson", "workload.rate=1e9", "workload.num_requests=96", "engine.max_batch_size=24",
-                    "workload.max_concurrency=24", "workload.output_len=48"]):
-            res = engine(f"policy={policy}", *ov).run()
-            got.append((res.steps, res.requests))
-        runs.append(repr(got))
-    assert runs[0] == runs[1]
+        monkeypatch.setattr(module, "COMPILED", compiled)
+        runs.append(repr([(r.steps, r.requests) for r in (engine(f"policy={policy}", *ov).run() for ov in overrides)]))
+    return runs
 
 
 def _depth_case(rng, cost):
@@ -869,18 +875,10 @@ def test_options_node_fills_defaults_and_names_an_unknown_key():
 def test_compiled_and_numpy_forms_run_the_same(policy, monkeypatch):
     """End to end: a closed batch that drains (the drain's expected maxima), a steady run, and per-position keeps
     give the same steps and requests with the kit's compiled loops as with their numpy form."""
-    from sdtest import engine
     from specdepth.policies.kit import search
-    runs = []
-    for compiled in (True, False):
-        monkeypatch.setattr(search, "COMPILED", compiled)
-        got = []
-        for ov in (["workload.batch_size=40", "workload.output_len={dist: uniform, low: 8, high: 120}"],
-                   ["workload=poisson", "workload.rate=1e9", "workload.num_requests=96", "engine.max_batch_size=24",
-                    "workload.max_concurrency=24", "workload.output_len=48"]):
-            res = engine(f"policy={policy}", *ov).run()
-            got.append((res.steps, res.requests))
-        runs.append(repr(got))
+    runs = _runs_both_ways(monkeypatch, search, policy,
+                           [["workload.batch_size=40", "workload.output_len={dist: uniform, low: 8, high: 120}"],
+                            STEADY_24])
     assert runs[0] == runs[1]
 
 
