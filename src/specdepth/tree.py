@@ -72,8 +72,7 @@ class Tree:
     def level_parents(self) -> np.ndarray:
         """int64 [max_depth]: the distinct parents of the nodes at each depth 1..max_depth (`parent_counts`' row
         for this tree; computed once, read-only)."""
-        out = getattr(self, "_parents", None)
-        if out is None:
+        if self._parents is None:
             D = self.max_depth
             out = np.zeros(D, np.int64)
             if self.nodes:
@@ -82,7 +81,7 @@ class Tree:
                 out = np.bincount(pd, minlength=D)[:D]
             out.flags.writeable = False
             self._parents = out
-        return out
+        return self._parents
 
     @property
     def is_chain(self) -> bool:
