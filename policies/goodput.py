@@ -9,7 +9,7 @@ from specdepth.errors import ConfigError, as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
 from . import goodput_gates as gates
-from .goodput_evidence import Evidence, row_estimates, survivals
+from .goodput_evidence import Evidence, Kept, estimates, row_estimates, survivals
 from .goodput_weights import RowCost, Stream, drain_weights
 from .kit import CatchUpPadding, CostCalibration, IdleReplan, PerRequest, PolicyTime, StepCost, pad_extra
 from .kit.options import node
@@ -35,6 +35,7 @@ class Step:
     G: float = 0.0               # gate: their goodput
     probed: bool = False         # gate: a probe's depths (not extended)
     drafting: gates.Drafting = None   # extend
+    ext: tuple = None            # search: what the gates and the extension read of the plan (`gates.plan_extend`)
 
 
 class Goodput(Policy):
@@ -75,7 +76,7 @@ class Goodput(Policy):
         self._calib = CostCalibration(memory=c.memory, draft_clip=c.draft_clip, draft_fixed=c.draft_fixed)
         self._stream, self._row_cost = Stream(), RowCost()
         self._idle, self._ptime, self._pad = IdleReplan(self.idle_replan), PolicyTime(), CatchUpPadding()
-        self._step = Step(G0=0.0)
+        self._step, self._kept = Step(G0=0.0), None
 
     def plan(self, view):
         self._pool.start(view.acceptance_prior)
@@ -120,9 +121,16 @@ class Goodput(Policy):
     def _estimate(self, view, K, ids=None) -> SimpleNamespace:
         """Each row's calibration, acceptance estimate and slot survivals (S0; S: 0 past its end); ids: the view's."""
         rows = self._seq.align(view.request_ids if ids is None else ids)
-        cal = self._pool.calibrations(rows, self.est.row_calibration)
+        rem, f, e = view.remaining, self._pool.positions.factor(K), self.est
+        k = self._kept
+        if k is None or k.n != len(rows) or k.K != K:
+            k = self._kept = Kept(len(rows), K)
+        if getattr(self._alpha, "__func__", None) is Goodput._alpha and estimates(
+                self._pool, rows, f, rem, K, e.row_calibration, self.estimator, e.prior_strength, e.tie_tolerance, k):
+            return SimpleNamespace(a=k.a, cal=k.cal, S0=k.S0, S=k.S, rowcap=k.rowcap, rows=rows, rem=rem, f=f,
+                                   lag=view.draft_lag)   # (the chain below in one compiled call, into kept arrays)
+        cal = self._pool.calibrations(rows, e.row_calibration)
         a = self._alpha(rows, cal)
-        rem, f = view.remaining, self._pool.positions.factor(K)
         S0, S, rowcap = survivals(a, f, view, K, rem)
         return SimpleNamespace(a=a, cal=cal, S0=S0, S=S, rowcap=rowcap, rows=rows, rem=rem, f=f, lag=view.draft_lag)
 

@@ -217,6 +217,56 @@ def row_estimates(rows, pool: Evidence, cal: np.ndarray, estimator: str, k: floa
     return tie_bands(np.round(np.clip(a, 1e-3, 0.999), 4), tol)
 
 
+class Kept:
+    """The arrays `estimates` writes each step (a, cal, survivals S0 and S, row caps, the mixture's grid), kept
+    while the batch's shape (n rows, K positions) holds."""
+
+    __slots__ = ("n", "K", "a", "cal", "S0", "S", "rowcap", "w", "est")
+
+    def __init__(self, n: int, K: int):
+        self.n, self.K = n, K
+        self.a, self.cal, self.rowcap = np.empty(n), np.empty(n), np.empty(n, np.int64)
+        self.S0, self.S, self.w = np.empty((n, K)), np.empty((n, K)), np.empty(_MIX_GRID.size)
+        self.est = None
+
+
+def estimates(pool: Evidence, rows, f: np.ndarray, remaining: np.ndarray, K: int, z: float, estimator: str,
+              k: float, tol: float, kept: Kept) -> bool:
+    """`row_estimates(rows, pool, pool.calibrations(rows, z), estimator, k, tol)` and `survivals(a, f, ...)` in one
+    compiled call (`kernels.goodput_estimates`: the same operations) into `kept` (a, cal, S0, S, rowcap). Returns
+    whether it ran (else the caller runs those functions: NaN, or arrays the kernel does not take)."""
+    t, counts = rows.array, estimator == "counts"
+    if not (search.COMPILED and t.dtype == f.dtype == np.float64 and remaining.dtype == np.int64 and t.ndim == 2
+            and kept.a.shape == remaining.shape == t.shape[:1] and kept.K == K and f.shape[0] >= K):
+        return False
+    if counts:
+        base, cap = pool.accepted / (pool.accepted + pool.rejected), 0.0
+    else:
+        base = pool.conf_sum / pool.drafted
+        cap = 1 / max(base, 1e-6)
+    A, E, mix = pool.cal_accepted, pool.cal_conf, pool._mix
+    due = pool.mixture and (mix is None or not (mix[0] == A and mix[1] == E))
+    if due:   # the mixture's posterior on its grid, exp'd by numpy (`Evidence._mixture`)
+        kernels.mixture_log_into(float(A), float(E), _MIX_GRID, _MIX_EXP, _MIX_LOGPRIOR, kept.w)
+        np.exp(kept.w, out=kept.w)
+    c, ok = kernels.goodput_estimates(kept.w, _MIX_GRID, due, 0.0 if due else float(pool.calibration), t,
+                                      _estimate_columns(rows.fields, counts), float(z), k * base, float(k),
+                                      float(cap), not counts, float(tol), f, remaining, K, kept.a, kept.cal,
+                                      kept.S0, kept.S, kept.rowcap)
+    if ok and due:
+        pool._mix = (A, E, c)
+    return ok
+
+
+@functools.lru_cache(maxsize=8)
+def _estimate_columns(fields: tuple, counts: bool) -> np.ndarray:
+    """The per-request table's columns `kernels.goodput_estimates` reads: accepted, verified_conf, verified, then
+    the estimate's numerator and denominator (accepted and rejected, or conf_sum and drafted)."""
+    names = ("accepted", "verified_conf", "verified") + (("accepted", "rejected") if counts else ("conf_sum",
+                                                                                                   "drafted"))
+    return np.array([fields.index(f) for f in names], np.int64)
+
+
 def survivals(a: np.ndarray, f: np.ndarray, view, K: int, remaining: np.ndarray):
     """Each row's slot survivals: slot p survives with prod over q <= p of min(a_i f_q, 0.999) (S0), and S, the
     same with 0 past the row's cap (`kit.draft_caps`; `remaining`: view.remaining). Returns (S0, S, the caps)."""

@@ -1505,6 +1505,61 @@ def mixture_rows(w, grid, acc, vc, ver, z):
     return c, row_calibration(acc, vc, ver, c, z), True
 
 
+# ---- goodput's plan in two calls: its estimate chain (`goodput_estimates`) and its search with the extension
+# (`plan_extend`), each the kernels above in the same order, writing into the policy's kept buffers ------------
+
+
+@njit(cache=True, nogil=True)
+def mixture_log_into(A, E, grid, ex, logprior, out):
+    """`mixture_log` into out (its length: the grid's)."""
+    out[:] = mixture_log(A, E, grid, ex, logprior)
+
+
+@njit(cache=True, nogil=True)
+def goodput_estimates(w, grid, due, c, table, cols, z, kb, k, cap, confidence, tol, f, remaining, K, a, cal, S0, S,
+                      rowcap):
+    """`Goodput._estimate`'s chain: where `due`, the mixture's calibration c = exp(`mixture_median` of w, the
+    posterior after np.exp) (libm's exp, as Python's math.exp); each row's, `row_calibration` at c where z != 0
+    and two rows or more (else c); the rows' estimates (`row_estimates`: num, den the table's columns cols[3],
+    cols[4]; cols[0:3]: accepted, verified confidence, verified); their survivals (`survivals`). Written into a,
+    cal, S0, S, rowcap. Returns (c, True), or (c, False) where w or the estimates hold NaN (the numpy forms
+    decide)."""
+    n = table.shape[0]
+    if due:
+        lc, ok = mixture_median(w, grid)
+        if not ok:
+            return c, False
+        c = math.exp(lc)
+    if z != 0.0 and n >= 2:
+        cal[:] = row_calibration(table[:, cols[0]], table[:, cols[1]], table[:, cols[2]], c, z)
+    else:
+        cal[:] = c
+    x, ok = row_estimates(table[:, cols[3]], table[:, cols[4]], cal, kb, k, cap, confidence, tol)
+    if not ok:
+        return c, False
+    a[:] = x
+    s0, s, rc = survivals(a, f, remaining, K)
+    S0[:, :] = s0
+    S[:, :] = s
+    rowcap[:] = rc
+    return c, True
+
+
+@njit(cache=True, nogil=True)
+def plan_extend(S, w, remaining, G0, ver, dr, pad, has_pad, lag, extend, cap, planned, out):
+    """`goodput_gates.plan_positions` (`weighted_plan`) into planned, and what the gates and the extension read of
+    it: whether a row that drafts lags (`any_late`), whether any drafts, the plan's value (`plan_value`), its
+    extended depths (`extend_depths`, into out) and the same two questions of them. Returns (G, True, late, drafts,
+    E, late extended, extended drafts), or (0, False, ...) where S x w or the key hold NaN."""
+    d, G, ok = weighted_plan(S, w, remaining, G0, ver, dr, pad, has_pad)
+    if not ok:
+        return 0.0, False, False, False, 0.0, False, False
+    planned[:] = d
+    E = plan_value(S, w, True, d)
+    out[:] = extend_depths(d, extend, cap)
+    return G, True, any_late(d, lag), any_nonzero(d), E, any_late(out, lag), any_nonzero(out)
+
+
 # ---- kit.tree's plan search and tree_confidence's means (np.interp's rule over an arange grid, np.sum's pairwise
 # order, np.argmax's first maximum; numpy's error model: a division by zero gives inf or NaN, as numpy's does) ----
 
