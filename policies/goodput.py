@@ -79,7 +79,8 @@ class Goodput(Policy):
         self._step, self._kept = Step(G0=0.0), None
 
     def plan(self, view):
-        self._pool.start(view.acceptance_prior)
+        if self._pool.accepted is None:
+            self._pool.start(view.acceptance_prior)
         n = view.batch_size
         K = min(self.max_depth, view.max_depth, (view.max_num_batched_tokens - n) // n)
         if K <= 0:
@@ -97,9 +98,13 @@ class Goodput(Policy):
         r.planned, r.G_plan = self._search(view, r)
         r.depths, r.G, r.probed = self._gate(view, r)
         r.drafting, depths = self._extend(view, r)
-        self._idle.record(view, gates.drafts(depths))
+        x = r.ext if r.ext is not None and depths is r.ext[3] else None   # the search's extension, kept
+        self._idle.record(view, x[5] if x else gates.drafts(depths))
         if self.catch_up and self.cost != "clock":
-            self._pad.planned(view, depths > 0, lag=r.est.lag)
+            if x and not x[4]:
+                self._pad.planned_none()   # no drafting row lags (`planned`'s verdict, from the search's call)
+            else:
+                self._pad.planned(view, depths > 0, lag=r.est.lag)
         return depths
 
     def keep_drafting(self, view, position, confidence):
@@ -127,12 +132,14 @@ class Goodput(Policy):
             k = self._kept = Kept(len(rows), K)
         if getattr(self._alpha, "__func__", None) is Goodput._alpha and estimates(
                 self._pool, rows, f, rem, K, e.row_calibration, self.estimator, e.prior_strength, e.tie_tolerance, k):
-            return SimpleNamespace(a=k.a, cal=k.cal, S0=k.S0, S=k.S, rowcap=k.rowcap, rows=rows, rem=rem, f=f,
-                                   lag=view.draft_lag)   # (the chain below in one compiled call, into kept arrays)
+            est = k.est   # (the chain below in one compiled call, into kept arrays)
+            est.rows, est.rem, est.f, est.lag = rows, rem, f, view.draft_lag
+            return est
         cal = self._pool.calibrations(rows, e.row_calibration)
         a = self._alpha(rows, cal)
         S0, S, rowcap = survivals(a, f, view, K, rem)
-        return SimpleNamespace(a=a, cal=cal, S0=S0, S=S, rowcap=rowcap, rows=rows, rem=rem, f=f, lag=view.draft_lag)
+        return SimpleNamespace(a=a, cal=cal, S0=S0, S=S, rowcap=rowcap, rows=rows, rem=rem, f=f, lag=view.draft_lag,
+                               slot=None)
 
     def _alpha(self, rows, cal) -> np.ndarray:
         e = self.est
@@ -149,7 +156,7 @@ class Goodput(Policy):
         """What each row's token is worth this step (`goodput_weights.drain_weights`)."""
         d = self.draining
         return drain_weights(view, self._stream, d.tail, d.after, self.drain, r.est.S, r.est.S0, self._pool.dbar,
-                             lambda: self._time_args(view, r))
+                             lambda: self._time_args(view, r), r.est.slot)
 
     def _time_args(self, view, r) -> tuple:
         """`goodput_weights.time_weights`' arguments past S: c1, one more row's verify seconds, calibrated."""
@@ -163,19 +170,25 @@ class Goodput(Policy):
         """The plan and its goodput, from the last plan's (Dinkelbach)."""
         if self.ranking == "global":
             return gates.plan_global(r.est.S, r.costs, r.weights.w)
-        return gates.plan_positions(r.est.S, r.costs, r.G0, r.est.rem, r.weights.w)
+        e = r.est
+        got = gates.plan_extend(e.S, r.costs, r.G0, e.rem, r.weights.w, e.lag, self.extend, e.rowcap)
+        if got is None:
+            return gates.plan_positions(e.S, r.costs, r.G0, e.rem, r.weights.w)
+        depths, G, r.ext = got
+        return depths, G
 
     def _gate(self, view, r):
         """Catch-up, then the drain's makespan, then (where nothing drafts) the probe."""
         n, S, costs, w, depths, G = view.batch_size, r.est.S, r.costs, r.weights.w, r.planned, r.G_plan
-        if self.catch_up and gates.drafts(depths):
+        x = r.ext   # (late, drafts, ...) of the plan, where the search's call said
+        if self.catch_up and (x[1] and x[0] if x else gates.drafts(depths)):
             price = lambda: gates.catch_up_pricing(view, self.cost, self._pad, self._calib)   # noqa: E731
             depths, G = gates.catch_up(view, depths, S, costs, G, r.weights, self._pool, self.est.calibration_prior,
                                        price, r.est.lag)
         judged = self._pool.verified >= self.est.calibration_prior + n
         if gates.ends_later(depths, S, costs, G, r.weights, r.est.rem, self._stream.closed, judged):
             return np.zeros(n, np.int64), float(n if w is None else w.sum()) / float(costs.verify[0]), False
-        if self.probe and not gates.drafts(depths):
+        if self.probe and not (x[1] if x and depths is r.planned else gates.drafts(depths)):
             rows = gates.probe_rows(view, r.est.rows, self._pool, self.est.calibration_prior)
             if rows is not None:
                 pricing = gates.catch_up_pricing(view, self.cost, self._pad, self._calib) if self.catch_up else None
@@ -189,7 +202,9 @@ class Goodput(Policy):
         if not self.use_confidence:
             return None, r.depths
         w, depths, G, cap = r.weights.w, r.depths, r.G, r.est.rowcap
-        if r.probed or not self.extend or G <= 0:
+        if r.ext is not None and depths is r.planned:   # the gates kept the plan: the search's extension
+            ratio, out = ([r.ext[2], r.ext[2] / G] if self.extend and G > 0 else None), r.ext[3]
+        elif r.probed or not self.extend or G <= 0:
             ratio, out = None, depths if r.probed else gates.extended(depths, self.extend, cap)
         else:
             ratio, out = gates.ratio_extended(r.est.S, depths, w, G, self.extend, cap)

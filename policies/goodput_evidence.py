@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import math
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -218,23 +219,25 @@ def row_estimates(rows, pool: Evidence, cal: np.ndarray, estimator: str, k: floa
 
 
 class Kept:
-    """The arrays `estimates` writes each step (a, cal, survivals S0 and S, row caps, the mixture's grid), kept
-    while the batch's shape (n rows, K positions) holds."""
+    """The arrays `estimates` writes each step (a, cal, survivals S0 and S, row caps, slot weights, the mixture's
+    grid), kept while the batch's shape (n rows, K positions) holds, and the namespace that holds them (`est`)."""
 
-    __slots__ = ("n", "K", "a", "cal", "S0", "S", "rowcap", "w", "est")
+    __slots__ = ("n", "K", "a", "cal", "S0", "S", "rowcap", "slot", "w", "est")
 
     def __init__(self, n: int, K: int):
         self.n, self.K = n, K
-        self.a, self.cal, self.rowcap = np.empty(n), np.empty(n), np.empty(n, np.int64)
+        self.a, self.cal, self.rowcap, self.slot = np.empty(n), np.empty(n), np.empty(n, np.int64), np.empty(n)
         self.S0, self.S, self.w = np.empty((n, K)), np.empty((n, K)), np.empty(_MIX_GRID.size)
-        self.est = None
+        self.est = SimpleNamespace(a=self.a, cal=self.cal, S0=self.S0, S=self.S, rowcap=self.rowcap,
+                                   slot=self.slot if n >= 2 else None)
 
 
 def estimates(pool: Evidence, rows, f: np.ndarray, remaining: np.ndarray, K: int, z: float, estimator: str,
               k: float, tol: float, kept: Kept) -> bool:
-    """`row_estimates(rows, pool, pool.calibrations(rows, z), estimator, k, tol)` and `survivals(a, f, ...)` in one
-    compiled call (`kernels.goodput_estimates`: the same operations) into `kept` (a, cal, S0, S, rowcap). Returns
-    whether it ran (else the caller runs those functions: NaN, or arrays the kernel does not take)."""
+    """`row_estimates(rows, pool, pool.calibrations(rows, z), estimator, k, tol)`, `survivals(a, f, ...)` and
+    `goodput_weights.slot_weights(S0, pool.dbar)` in one compiled call (`kernels.goodput_estimates`: the same
+    operations) into `kept` (a, cal, S0, S, rowcap, slot). Returns whether it ran (else the caller runs those
+    functions: NaN, or arrays the kernel does not take)."""
     t, counts = rows.array, estimator == "counts"
     if not (search.COMPILED and t.dtype == f.dtype == np.float64 and remaining.dtype == np.int64 and t.ndim == 2
             and kept.a.shape == remaining.shape == t.shape[:1] and kept.K == K and f.shape[0] >= K):
@@ -249,10 +252,11 @@ def estimates(pool: Evidence, rows, f: np.ndarray, remaining: np.ndarray, K: int
     if due:   # the mixture's posterior on its grid, exp'd by numpy (`Evidence._mixture`)
         kernels.mixture_log_into(float(A), float(E), _MIX_GRID, _MIX_EXP, _MIX_LOGPRIOR, kept.w)
         np.exp(kept.w, out=kept.w)
+    d = K if pool.dbar is None else min(pool.dbar, K)   # (slot_weights' depth)
     c, ok = kernels.goodput_estimates(kept.w, _MIX_GRID, due, 0.0 if due else float(pool.calibration), t,
                                       _estimate_columns(rows.fields, counts), float(z), k * base, float(k),
-                                      float(cap), not counts, float(tol), f, remaining, K, kept.a, kept.cal,
-                                      kept.S0, kept.S, kept.rowcap)
+                                      float(cap), not counts, float(tol), f, remaining, K, int(d), float(d - int(d)),
+                                      kept.a, kept.cal, kept.S0, kept.S, kept.rowcap, kept.slot)
     if ok and due:
         pool._mix = (A, E, c)
     return ok

@@ -26,6 +26,22 @@ def plan_positions(S, costs, G0, remaining, w):
     return plan_by_position(S * w[:, None], costs, G0, tie=remaining, nested=True, base=float(w.sum()))
 
 
+def plan_extend(S, costs, G0, remaining, w, lag, extend: int, rowcap):
+    """`plan_positions` (w given) and what the gates and `ratio_extended` read of the plan, in one compiled call
+    (`kernels.plan_extend`: the same operations). Returns (depths, G, (whether a drafting row lags (lag > 2),
+    whether any drafts, the plan's value `plan_value`, `extended(depths, extend, rowcap)`, and those two questions
+    of the extended depths)), or None where it does not run (the caller runs `plan_positions`)."""
+    if not (search.COMPILED and w is not None and lag.dtype == rowcap.dtype == np.int64
+            and lag.shape == rowcap.shape == w.shape and _weighted_compiled(S, costs, remaining, w)):
+        return None
+    n, pad = S.shape[0], costs.pad
+    planned, out = np.empty(n, np.int64), np.empty(n, np.int64)
+    G, ok, late, any_, E, late_out, any_out = kernels.plan_extend(
+        S, w, remaining, float(G0), costs.verify, costs.draft, search._NO_PAD if pad is None else pad, pad is not None,
+        lag, int(extend), rowcap, planned, out)
+    return (planned, G, (late, any_, E, out, late_out, any_out)) if ok else None
+
+
 def _weighted_compiled(S, costs, remaining, w) -> bool:
     """Whether `kernels.weighted_plan` runs `plan_positions`' search: float64 values and tables long enough
     (`search._compiled_tables`), one weight and one int64 tie per row. (A batch of up to `search._SMALL` rows gets

@@ -106,18 +106,18 @@ def time_weights(S, a, dbar, drafted, prior_strength, remaining, c1, verify0):
     return w / max(float(w.max()), 1e-300), float(p.min()), c0 / max(verify0, 1e-300)
 
 
-def drain_weights(view, stream: Stream, tail: str, after: int, drain: bool, S, S0, dbar, time_args):
+def drain_weights(view, stream: Stream, tail: str, after: int, drain: bool, S, S0, dbar, time_args, slot=None):
     """The step's weights: draining (`drain`, no request left to join; `after` > 0, also once the batch shrank below
     its largest size and no request joined for that many steps), `time_weights`; a stream's tail (`tail`) drained
     always, never, or (balanced) where the batch was full until its last admission, else each token at the mean of
-    the drain's weight and 1; while requests may still join, `slot_weights`. One row: None. Returns a namespace:
-    w, drained, p_min and fixed (`time_weights`', where drained)."""
+    the drain's weight and 1; while requests may still join, `slot_weights` (`slot`: computed already). One row:
+    None. Returns a namespace: w, drained, p_min and fixed (`time_weights`', where drained)."""
     out = SimpleNamespace(w=None, drained=False, p_min=0.0, fixed=1.0)
     drained = drain and view.requests_left == 0 and (stream.closed or tail != "never")
     if view.batch_size < 2:
         return out
     if not drained and (not after or stream.quiet < after or view.batch_size >= stream.max_n):
-        out.w = slot_weights(S0, dbar)
+        out.w = slot_weights(S0, dbar) if slot is None else slot
         return out
     w, out.p_min, out.fixed = time_weights(S, *time_args())
     if drained and not stream.closed and tail == "balanced" and not stream.saturated:
