@@ -10,7 +10,7 @@ from specdepth.policy import Policy
 
 from . import goodput_gates as gates
 from .goodput_evidence import Evidence, Kept, estimates, row_estimates, survivals
-from .goodput_weights import RowCost, Stream, drain_weights
+from .goodput_weights import RowCost, Stream, drain_weights, timed
 from .kit import CatchUpPadding, CostCalibration, IdleReplan, PerRequest, PolicyTime, StepCost, pad_extra
 from .kit.options import node
 
@@ -130,8 +130,11 @@ class Goodput(Policy):
         k = self._kept
         if k is None or k.n != len(rows) or k.K != K:
             k = self._kept = Kept(len(rows), K)
+        d = self.draining
+        spread = timed(view, self._stream, d.tail, d.after, self.drain)[1]   # (time_weights' spread, where due)
         if getattr(self._alpha, "__func__", None) is Goodput._alpha and estimates(
-                self._pool, rows, f, rem, K, e.row_calibration, self.estimator, e.prior_strength, e.tie_tolerance, k):
+                self._pool, rows, f, rem, K, e.row_calibration, self.estimator, e.prior_strength, e.tie_tolerance, k,
+                spread):
             est = k.est   # (the chain below in one compiled call, into kept arrays)
             est.rows, est.rem, est.f, est.lag = rows, rem, f, view.draft_lag
             return est
@@ -139,7 +142,7 @@ class Goodput(Policy):
         a = self._alpha(rows, cal)
         S0, S, rowcap = survivals(a, f, view, K, rem)
         return SimpleNamespace(a=a, cal=cal, S0=S0, S=S, rowcap=rowcap, rows=rows, rem=rem, f=f, lag=view.draft_lag,
-                               slot=None)
+                               slot=None, spread=None)
 
     def _alpha(self, rows, cal) -> np.ndarray:
         e = self.est
@@ -156,7 +159,7 @@ class Goodput(Policy):
         """What each row's token is worth this step (`goodput_weights.drain_weights`)."""
         d = self.draining
         return drain_weights(view, self._stream, d.tail, d.after, self.drain, r.est.S, r.est.S0, self._pool.dbar,
-                             lambda: self._time_args(view, r), r.est.slot)
+                             lambda: self._time_args(view, r), r.est.slot, r.est.spread)
 
     def _time_args(self, view, r) -> tuple:
         """`goodput_weights.time_weights`' arguments past S: c1, one more row's verify seconds, calibrated."""

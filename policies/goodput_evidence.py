@@ -220,24 +220,27 @@ def row_estimates(rows, pool: Evidence, cal: np.ndarray, estimator: str, k: floa
 
 class Kept:
     """The arrays `estimates` writes each step (a, cal, survivals S0 and S, row caps, slot weights, the mixture's
-    grid), kept while the batch's shape (n rows, K positions) holds, and the namespace that holds them (`est`)."""
+    grid, `time_weights`' spread), kept while the batch's shape (n rows, K positions) holds, and the namespace that
+    holds them (`est`)."""
 
-    __slots__ = ("n", "K", "a", "cal", "S0", "S", "rowcap", "slot", "w", "est")
+    __slots__ = ("n", "K", "a", "cal", "S0", "S", "rowcap", "slot", "w", "est", "spread")
 
     def __init__(self, n: int, K: int):
         self.n, self.K = n, K
         self.a, self.cal, self.rowcap, self.slot = np.empty(n), np.empty(n), np.empty(n, np.int64), np.empty(n)
         self.S0, self.S, self.w = np.empty((n, K)), np.empty((n, K)), np.empty(_MIX_GRID.size)
+        self.spread = (np.empty(n), np.empty(n))
         self.est = SimpleNamespace(a=self.a, cal=self.cal, S0=self.S0, S=self.S, rowcap=self.rowcap,
-                                   slot=self.slot if n >= 2 else None)
+                                   slot=self.slot if n >= 2 else None, spread=None)
 
 
 def estimates(pool: Evidence, rows, f: np.ndarray, remaining: np.ndarray, K: int, z: float, estimator: str,
-              k: float, tol: float, kept: Kept) -> bool:
+              k: float, tol: float, kept: Kept, spread: bool = False) -> bool:
     """`row_estimates(rows, pool, pool.calibrations(rows, z), estimator, k, tol)`, `survivals(a, f, ...)` and
     `goodput_weights.slot_weights(S0, pool.dbar)` in one compiled call (`kernels.goodput_estimates`: the same
-    operations) into `kept` (a, cal, S0, S, rowcap, slot). Returns whether it ran (else the caller runs those
-    functions: NaN, or arrays the kernel does not take)."""
+    operations) into `kept` (a, cal, S0, S, rowcap, slot; `spread`: and `time_weights`' spread of S, its e and
+    exponent, set as kept.est.spread). Returns whether it ran (else the caller runs those functions: NaN, or
+    arrays the kernel does not take)."""
     t, counts = rows.array, estimator == "counts"
     if not (search.COMPILED and t.dtype == f.dtype == np.float64 and remaining.dtype == np.int64 and t.ndim == 2
             and kept.a.shape == remaining.shape == t.shape[:1] and kept.K == K and f.shape[0] >= K):
@@ -256,18 +259,21 @@ def estimates(pool: Evidence, rows, f: np.ndarray, remaining: np.ndarray, K: int
     c, ok = kernels.goodput_estimates(kept.w, _MIX_GRID, due, 0.0 if due else float(pool.calibration), t,
                                       _estimate_columns(rows.fields, counts), float(z), k * base, float(k),
                                       float(cap), not counts, float(tol), f, remaining, K, int(d), float(d - int(d)),
-                                      kept.a, kept.cal, kept.S0, kept.S, kept.rowcap, kept.slot)
+                                      kept.a, kept.cal, kept.S0, kept.S, kept.rowcap, kept.slot, spread, float(k),
+                                      *kept.spread)
     if ok and due:
         pool._mix = (A, E, c)
+    kept.est.spread = kept.spread if spread else None
     return ok
 
 
 @functools.lru_cache(maxsize=8)
 def _estimate_columns(fields: tuple, counts: bool) -> np.ndarray:
     """The per-request table's columns `kernels.goodput_estimates` reads: accepted, verified_conf, verified, then
-    the estimate's numerator and denominator (accepted and rejected, or conf_sum and drafted)."""
+    the estimate's numerator and denominator (accepted and rejected, or conf_sum and drafted), drafted."""
     names = ("accepted", "verified_conf", "verified") + (("accepted", "rejected") if counts else ("conf_sum",
                                                                                                    "drafted"))
+    names += ("drafted",)
     return np.array([fields.index(f) for f in names], np.int64)
 
 

@@ -79,19 +79,20 @@ class RowCost:
         return c1
 
 
-def time_weights(S, a, dbar, drafted, prior_strength, remaining, c1, verify0):
+def time_weights(S, a, dbar, drafted, prior_strength, remaining, c1, verify0, spread=None):
     """Draining: a row's token is worth the seconds it saves. The batch's verify costs T(n) = c0 + c1 n (c1: one
     more row, `RowCost` x the calibration's scale; c0 = verify0 - n c1, fixed costs included). A row that finishes
     sooner leaves the batch 1 / e_i steps earlier per token (e_i its expected tokens per step), saving c1; the row
     that finishes last also ends the run, saving c0. Which row ends last is uncertain: P(last) ~ exp(-z^2 / 2), z
     the gap to the slowest row's expected steps in standard deviations (outcomes' variance e (e - 1), and the
     estimate's binomial error over the row's `drafted` tokens + `prior_strength`). Returns (weights, the least
-    chance of a row to end the run, the fixed share c0 / verify0 of a step)."""
+    chance of a row to end the run, the fixed share c0 / verify0 of a step). `spread`: `kernels.time_spread`'s
+    (e, exponent), computed already."""
     n, K = S.shape
     d = K if dbar is None else min(dbar, K)
     c0 = max(verify0 - n * c1, 0.0)
     if search.COMPILED and S.dtype == a.dtype == np.float64:   # the same operations, compiled around np.exp
-        e, u = kernels.time_spread(S, a, int(d), float(d - int(d)), drafted, prior_strength, remaining)
+        e, u = spread or kernels.time_spread(S, a, int(d), float(d - int(d)), drafted, prior_strength, remaining)
         w, p_min = kernels.time_scale(np.exp(u), e, c1, c0)
         return w, p_min, c0 / max(verify0, 1e-300)
     e = tokens_per_step(S, dbar)
@@ -106,20 +107,28 @@ def time_weights(S, a, dbar, drafted, prior_strength, remaining, c1, verify0):
     return w / max(float(w.max()), 1e-300), float(p.min()), c0 / max(verify0, 1e-300)
 
 
-def drain_weights(view, stream: Stream, tail: str, after: int, drain: bool, S, S0, dbar, time_args, slot=None):
+def timed(view, stream: Stream, tail: str, after: int, drain: bool) -> tuple[bool, bool]:
+    """(drained, timed): whether `drain_weights` drains, and whether it weighs by `time_weights`."""
+    drained = drain and view.requests_left == 0 and (stream.closed or tail != "never")
+    n = view.batch_size
+    return drained, n >= 2 and (drained or bool(after and stream.quiet >= after and n < stream.max_n))
+
+
+def drain_weights(view, stream: Stream, tail: str, after: int, drain: bool, S, S0, dbar, time_args, slot=None,
+                  spread=None):
     """The step's weights: draining (`drain`, no request left to join; `after` > 0, also once the batch shrank below
     its largest size and no request joined for that many steps), `time_weights`; a stream's tail (`tail`) drained
     always, never, or (balanced) where the batch was full until its last admission, else each token at the mean of
-    the drain's weight and 1; while requests may still join, `slot_weights` (`slot`: computed already). One row:
-    None. Returns a namespace: w, drained, p_min and fixed (`time_weights`', where drained)."""
+    the drain's weight and 1; while requests may still join, `slot_weights` (`slot`, `spread`: computed already).
+    One row: None. Returns a namespace: w, drained, p_min and fixed (`time_weights`', where drained)."""
     out = SimpleNamespace(w=None, drained=False, p_min=0.0, fixed=1.0)
-    drained = drain and view.requests_left == 0 and (stream.closed or tail != "never")
+    drained, by_time = timed(view, stream, tail, after, drain)
     if view.batch_size < 2:
         return out
-    if not drained and (not after or stream.quiet < after or view.batch_size >= stream.max_n):
+    if not by_time:
         out.w = slot_weights(S0, dbar) if slot is None else slot
         return out
-    w, out.p_min, out.fixed = time_weights(S, *time_args())
+    w, out.p_min, out.fixed = time_weights(S, *time_args(), spread=spread)
     if drained and not stream.closed and tail == "balanced" and not stream.saturated:
         w = 0.5 * (w + 1.0)   # a latency-bound stream's tail: as much its requests' latency as the run's end
     out.w, out.drained = w, True

@@ -1517,13 +1517,14 @@ def mixture_log_into(A, E, grid, ex, logprior, out):
 
 @njit(cache=True, nogil=True)
 def goodput_estimates(w, grid, due, c, table, cols, z, kb, k, cap, confidence, tol, f, remaining, K, lo, frac, a, cal,
-                      S0, S, rowcap, slot):
+                      S0, S, rowcap, slot, spread, strength, e, u):
     """`Goodput._estimate`'s chain: where `due`, the mixture's calibration c = exp(`mixture_median` of w, the
     posterior after np.exp) (libm's exp, as Python's math.exp); each row's, `row_calibration` at c where z != 0
     and two rows or more (else c); the rows' estimates (`row_estimates`: num, den the table's columns cols[3],
     cols[4]; cols[0:3]: accepted, verified confidence, verified); their survivals (`survivals`) and, for two rows
-    or more, S0's `slot_weights` at depth lo + frac. Written into a, cal, S0, S, rowcap, slot. Returns (c, True),
-    or (c, False) where w or the estimates hold NaN (the numpy forms decide)."""
+    or more, S0's `slot_weights` at depth lo + frac; where `spread`, S's `time_spread` (drafted: cols[5], the
+    estimate's prior `strength`) into e and u. Written into a, cal, S0, S, rowcap, slot. Returns (c, True), or
+    (c, False) where w or the estimates hold NaN (the numpy forms decide)."""
     n = table.shape[0]
     if due:
         lc, ok = mixture_median(w, grid)
@@ -1544,6 +1545,10 @@ def goodput_estimates(w, grid, due, c, table, cols, z, kb, k, cap, confidence, t
     rowcap[:] = rc
     if n >= 2:
         slot[:] = slot_weights(S0, lo, frac)
+    if spread:
+        te, tu = time_spread(S, a, lo, frac, table[:, cols[5]], strength, remaining)
+        e[:] = te
+        u[:] = tu
     return c, True
 
 
