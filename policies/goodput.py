@@ -26,7 +26,9 @@ class Step:
     G0: float                    # the Dinkelbach start: the last plan's goodput
     kept: bool = False           # an idle plan kept (`idle_replan`): no phase ran
     est: SimpleNamespace = None  # estimate: a, cal (per row), S0, S (slot survivals), rowcap, rows, rem, f, lag
-    #                              (lag: view.draft_lag, read once for the catch-up gate and CatchUpPadding.planned)
+    #                              (lag: view.draft_lag, read once for the catch-up gate and CatchUpPadding.planned),
+    #                              slot and spread (the weights' blocks, computed with the estimates, else None);
+    #                              compiled, its arrays are kept across steps (`goodput_evidence.Kept`)
     costs: object = None         # price: the step-time tables
     weights: SimpleNamespace = None   # weigh: w, drained, p_min, fixed
     planned: np.ndarray = None   # search: the plan's depths
@@ -124,7 +126,9 @@ class Goodput(Policy):
             self._pool.observe(view, accepted, self._step.est.rows, self._step.est.a, self.est.pool_memory, drafted)
 
     def _estimate(self, view, K, ids=None) -> SimpleNamespace:
-        """Each row's calibration, acceptance estimate and slot survivals (S0; S: 0 past its end); ids: the view's."""
+        """Each row's calibration, acceptance estimate and slot survivals (S0; S: 0 past its end); ids: the view's.
+        Compiled (`goodput_evidence.estimates`, unless `_alpha` is replaced): one call, with the slot weights and,
+        where the weights drain, time_weights' spread, into arrays kept while the batch's shape holds."""
         rows = self._seq.align(view.request_ids if ids is None else ids)
         rem, f, e = view.remaining, self._pool.positions.factor(K), self.est
         k = self._kept

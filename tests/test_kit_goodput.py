@@ -230,3 +230,71 @@ def test_the_mixture_and_row_calibrations_are_the_numpy_form(monkeypatch):
             return [out, p.calibration, ge.row_calibration(rows, p.calibration, z), p.calibrations(rows, z)]
         got, want = _both(monkeypatch, run)
         assert all(_same(x, y) for x, y in zip(got, want))
+
+
+def test_the_fused_estimate_chain_is_its_blocks(monkeypatch):
+    """goodput_evidence.estimates (one compiled call: calibrations, row_estimates, survivals, slot_weights,
+    time_weights' spread) against those blocks in their numpy form."""
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        n, K = int(rng.integers(1, 70)), int(rng.integers(1, 17))
+        st = kit.PerRequest(accepted=0.0, rejected=0.0, conf_sum=0.0, drafted=0.0, verified_conf=0.0, verified=0.0)
+        rows = st.align(np.arange(n))
+        rows.array[:] = rng.integers(0, 30, (n, 6)) * rng.random((n, 6)) ** 2
+        view = make_view(n, remaining=rng.integers(1, 30, n))
+        f = rng.uniform(0.6, 1.3, K + int(rng.integers(0, 3)))
+        est, z, tol = str(rng.choice(["counts", "confidence"])), float(rng.choice([0.0, 0.5, 3.0])), 0.01
+        A, E, mix = float(rng.uniform(0, 1e3)), float(rng.uniform(1, 1e3)), bool(rng.random() < 0.7)
+        dbar = None if rng.random() < 0.2 else float(rng.uniform(0.5, K + 2))
+
+        def pool():
+            p = ge.Evidence(accepted=7.0, rejected=3.0, conf_sum=6.0, drafted=10.0, mixture=mix, cal_accepted=A,
+                            cal_conf=E)
+            p.dbar = dbar
+            return p
+        p, kept = pool(), ge.Kept(n, K)
+        assert ge.estimates(p, rows, f, view.remaining, K, z, est, 8.0, tol, kept, spread=n >= 2)
+        monkeypatch.setattr(search, "COMPILED", False)
+        q = pool()
+        cal = q.calibrations(rows, z)
+        a = ge.row_estimates(rows, q, cal, est, 8.0, tol)
+        S0, S, cap = ge.survivals(a, f[:K], view, K, view.remaining)
+        want = [cal, a, S0, S, cap]
+        if n >= 2:
+            d = K if dbar is None else min(dbar, K)
+            want += [gw.slot_weights(S0, dbar), gw.time_weights(S, a, dbar, rows.drafted, 8.0, view.remaining, 1e-4,
+                                                                0.02)[0]]
+        monkeypatch.setattr(search, "COMPILED", True)
+        got = [kept.cal, kept.a, kept.S0, kept.S, kept.rowcap]
+        if n >= 2:
+            e, u = kept.est.spread
+            got += [kept.slot, gw.time_weights(S, a, dbar, rows.drafted, 8.0, view.remaining, 1e-4, 0.02,
+                                               spread=(e, u))[0]]
+            assert _same(e, kg.tokens_per_step(S, int(d), float(d - int(d))))
+        assert all(_same(x, y) for x, y in zip(got, want)) and p._mix == q._mix
+
+
+def test_the_search_with_its_extension_is_its_blocks(monkeypatch):
+    """goodput_gates.plan_extend (one compiled call) against plan_positions, ratio_extended and the gates' flags
+    in their numpy form."""
+    rng = np.random.default_rng(12)
+    for _ in range(300):
+        n, K = int(rng.integers(2, 150)), int(rng.integers(1, 17))
+        a = rng.choice(rng.uniform(0.3, 0.99, 4), n)
+        S = np.cumprod(np.minimum(a[:, None] * rng.uniform(0.8, 1.2, K), 0.999), axis=1)
+        cap = rng.integers(0, K + 1, n)
+        S[np.arange(K)[None, :] >= cap[:, None]] = 0.0
+        w = rng.choice([0.5, 1.0], n) if rng.random() < 0.7 else rng.uniform(0.1, 1, n)
+        ver = np.cumsum(rng.uniform(0, 1e-4, n * K + 1)) + 0.01
+        dr = np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1e-4, n)) + 0.002])
+        costs = kit.Tables(ver, dr, rng.uniform(0, 1e-3, K) if rng.random() < 0.3 else None)
+        rem, G0 = rng.integers(1, 5, n), float(rng.uniform(0, 3) * n / ver[0])
+        lag, extend = rng.integers(0, 5, n), int(rng.integers(0, 4))
+        depths, G, (late, any_, E, out, late_out, any_out) = gg.plan_extend(S, costs, G0, rem, w, lag, extend, cap)
+        monkeypatch.setattr(search, "COMPILED", False)
+        d, g = gg.plan_positions(S, costs, G0, rem, w)
+        (E2, _), out2 = gg.ratio_extended(S, d, w, g, extend, cap)
+        monkeypatch.setattr(search, "COMPILED", True)
+        assert np.array_equal(depths, d) and G == g and E == E2 and np.array_equal(out, out2)
+        assert (late, any_, late_out, any_out) == (bool(((d > 0) & (lag > 2)).any()), bool(d.any()),
+                                                   bool(((out > 0) & (lag > 2)).any()), bool(out.any()))
