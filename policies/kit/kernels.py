@@ -1269,11 +1269,18 @@ def _search_with_guess(key, arr, n, guess):
 def survivals(a, f, remaining, K):
     """`Goodput._estimate`'s slot survivals: S0[i, p] = prod over q <= p of min(a_i f_q, 0.999) (np.cumprod's
     order), S the same with 0 from row i's cap on (`search.draft_caps`: min(max(remaining - 1, 0), K)).
-    Returns (S0, S, the caps)."""
+    Returns (S0, S, the caps) (`survivals_into`)."""
     n = a.shape[0]
     S0, S = np.empty((n, K)), np.empty((n, K))
     cap = np.empty(n, np.int64)
-    for i in range(n):
+    survivals_into(a, f, remaining, K, S0, S, cap)
+    return S0, S, cap
+
+
+@njit(cache=True, nogil=True)
+def survivals_into(a, f, remaining, K, S0, S, cap):
+    """`survivals` into S0, S [n, K] and cap [n]."""
+    for i in range(a.shape[0]):
         cap[i] = min(max(remaining[i] - 1, 0), K)
         acc = 1.0
         for p in range(K):
@@ -1281,7 +1288,6 @@ def survivals(a, f, remaining, K):
             acc = x if p == 0 else acc * x
             S0[i, p] = acc
             S[i, p] = 0.0 if p >= cap[i] else acc
-    return S0, S, cap
 
 
 @njit(cache=True, nogil=True)
@@ -1317,9 +1323,21 @@ def _top(x):
 
 @njit(cache=True, nogil=True)
 def slot_weights(S0, lo, frac):
-    """`goodput_weights.slot_weights`: 1 / e_i (`tokens_per_step`) over its maximum."""
-    w = 1.0 / tokens_per_step(S0, lo, frac)
-    return w / _top(w)
+    """`goodput_weights.slot_weights`: 1 / e_i (`tokens_per_step`) over its maximum (`slot_weights_into`)."""
+    w = np.empty(S0.shape[0])
+    slot_weights_into(S0, lo, frac, w)
+    return w
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def slot_weights_into(S0, lo, frac, w):
+    """`slot_weights` into w (numpy's division rules, as its array division)."""
+    e = tokens_per_step(S0, lo, frac)
+    for i in range(e.shape[0]):
+        w[i] = 1.0 / e[i]
+    top = _top(w)
+    for i in range(e.shape[0]):
+        w[i] = w[i] / top
 
 
 @njit(cache=True, nogil=True)
@@ -1539,12 +1557,9 @@ def goodput_estimates(w, grid, due, c, table, cols, z, kb, k, cap, confidence, t
     if not ok:
         return c, False
     a[:] = x
-    s0, s, rc = survivals(a, f, remaining, K)
-    S0[:, :] = s0
-    S[:, :] = s
-    rowcap[:] = rc
+    survivals_into(a, f, remaining, K, S0, S, rowcap)
     if n >= 2:
-        slot[:] = slot_weights(S0, lo, frac)
+        slot_weights_into(S0, lo, frac, slot)
     if spread:
         te, tu = time_spread(S, a, lo, frac, table[:, cols[5]], strength, remaining)
         e[:] = te
