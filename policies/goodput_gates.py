@@ -11,6 +11,7 @@ from .kit import (best_prefix, catch_up_rows, expected_max, keep_by_margin, may_
                   plan_pays_catch_up, thin_evidence)
 
 MAY_END = 0.1   # the makespan gate judges a batch only where every row's chance to end the run is this or more
+_F64, _I64 = np.dtype(np.float64), np.dtype(np.int64)   # (the native dtypes, compared by identity)
 
 
 def plan_positions(S, costs, G0, remaining, w):
@@ -31,15 +32,28 @@ def plan_extend(S, costs, G0, remaining, w, lag, extend: int, rowcap):
     (`kernels.plan_extend`: the same operations). Returns (depths, G, (whether a drafting row lags (lag > 2),
     whether any drafts, the plan's value `plan_value`, `extended(depths, extend, rowcap)`, and those two questions
     of the extended depths)), or None where it does not run (the caller runs `plan_positions`)."""
-    if not (search.COMPILED and w is not None and lag.dtype == rowcap.dtype == np.int64
-            and lag.shape == rowcap.shape == w.shape and _weighted_compiled(S, costs, remaining, w)):
-        return None
-    n, pad = S.shape[0], costs.pad
+    n, K = S.shape
+    ver, dr, pad = costs.verify, costs.draft, costs.pad
+    if not (search.COMPILED and w is not None and w.shape == remaining.shape == lag.shape == rowcap.shape == (n,)
+            and ver.size > n * K and dr.size > n and (pad is None or pad.size >= K)
+            and _typed((S, w, ver, dr) if pad is None else (S, w, ver, dr, pad), (remaining, lag, rowcap))):
+        return None   # (`_weighted_compiled`'s conditions)
     planned, out = np.empty(n, np.int64), np.empty(n, np.int64)
     G, ok, late, any_, E, late_out, any_out = kernels.plan_extend(
-        S, w, remaining, float(G0), costs.verify, costs.draft, search._NO_PAD if pad is None else pad, pad is not None,
-        lag, int(extend), rowcap, planned, out)
+        S, w, remaining, float(G0), ver, dr, search._NO_PAD if pad is None else pad, pad is not None, lag, int(extend),
+        rowcap, planned, out)
     return (planned, G, (late, any_, E, out, late_out, any_out)) if ok else None
+
+
+def _typed(floats: tuple, ints: tuple) -> bool:
+    """Whether the arrays `floats` are float64 and `ints` int64 (the native dtypes' objects compared first)."""
+    for a in floats:
+        if a.dtype is not _F64 and a.dtype != _F64:
+            return False
+    for a in ints:
+        if a.dtype is not _I64 and a.dtype != _I64:
+            return False
+    return True
 
 
 def _weighted_compiled(S, costs, remaining, w) -> bool:
