@@ -89,7 +89,7 @@ class Goodput(Policy):
             self._step = Step(G0=0.0)
             return np.zeros(n, np.int64)
         ids = view.request_ids
-        self._stream.update(view, ids)
+        self._stream.update(view, ids, n)
         if self._idle.skip(view):
             self._step = Step(G0=self._step.G, kept=True, G=self._step.G)   # the last plan's G carries over
             return np.zeros(n, np.int64)
@@ -135,18 +135,18 @@ class Goodput(Policy):
         if k is None or k.n != len(rows) or k.K != K:
             k = self._kept = Kept(len(rows), K)
         d = self.draining
-        spread = timed(view, self._stream, d.tail, d.after, self.drain)[1]   # (time_weights' spread, where due)
+        mode = timed(view, self._stream, d.tail, d.after, self.drain)   # (drained, weighed by time_weights)
         if getattr(self._alpha, "__func__", None) is Goodput._alpha and estimates(
                 self._pool, rows, f, rem, K, e.row_calibration, self.estimator, e.prior_strength, e.tie_tolerance, k,
-                spread):
+                mode[1]):
             est = k.est   # (the chain below in one compiled call, into kept arrays)
-            est.rows, est.rem, est.f, est.lag = rows, rem, f, view.draft_lag
+            est.rows, est.rem, est.f, est.lag, est.mode = rows, rem, f, view.draft_lag, mode
             return est
         cal = self._pool.calibrations(rows, e.row_calibration)
         a = self._alpha(rows, cal)
         S0, S, rowcap = survivals(a, f, view, K, rem)
         return SimpleNamespace(a=a, cal=cal, S0=S0, S=S, rowcap=rowcap, rows=rows, rem=rem, f=f, lag=view.draft_lag,
-                               slot=None, spread=None)
+                               slot=None, spread=None, mode=mode)
 
     def _alpha(self, rows, cal) -> np.ndarray:
         e = self.est
@@ -163,7 +163,7 @@ class Goodput(Policy):
         """What each row's token is worth this step (`goodput_weights.drain_weights`)."""
         d = self.draining
         return drain_weights(view, self._stream, d.tail, d.after, self.drain, r.est.S, r.est.S0, self._pool.dbar,
-                             lambda: self._time_args(view, r), r.est.slot, r.est.spread)
+                             lambda: self._time_args(view, r), r.est.slot, r.est.spread, r.est.mode)
 
     def _time_args(self, view, r) -> tuple:
         """`goodput_weights.time_weights`' arguments past S: c1, one more row's verify seconds, calibrated."""

@@ -10,6 +10,7 @@ import numpy as np
 from .kit import PositionFactors, draft_caps, kernels, search, tie_bands
 
 MIXTURE_PRIOR = ((0.9, 0.3), (0.1, 1.5))   # (weight, sd of log c) of each normal of _Pool._mixture's prior
+_F64, _I64 = np.dtype(np.float64), np.dtype(np.int64)   # (the native dtypes, compared by identity first)
 _MIX_GRID = np.linspace(-5.0, 5.0, 201)   # log c
 _MIX_EXP = np.exp(_MIX_GRID)
 _MIX_LOGPRIOR = np.log(sum(w / s * np.exp(-0.5 * (_MIX_GRID / s) ** 2) for w, s in MIXTURE_PRIOR))
@@ -242,8 +243,10 @@ def estimates(pool: Evidence, rows, f: np.ndarray, remaining: np.ndarray, K: int
     exponent, set as kept.est.spread). Returns whether it ran (else the caller runs those functions: NaN, or
     arrays the kernel does not take)."""
     t, counts = rows.array, estimator == "counts"
-    if not (search.COMPILED and t.dtype == f.dtype == np.float64 and remaining.dtype == np.int64 and t.ndim == 2
-            and kept.a.shape == remaining.shape == t.shape[:1] and kept.K == K and f.shape[0] >= K):
+    tf, ff, ri = t.dtype, f.dtype, remaining.dtype
+    if not (search.COMPILED and t.ndim == 2 and kept.a.shape == remaining.shape == t.shape[:1] and kept.K == K
+            and f.shape[0] >= K and ((tf is _F64 and ff is _F64 and ri is _I64)
+                                     or (tf == ff == np.float64 and ri == np.int64))):
         return False
     if counts:
         base, cap = pool.accepted / (pool.accepted + pool.rejected), 0.0
@@ -256,7 +259,8 @@ def estimates(pool: Evidence, rows, f: np.ndarray, remaining: np.ndarray, K: int
         kernels.mixture_log_into(float(A), float(E), _MIX_GRID, _MIX_EXP, _MIX_LOGPRIOR, kept.w)
         np.exp(kept.w, out=kept.w)
     d = K if pool.dbar is None else min(pool.dbar, K)   # (slot_weights' depth)
-    c, ok = kernels.goodput_estimates(kept.w, _MIX_GRID, due, 0.0 if due else float(pool.calibration), t,
+    c = 0.0 if due else mix[2] if pool.mixture else float(pool.calibration)   # (mixture: `_mixture`'s, kept)
+    c, ok = kernels.goodput_estimates(kept.w, _MIX_GRID, due, c, t,
                                       _estimate_columns(rows.fields, counts), float(z), k * base, float(k),
                                       float(cap), not counts, float(tol), f, remaining, K, int(d), float(d - int(d)),
                                       kept.a, kept.cal, kept.S0, kept.S, kept.rowcap, kept.slot, spread, float(k),

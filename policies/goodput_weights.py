@@ -8,6 +8,8 @@ import numpy as np
 
 from .kit import kernels, row_cost, search
 
+_I64 = np.dtype(np.int64)   # (the native dtype, compared by identity first)
+
 
 class Stream:
     """What the run's admissions say: whether it was a closed batch at its first plan (`closed`), the steps since a
@@ -19,13 +21,14 @@ class Stream:
         self.max_id, self.quiet, self.max_n = -1, 0, 0
         self._open_steps = self._full_steps = 0
 
-    def update(self, view, ids=None) -> None:
-        """One step's admissions (`ids`: view.request_ids, where the caller read them)."""
-        left, n = view.requests_left, view.batch_size
+    def update(self, view, ids=None, n=None) -> None:
+        """One step's admissions (`ids`, `n`: view.request_ids and batch_size, where the caller read them)."""
+        left, n = view.requests_left, view.batch_size if n is None else n
         if self.closed is None:
             self.closed = left == 0
         ids = view.request_ids if ids is None else ids
-        top = kernels.max_id(ids) if search.COMPILED and ids.dtype == np.int64 else int(ids.max(initial=-1))
+        d = ids.dtype
+        top = kernels.max_id(ids) if search.COMPILED and (d is _I64 or d == np.int64) else int(ids.max(initial=-1))
         if top > self.max_id:
             self.max_id, self.quiet = top, 0
         else:
@@ -115,15 +118,16 @@ def timed(view, stream: Stream, tail: str, after: int, drain: bool) -> tuple[boo
 
 
 def drain_weights(view, stream: Stream, tail: str, after: int, drain: bool, S, S0, dbar, time_args, slot=None,
-                  spread=None):
+                  spread=None, mode=None):
     """The step's weights: draining (`drain`, no request left to join; `after` > 0, also once the batch shrank below
     its largest size and no request joined for that many steps), `time_weights`; a stream's tail (`tail`) drained
     always, never, or (balanced) where the batch was full until its last admission, else each token at the mean of
-    the drain's weight and 1; while requests may still join, `slot_weights` (`slot`, `spread`: computed already).
-    One row: None. Returns a namespace: w, drained, p_min and fixed (`time_weights`', where drained)."""
+    the drain's weight and 1; while requests may still join, `slot_weights` (`slot`, `spread`, `mode`: `timed`'s,
+    computed already). One row: None. Returns a namespace: w, drained, p_min and fixed (`time_weights`', where
+    drained)."""
     out = SimpleNamespace(w=None, drained=False, p_min=0.0, fixed=1.0)
-    drained, by_time = timed(view, stream, tail, after, drain)
-    if view.batch_size < 2:
+    drained, by_time = mode or timed(view, stream, tail, after, drain)
+    if S0.shape[0] < 2:
         return out
     if not by_time:
         out.w = slot_weights(S0, dbar) if slot is None else slot
