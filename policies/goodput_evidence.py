@@ -35,6 +35,7 @@ class Evidence:
         self.positions = PositionFactors(position_prior, position_optimism, position_paired)
         self.probes = 0
         self.dbar = None
+        self._exp_table = None   # (memory, np.exp(-d / memory) at d = 0, 1, ...: `_exps`)
 
     def probed(self, drafted: bool) -> None:
         """Count a probe step (one that drafted)."""
@@ -151,15 +152,37 @@ class Evidence:
             self.positions.add(verified, cols < accepted[:, None], estimate, drafted)
 
     def _observe_compiled(self, drafted, accepted, conf, rows, estimate, memory) -> None:
-        """`observe` with its counts from one compiled pass (`kernels.evidence_counts`, the same sums)."""
-        some = conf is not None and conf.shape[1] > 0
+        """`observe` with its counts from one compiled pass (`kernels.evidence_counts`, the same sums); where the
+        step drafted at any position, with the position factors' forget and add in the same call
+        (`kernels.evidence_observe`, np.exp(-drafted sum / memory) tabulated: `_exps`)."""
+        n, k = drafted.size, 0 if conf is None else conf.shape[1]
+        table, pf = rows.array, self.positions
+        if k and conf.shape[0] == table.shape[0] == n and estimate.shape == accepted.shape == drafted.shape \
+                and estimate.dtype == table.dtype == np.float64 and table.shape[1] == len(_FIELDS):
+            args = pf.compiled_args(k)   # (paired, the four sums, a factors buffer, prior, optimism) or None
+            if args is not None:
+                done, keep, *counts, dbar, ok = kernels.evidence_observe(
+                    drafted, accepted, conf, table, _columns(rows.fields), self._exps(memory, n * k), estimate, *args)
+                if done:
+                    self.dbar = dbar
+                    self._add_counts(np.float64(keep), *counts)   # (keep: np.exp's type, as below)
+                    return pf.refreshed(args[5] if ok else None)
         verified, acc_mask, *sums, self.dbar = kernels.evidence_counts(
-            drafted, accepted, conf if some else np.zeros((drafted.size, 0)), rows.array, _columns(rows.fields))
+            drafted, accepted, conf if k else np.zeros((drafted.size, 0)), table, _columns(rows.fields))
         keep = np.exp(-float(sums[3]) / memory)
-        if not some:
+        if not k:
             return self.add(keep, *sums)
         self._add_counts(keep, *sums)
         self.positions.forget_add(keep, verified, acc_mask, estimate, drafted)   # (forget, then add: one call)
+
+    def _exps(self, memory: float, top: int) -> np.ndarray:
+        """np.exp(-d / memory) at d = 0..top at least (numpy's exp, elementwise: each the value observe's
+        np.exp(-float(d) / memory) gives), kept while `memory` holds."""
+        e = self._exp_table
+        if e is None or e[0] != memory or e[1].size <= top:
+            size = max(top + 1, 2 * (0 if e is None or e[0] != memory else e[1].size))
+            e = self._exp_table = (memory, np.exp(-np.arange(size, dtype=float) / memory))
+        return e[1]
 
 
 _FIELDS = ("accepted", "rejected", "conf_sum", "drafted", "verified_conf", "verified")

@@ -945,9 +945,17 @@ def keep_margin(keep, idx, v, remaining, x, draft, verify, padp, has_pad, G, E, 
     """`search.keep_by_margin` over two or more rows idx (values v): ranked by (-round(v, 6), -remaining) as
     np.lexsort (`_rank_values`), the best count by `margin_gains` (x: the tokens drafted so far); the rows kept
     set in `keep`. Returns (kept any, their value, their seconds)."""
-    order = _rank_values(v, remaining, idx)
     m = idx.shape[0]
-    vs = np.empty(m)
+    return keep_margin_into(keep, idx, v, np.empty(m), np.empty(m, np.int64), remaining, x, draft, verify, padp,
+                            has_pad, G, E, T, has_ratio)
+
+
+@njit(cache=True, nogil=True)
+def keep_margin_into(keep, idx, v, vs, keys, remaining, x, draft, verify, padp, has_pad, G, E, T, has_ratio):
+    """`keep_margin` with its work in the buffers vs (float64) and keys (int64), each at least len(idx) long."""
+    m = idx.shape[0]
+    order = _rank_values_into(v, remaining, idx, keys[:m])
+    vs = vs[:m]
     for j in range(m):
         vs[j] = v[order[j]]
     best, gain, gain_v, dt = margin_gains(vs, draft, verify, x, verify.shape[0] - 1, padp, has_pad, G, E, T,
@@ -961,11 +969,17 @@ def keep_margin(keep, idx, v, remaining, x, draft, verify, padp, has_pad, G, E, 
 
 @njit(cache=True, nogil=True)
 def _rank_values(v, remaining, idx):
+    """np.lexsort((-remaining[idx], -np.round(v, 6))) (`_rank_values_into` a new array)."""
+    return _rank_values_into(v, remaining, idx, np.empty(idx.shape[0], np.int64))
+
+
+@njit(cache=True, nogil=True)
+def _rank_values_into(v, remaining, idx, keys):
     """np.lexsort((-remaining[idx], -np.round(v, 6))): one sort of distinct integer keys (rint(v 1e6) descending,
     then remaining descending, then position: the same order, as -q / 1e6 orders alike with -q), where v is in
-    [0, 2) and remaining in [0, 2^20); else `argsort2` on those keys."""
+    [0, 2) and remaining in [0, 2^20); else `argsort2` on those keys. The order is written to `keys` (len(idx)
+    long) and returned, or (the general sort) returned as a new array."""
     m = idx.shape[0]
-    keys = np.empty(m, np.int64)
     low = (1 << 20) - 1
     for j in range(m):
         q, r = np.rint(v[j] * 1e6), remaining[idx[j]]
@@ -982,45 +996,49 @@ def _rank_values(v, remaining, idx):
 
 
 @njit(cache=True, nogil=True)
-def drafting_keep(s, conf, cal, depths, position, a, f, w, has_w, planned, has_ratio, remaining, drafted, draft,
-                  verify, pad, G, E, T):
-    """`goodput_gates.Drafting.keep` in one pass: s <- s x min(confidence (0 where not drafting) x cal, 1); the rows
-    drafting that planned past position + 1 valued s x min(a x f, 0.999) (x w); one row by `_keep_one`'s floats,
-    more by `keep_margin` (a padded verify: + pad[min(position + 1, size - 1)]); `has_ratio` and every row at its
-    plan's end: against the ratio [E, T]. Returns (the keep mask, whether the ratio grows, by what value and
+def drafting_keep(keep, conf, position, f, drafted, E, T, s, work, iwork, cal, depths, a, fs, w, has_w, planned,
+                  has_ratio, remaining, draft, verify, pad, G):
+    """`goodput_gates.Drafting.keep` in one pass, the mask written to `keep` (n bools): s <- s x min(confidence (0
+    where not drafting) x cal, 1); the rows drafting that planned past position + 1 valued s x min(a x f, 0.999)
+    (x w; f: fs[position + 1] where fs reaches it); one row by `keep_one`'s floats, more by `keep_margin` (a padded
+    verify: + pad[min(position + 1, size - 1)]); `has_ratio` and every row at its plan's end: against the ratio
+    [E, T]. work (float64) and iwork (int64): [2, n] buffers. Returns (whether the ratio grows, by what value and
     seconds)."""
     n = s.shape[0]
+    j1 = position + 1
+    if j1 < fs.shape[0]:
+        f = fs[j1]
     has_pad = pad.shape[0] > 0
-    padp = pad[min(position + 1, pad.shape[0] - 1)] if has_pad else 0.0
-    idx = np.empty(n, np.int64)
+    padp = pad[min(j1, pad.shape[0] - 1)] if has_pad else 0.0
+    idx, v = iwork[0], work[0]
     m = 0
     for i in range(n):
+        keep[i] = False
         c = conf[i]
         on = not math.isnan(c)
         s[i] = s[i] * minimum((c if on else 0.0) * cal[i], 1.0)
-        if on and depths[i] > position + 1:
+        if on and depths[i] > j1:
             idx[m] = i
             m += 1
-    keep = np.zeros(n, np.bool_)
     if m == 0:
-        return keep, False, 0.0, 0.0
-    v = np.empty(m)
+        return False, 0.0, 0.0
     past = has_ratio
     for j in range(m):
         i = idx[j]
         v[j] = s[i] * minimum(a[i] * f, 0.999)
         if has_w:
             v[j] = v[j] * w[i]
-        past = past and planned[i] <= position + 1
+        past = past and planned[i] <= j1
     x = 0
     for i in range(drafted.shape[0]):
         x += drafted[i]
     if m > 1:
-        got, gv, dt = keep_margin(keep, idx[:m], v, remaining, x, draft, verify, padp, has_pad, G, E, T, past)
-        return keep, got and past, gv, dt
+        got, gv, dt = keep_margin_into(keep, idx[:m], v[:m], work[1], iwork[1], remaining, x, draft, verify, padp,
+                                       has_pad, G, E, T, past)
+        return got and past, gv, dt
     ok, dt = keep_one(v[0], x, draft, verify, padp, has_pad, E / T if past else G)
     keep[idx[0]] = ok
-    return keep, ok and past, v[0], dt
+    return ok and past, v[0], dt
 
 
 @njit(cache=True, nogil=True)
@@ -2177,6 +2195,34 @@ def best_pruned(parts, coff, head, xs, vx, n, ok, Ls, loff, Ns, cols, fw, moved,
     return bs, bj, best
 
 
+# ---- goodput's observe and keep_drafting, each step's one call (Evidence.observe with PositionFactors.forget_add)
+
+
+@njit(cache=True, nogil=True)
+def evidence_observe(drafted, accepted, conf, table, cols, exps, estimate, paired, acc_s, exp_s, first_acc, first_exp,
+                     f, prior, optimism):
+    """`goodput_evidence.Evidence.observe`'s step in one pass: `evidence_counts` (the per-request `table`, the
+    batch's sums), keep = exps[the drafted sum] (`exps`: np.exp(-d / memory) at d = 0, 1, ...: numpy's exp, as
+    observe computes it), then `PositionFactors.forget_add(keep, ...)` (`forget_add_sums`, with `paired` over the
+    rows' drafted) and its factors at the new sums written to f (`position_factors_into`; paired: the policy's
+    PositionFactors.paired). Returns (done, keep, the sums of accepted, rejected, confidence, drafted, verified
+    confidence and verified, the drafted rows' mean depth, the factors' ok); done False (nothing written): the
+    drafted sum is outside the table."""
+    n = drafted.shape[0]
+    d = 0
+    for i in range(n):
+        d += drafted[i]
+    if not 0 <= d < exps.shape[0]:
+        return False, 0.0, 0, 0.0, 0.0, 0, 0.0, 0, 0.0, False
+    verified, acc_mask, a_sum, rej, csum, d_sum, vconf, ver, dbar = evidence_counts(drafted, accepted, conf, table,
+                                                                                    cols)
+    keep = exps[d]
+    scale4(acc_s, exp_s, first_acc, first_exp, keep)
+    position_sums(verified, acc_mask, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp)
+    ok = position_factors_into(f, acc_s, exp_s, first_acc, first_exp, prior, optimism, paired)
+    return True, keep, a_sum, rej, csum, d_sum, vconf, ver, dbar, ok
+
+
 # ---- the kit's per-step blocks: ConfidenceCalibration, PerRequest, shrunk_rates, expected_tokens, PositionFactors,
 # tie_bands, PaddingFit, the cost tables and the idle rules ----------------------------------------------------------
 
@@ -2615,15 +2661,23 @@ def scale4(a, b, c, d, keep):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def position_factors(k, accepted, expected, first_acc, first_exp, prior, optimism, paired):
-    """`PositionFactors._factor`'s operations: (accepted + P) / (expected + P); paired, divided by the selection
-    ratio (first_acc + P f_0) / (first_exp + P) and multiplied by f_0; raised by optimism x 0.5 sqrt(e) / (e + P),
-    at most to max(f, 1); 1 past the sums. Returns (f, True), or (f, False) where an expected sum is negative (np.sqrt
-    warns there: the numpy form)."""
-    f = np.ones(k)
+    """`PositionFactors._factor`'s operations (`position_factors_into` a new array of k). Returns (f, ok)."""
+    f = np.empty(k)
+    return f, position_factors_into(f, accepted, expected, first_acc, first_exp, prior, optimism, paired)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def position_factors_into(f, accepted, expected, first_acc, first_exp, prior, optimism, paired):
+    """`PositionFactors._factor`'s operations for positions 0..len(f)-1, written to f: (accepted + P) / (expected +
+    P); paired, divided by the selection ratio (first_acc + P f_0) / (first_exp + P) and multiplied by f_0; raised
+    by optimism x 0.5 sqrt(e) / (e + P), at most to max(f, 1); 1 past the sums. Returns True, or False where an
+    expected sum is negative (np.sqrt warns there: the numpy form)."""
+    k = f.shape[0]
+    f[:] = 1.0
     m = min(k, accepted.shape[0])
     for p in range(m):
         if expected[p] < 0.0:
-            return f, False
+            return False
     for p in range(m):
         f[p] = (accepted[p] + prior) / (expected[p] + prior)
     if paired and m > 1:
@@ -2638,7 +2692,7 @@ def position_factors(k, accepted, expected, first_acc, first_exp, prior, optimis
             up = f[p] + c * math.sqrt(e) / (e + prior)
             cap = f[p] if f[p] >= 1.0 or f[p] != f[p] else 1.0
             f[p] = up if up <= cap or up != up else cap
-    return f, True
+    return True
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
