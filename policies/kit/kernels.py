@@ -1063,20 +1063,45 @@ def evidence_counts(drafted, accepted, conf, table, cols):
     n, K = conf.shape
     verified = np.zeros((n, K), np.bool_)
     acc_mask = np.zeros((n, K), np.bool_)
+    for i in range(n):
+        ver, a = min(drafted[i], accepted[i] + 1), accepted[i]
+        for j in range(K):
+            verified[i, j] = j < ver
+            acc_mask[i, j] = j < a
+    return (verified, acc_mask) + _evidence_rows(drafted, accepted, conf, table, cols, np.empty(0), False,
+                                                 np.empty((4, 0)))
+
+
+@njit(cache=True, nogil=True)
+def _evidence_rows(drafted, accepted, conf, table, cols, estimate, paired, col):
+    """`evidence_counts`' per-row sums and table updates; where col holds columns (col [4, K]), also
+    `position_sums`' column sums from the counts (row i verified its positions below min(drafted, accepted + 1),
+    accepted those below accepted), each column's terms in row order: for estimates finite and >= 0 and K > 1,
+    where each term numpy adds for a position a row did not reach is +0 (identity). Returns (the batch's sums of
+    accepted, rejected, confidence, drafted, verified confidence and verified, the drafted rows' mean depth)."""
+    n, K = conf.shape
+    sums = col.shape[1] > 0
     csum, vrow = np.empty(n), np.empty(n)
     row_c, row_v = np.empty(K), np.empty(K)
     acc_sum, dr_sum, ver_sum, rej_sum, dr_rows = 0, 0, 0, 0.0, 0
     for i in range(n):
         d, a = drafted[i], accepted[i]
         ver = min(d, a + 1)
-        for j in range(K):
-            c = conf[i, j]
-            c = 0.0 if math.isnan(c) else c
-            row_c[j] = c * (1.0 if j < d else 0.0)
-            row_v[j] = c * (1.0 if j < ver else 0.0)
-            verified[i, j] = j < ver
-            acc_mask[i, j] = j < a
-        csum[i], vrow[i] = pairwise(row_c, 0, K), pairwise(row_v, 0, K)
+        if K < 8:   # `pairwise` of fewer than 8 values: the same plain loop, without the row buffers
+            cs, vs = 0.0, 0.0
+            for j in range(K):
+                c = conf[i, j]
+                c = 0.0 if math.isnan(c) else c
+                cs += c * (1.0 if j < d else 0.0)
+                vs += c * (1.0 if j < ver else 0.0)
+            csum[i], vrow[i] = cs, vs
+        else:
+            for j in range(K):
+                c = conf[i, j]
+                c = 0.0 if math.isnan(c) else c
+                row_c[j] = c * (1.0 if j < d else 0.0)
+                row_v[j] = c * (1.0 if j < ver else 0.0)
+            csum[i], vrow[i] = pairwise(row_c, 0, K), pairwise(row_v, 0, K)
         rej = 1.0 if a < d else 0.0
         table[i, cols[0]] += a
         table[i, cols[1]] += rej
@@ -1089,8 +1114,25 @@ def evidence_counts(drafted, accepted, conf, table, cols):
         dr_sum += d
         ver_sum += ver
         dr_rows += d > 0
-    return (verified, acc_mask, acc_sum, rej_sum, pairwise(csum, 0, n), dr_sum, pairwise(vrow, 0, n), ver_sum,
+        if sums:
+            _position_terms(col, K, d, a, ver, estimate[i], paired)
+    return (acc_sum, rej_sum, pairwise(csum, 0, n), dr_sum, pairwise(vrow, 0, n), ver_sum,
             dr_sum / dr_rows if dr_rows else np.nan)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _position_terms(col, K, d, a, ver, e, paired):
+    """One row's non-zero terms of `position_sums`' columns (see `_evidence_rows`)."""
+    for p in range(min(ver, K)):
+        col[1, p] += e
+    for p in range(min(ver, a, K)):
+        col[0, p] += 1.0
+    if paired:
+        first = 0 < ver and 0 < a
+        for p in range(min(d, K)):
+            col[3, p] += e
+            if first:
+                col[2, p] += 1.0
 
 
 @njit(cache=True, nogil=True)
@@ -2204,21 +2246,34 @@ def evidence_observe(drafted, accepted, conf, table, cols, exps, estimate, paire
     """`goodput_evidence.Evidence.observe`'s step in one pass: `evidence_counts` (the per-request `table`, the
     batch's sums), keep = exps[the drafted sum] (`exps`: np.exp(-d / memory) at d = 0, 1, ...: numpy's exp, as
     observe computes it), then `PositionFactors.forget_add(keep, ...)` (`forget_add_sums`, with `paired` over the
-    rows' drafted) and its factors at the new sums written to f (`position_factors_into`; paired: the policy's
-    PositionFactors.paired). Returns (done, keep, the sums of accepted, rejected, confidence, drafted, verified
-    confidence and verified, the drafted rows' mean depth, the factors' ok); done False (nothing written): the
-    drafted sum is outside the table."""
-    n = drafted.shape[0]
-    d = 0
+    rows' drafted; the column sums from the counts where `_evidence_rows` may) and its factors at the new sums
+    written to f (`position_factors_into`; paired: the policy's PositionFactors.paired). Returns (done, keep, the
+    sums of accepted, rejected, confidence, drafted, verified confidence and verified, the drafted rows' mean
+    depth, the factors' ok); done False (nothing written): the drafted sum is outside the table."""
+    n, K = conf.shape
+    d, direct = 0, K > 1
     for i in range(n):
         d += drafted[i]
+        e = estimate[i]
+        direct = direct and 0.0 <= e < math.inf
     if not 0 <= d < exps.shape[0]:
         return False, 0.0, 0, 0.0, 0.0, 0, 0.0, 0, 0.0, False
-    verified, acc_mask, a_sum, rej, csum, d_sum, vconf, ver, dbar = evidence_counts(drafted, accepted, conf, table,
-                                                                                    cols)
     keep = exps[d]
     scale4(acc_s, exp_s, first_acc, first_exp, keep)
-    position_sums(verified, acc_mask, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp)
+    if direct:
+        col = np.zeros((4, K))
+        a_sum, rej, csum, d_sum, vconf, ver, dbar = _evidence_rows(drafted, accepted, conf, table, cols, estimate,
+                                                                   paired, col)
+        for p in range(K):
+            acc_s[p] += col[0, p]
+            exp_s[p] += col[1, p]
+            if paired:
+                first_acc[p] += col[2, p]
+                first_exp[p] += col[3, p]
+    else:
+        verified, acc_mask, a_sum, rej, csum, d_sum, vconf, ver, dbar = evidence_counts(drafted, accepted, conf,
+                                                                                        table, cols)
+        position_sums(verified, acc_mask, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp)
     ok = position_factors_into(f, acc_s, exp_s, first_acc, first_exp, prior, optimism, paired)
     return True, keep, a_sum, rej, csum, d_sum, vconf, ver, dbar, ok
 
