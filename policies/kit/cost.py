@@ -195,12 +195,19 @@ def pad_extra(costs, drafted: np.ndarray, view=None) -> float:
     cost at the rows' own contexts and drafts); a step that drafted nothing pads its contexts too."""
     n = drafted.size
     fast = COMPILED and n and drafted.dtype == np.int64 and drafted.ndim == 1
+    predicted = None if view is None else view.predicted_verify_s   # None before verification
+    if fast and predicted is not None:
+        ctx = view.context_lens
+        if ctx.dtype == np.int64 and ctx.shape == drafted.shape:   # the shapes below, in one compiled loop
+            shapes = np.empty((2, n), np.int64)
+            if kernels.pad_shape(drafted, ctx, shapes)[0]:
+                return 0.0
+            return float(view.cost.verify_time(shapes[0], shapes[1]) - predicted)
     if fast:   # min, max and sum in one loop (the same integers)
         dmin, k, dsum = kernels.int_stats(drafted)
         k = max(int(k), 0)
     else:
         k = int(drafted.max(initial=0))
-    predicted = None if view is None else view.predicted_verify_s   # None before verification
     if predicted is not None and n:
         ctx = view.context_lens
         if fast and ctx.dtype == np.int64 and ctx.ndim == 1:

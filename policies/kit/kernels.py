@@ -2278,6 +2278,24 @@ def evidence_observe(drafted, accepted, conf, table, cols, exps, estimate, paire
     return True, keep, a_sum, rej, csum, d_sum, vconf, ver, dbar, ok
 
 
+@njit(cache=True, nogil=True)
+def pad_shape(drafted, ctx, out):
+    """`cost.pad_extra`'s shapes after verification (n rows, n > 0): k, the deepest row's drafts (at least 0), and
+    top, the longest context (`int_stats` of each); whether nothing pads (one row, or every row at context top
+    and k drafts); else out[0] = top and out[1] = k at every row (the padded verify's shapes, as np.full).
+    Returns (nothing pads, k)."""
+    dmin, k, _ = int_stats(drafted)
+    cmin, top, _ = int_stats(ctx)
+    k = max(k, 0)
+    n = drafted.shape[0]
+    if n == 1 or (cmin == top and dmin == k):
+        return True, k
+    for i in range(n):
+        out[0, i] = top
+        out[1, i] = k
+    return False, k
+
+
 # ---- the kit's per-step blocks: ConfidenceCalibration, PerRequest, shrunk_rates, expected_tokens, PositionFactors,
 # tie_bands, PaddingFit, the cost tables and the idle rules ----------------------------------------------------------
 
