@@ -193,10 +193,21 @@ class Drafting:
         self._rows = None   # compiled: the keeps' per-step arguments (`_compiled_rows`), at the first keep; else False
 
     def keep(self, view, position, confidence, positions) -> np.ndarray:
-        if self._rows is None:
-            self._rows = self._compiled_rows(view)
-        if self._rows:
-            return self._keep_compiled(view, position, confidence, positions)
+        rows = self._rows
+        if rows is None:
+            rows = self._rows = self._compiled_rows(view)
+        if rows:   # one compiled pass (`kernels.drafting_keep`: the same operations; s updated in place)
+            fs, r = self.factors, self.ratio
+            f = 0.0 if fs is not None and position + 1 < fs.size else float(positions.factor(position + 2)[-1])
+            keep = np.empty(self.s.size, np.bool_)
+            E, T = (0.0, 1.0) if r is None else r
+            grow, gv, dt = kernels.drafting_keep(keep, confidence, position, f, view.drafted, E, T, *rows)
+            if grow > 0:
+                r[0] += gv
+                r[1] += dt
+            if grow >= 0:
+                return keep
+            self._rows = False   # a row vector not the batch's length: the numpy form decides
         fs, j = self.factors, position + 1
         f = float(fs[j] if fs is not None and j < fs.size else positions.factor(j + 1)[-1])
         drafting = ~np.isnan(confidence)
@@ -217,37 +228,18 @@ class Drafting:
         return keep_by_margin(view, position, idx, v, self.costs, self.G, self.ratio if past else None)
 
     def _compiled_rows(self, view):
-        """`kernels.drafting_keep`'s arguments fixed through the step's drafting (its state s, work buffers, the
-        rows' values, view.depths, remaining and the tables), read at its first keep, where it runs this step's
-        keeps (float64 tables, the draft's past the batch, int64 remaining); else False."""
-        c, n = self.costs, self.s.size
+        """`kernels.drafting_keep`'s arguments fixed through the step's drafting (the state s, the rows' values,
+        view.depths, remaining and the tables), read at its first keep, where it runs this step's keeps (float64
+        tables, the draft's past the batch, int64 remaining); else False."""
+        c, w, r = self.costs, self.w, self.ratio
         if not (search.COMPILED and c.draft.dtype == c.verify.dtype == np.float64 and c.draft.size > view.batch_size
                 and (self.remaining is None or self.remaining.dtype == np.int64)):
             return False
-        rem = view.remaining if self.remaining is None else self.remaining
-        depths, w, r = view.depths, self.w, self.ratio
-        if not (depths.shape == rem.shape == self.a.shape == self.cal.shape == (n,) and (w is None or w.shape == (n,))
-                and (r is None or self.planned.shape == (n,))):
-            return False   # (the numpy form's broadcasting decides)
-        return (self.s, np.empty((2, n)), np.empty((2, n), np.int64), self.cal, depths, self.a,
-                _NO_FACTORS if self.factors is None else self.factors, self.a if w is None else w, w is not None,
-                depths if r is None else self.planned, r is not None, rem, c.draft, c.verify,
+        depths = view.depths
+        return (self.s, self.cal, depths, self.a, _NO_FACTORS if self.factors is None else self.factors,
+                self.a if w is None else w, w is not None, depths if r is None else self.planned, r is not None,
+                view.remaining if self.remaining is None else self.remaining, c.draft, c.verify,
                 search._NO_PAD if c.pad is None else c.pad, float(self.G))
-
-    def _keep_compiled(self, view, position, confidence, positions) -> np.ndarray:
-        """`keep` in one compiled pass (`kernels.drafting_keep`: the same operations; s updated in place)."""
-        fs, r = self.factors, self.ratio
-        f = 0.0 if fs is not None and position + 1 < fs.size else float(positions.factor(position + 2)[-1])
-        if confidence.shape != self.s.shape:
-            raise ValueError(f"keep_drafting: {confidence.shape} confidences for a batch of {self.s.size} rows")
-        keep = np.empty(self.s.size, np.bool_)
-        E, T = (0.0, 1.0) if r is None else r
-        grow, gv, dt = kernels.drafting_keep(keep, confidence, position, f, view.drafted, float(E), float(T),
-                                             *self._rows)
-        if grow:
-            r[0] += gv
-            r[1] += dt
-        return keep
 
 
 _NO_FACTORS = np.zeros(0)

@@ -147,10 +147,12 @@ def test_keep_by_margin_and_drafting_keep_are_the_numpy_forms(monkeypatch):
         vals = np.round(rng.random(idx.size), 2) + rng.choice([0.0, 1e-8, 4e-7], idx.size)   # ties at 6 decimals
         vals *= 3.0 if rng.random() < 0.2 else 1.0   # (values past 2: the compiled ranking's general sort)
         past = rng.random() < 0.5
+        fs = None if rng.random() < 0.5 else rng.uniform(0.8, 1.1, int(rng.integers(1, 4)))   # (short: the rest
+        rem = None if rng.random() < 0.5 else view.remaining.copy()                       # from PositionFactors)
 
         def run():
             ratio = [float(n), float(n) / G] if past else None
-            d = gg.Drafting(n, a, cal, w, costs, G, view.depths, ratio)
+            d = gg.Drafting(n, a, cal, w, costs, G, view.depths, ratio, rem, fs)
             out = [d.keep(view, p, conf[p], kit.PositionFactors()) for p in range(3)] + [d.s, ratio]
             r2 = [float(n), float(n) / G]
             if idx.size > 1:

@@ -945,17 +945,9 @@ def keep_margin(keep, idx, v, remaining, x, draft, verify, padp, has_pad, G, E, 
     """`search.keep_by_margin` over two or more rows idx (values v): ranked by (-round(v, 6), -remaining) as
     np.lexsort (`_rank_values`), the best count by `margin_gains` (x: the tokens drafted so far); the rows kept
     set in `keep`. Returns (kept any, their value, their seconds)."""
+    order = _rank_values(v, remaining, idx)
     m = idx.shape[0]
-    return keep_margin_into(keep, idx, v, np.empty(m), np.empty(m, np.int64), remaining, x, draft, verify, padp,
-                            has_pad, G, E, T, has_ratio)
-
-
-@njit(cache=True, nogil=True)
-def keep_margin_into(keep, idx, v, vs, keys, remaining, x, draft, verify, padp, has_pad, G, E, T, has_ratio):
-    """`keep_margin` with its work in the buffers vs (float64) and keys (int64), each at least len(idx) long."""
-    m = idx.shape[0]
-    order = _rank_values_into(v, remaining, idx, keys[:m])
-    vs = vs[:m]
+    vs = np.empty(m)
     for j in range(m):
         vs[j] = v[order[j]]
     best, gain, gain_v, dt = margin_gains(vs, draft, verify, x, verify.shape[0] - 1, padp, has_pad, G, E, T,
@@ -969,17 +961,11 @@ def keep_margin_into(keep, idx, v, vs, keys, remaining, x, draft, verify, padp, 
 
 @njit(cache=True, nogil=True)
 def _rank_values(v, remaining, idx):
-    """np.lexsort((-remaining[idx], -np.round(v, 6))) (`_rank_values_into` a new array)."""
-    return _rank_values_into(v, remaining, idx, np.empty(idx.shape[0], np.int64))
-
-
-@njit(cache=True, nogil=True)
-def _rank_values_into(v, remaining, idx, keys):
     """np.lexsort((-remaining[idx], -np.round(v, 6))): one sort of distinct integer keys (rint(v 1e6) descending,
     then remaining descending, then position: the same order, as -q / 1e6 orders alike with -q), where v is in
-    [0, 2) and remaining in [0, 2^20); else `argsort2` on those keys. The order is written to `keys` (len(idx)
-    long) and returned, or (the general sort) returned as a new array."""
+    [0, 2) and remaining in [0, 2^20); else `argsort2` on those keys."""
     m = idx.shape[0]
+    keys = np.empty(m, np.int64)
     low = (1 << 20) - 1
     for j in range(m):
         q, r = np.rint(v[j] * 1e6), remaining[idx[j]]
@@ -996,21 +982,24 @@ def _rank_values_into(v, remaining, idx, keys):
 
 
 @njit(cache=True, nogil=True)
-def drafting_keep(keep, conf, position, f, drafted, E, T, s, work, iwork, cal, depths, a, fs, w, has_w, planned,
-                  has_ratio, remaining, draft, verify, pad, G):
+def drafting_keep(keep, conf, position, f, drafted, E, T, s, cal, depths, a, fs, w, has_w, planned, has_ratio,
+                  remaining, draft, verify, pad, G):
     """`goodput_gates.Drafting.keep` in one pass, the mask written to `keep` (n bools): s <- s x min(confidence (0
     where not drafting) x cal, 1); the rows drafting that planned past position + 1 valued s x min(a x f, 0.999)
     (x w; f: fs[position + 1] where fs reaches it); one row by `keep_one`'s floats, more by `keep_margin` (a padded
     verify: + pad[min(position + 1, size - 1)]); `has_ratio` and every row at its plan's end: against the ratio
-    [E, T]. work (float64) and iwork (int64): [2, n] buffers. Returns (whether the ratio grows, by what value and
-    seconds)."""
+    [E, T]. Returns (1 where the ratio grows, else 0; -1, nothing written: a row vector not n long; by what value
+    and seconds it grows)."""
     n = s.shape[0]
+    if not (conf.shape[0] == cal.shape[0] == depths.shape[0] == a.shape[0] == planned.shape[0] == n
+            and remaining.shape[0] == n and (w.shape[0] == n or not has_w)):
+        return -1, 0.0, 0.0
     j1 = position + 1
     if j1 < fs.shape[0]:
         f = fs[j1]
     has_pad = pad.shape[0] > 0
     padp = pad[min(j1, pad.shape[0] - 1)] if has_pad else 0.0
-    idx, v = iwork[0], work[0]
+    idx = np.empty(n, np.int64)
     m = 0
     for i in range(n):
         keep[i] = False
@@ -1021,7 +1010,8 @@ def drafting_keep(keep, conf, position, f, drafted, E, T, s, work, iwork, cal, d
             idx[m] = i
             m += 1
     if m == 0:
-        return False, 0.0, 0.0
+        return 0, 0.0, 0.0
+    v = np.empty(m)
     past = has_ratio
     for j in range(m):
         i = idx[j]
@@ -1033,12 +1023,11 @@ def drafting_keep(keep, conf, position, f, drafted, E, T, s, work, iwork, cal, d
     for i in range(drafted.shape[0]):
         x += drafted[i]
     if m > 1:
-        got, gv, dt = keep_margin_into(keep, idx[:m], v[:m], work[1], iwork[1], remaining, x, draft, verify, padp,
-                                       has_pad, G, E, T, past)
-        return got and past, gv, dt
+        got, gv, dt = keep_margin(keep, idx[:m], v, remaining, x, draft, verify, padp, has_pad, G, E, T, past)
+        return 1 if got and past else 0, gv, dt
     ok, dt = keep_one(v[0], x, draft, verify, padp, has_pad, E / T if past else G)
     keep[idx[0]] = ok
-    return ok and past, v[0], dt
+    return 1 if ok and past else 0, v[0], dt
 
 
 @njit(cache=True, nogil=True)
