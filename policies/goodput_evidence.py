@@ -120,13 +120,17 @@ class Evidence:
         self._vc = self._vc * keep + verified_conf
         self._vn = self._vn * keep + verified
 
-    def observe(self, view, accepted: np.ndarray, rows, estimate: np.ndarray, memory: float, drafted=None) -> None:
+    def observe(self, view, accepted: np.ndarray, rows, estimate: np.ndarray, memory: float, drafted=None,
+                only_drafted: bool = False) -> None:
         """A verified step's counts: into each row's sums (`rows`, goodput's PerRequest fields) and, forgetting with
         a memory of `memory` drafted tokens, the batch's, and the position factors (at the rows' `estimate`).
-        `drafted`: view.drafted, where the caller read it."""
+        `drafted`: view.drafted, where the caller read it; `only_drafted`: a step no row drafted in is not
+        observed."""
         drafted, conf = view.drafted if drafted is None else drafted, view.confidences
         if search.COMPILED and accepted.dtype == drafted.dtype == np.int64 and (conf is None or conf.dtype == float):
-            return self._observe_compiled(drafted, accepted, conf, rows, estimate, memory)
+            return self._observe_compiled(drafted, accepted, conf, rows, estimate, memory, only_drafted)
+        if only_drafted and not drafted.any():
+            return
         rej = (accepted < drafted).astype(float)
         ver = np.minimum(drafted, accepted + 1)   # verified drafts: the accepted ones and the first rejected
         if conf is not None and conf.shape[1]:
@@ -151,24 +155,27 @@ class Evidence:
         if conf is not None and conf.shape[1]:
             self.positions.add(verified, cols < accepted[:, None], estimate, drafted)
 
-    def _observe_compiled(self, drafted, accepted, conf, rows, estimate, memory) -> None:
-        """`observe` with its counts from one compiled pass (`kernels.evidence_counts`, the same sums); where the
-        step drafted at any position, with the position factors' forget and add in the same call
-        (`kernels.evidence_observe`, np.exp(-drafted sum / memory) tabulated: `_exps`)."""
-        n, k = drafted.size, 0 if conf is None else conf.shape[1]
-        table, pf = rows.array, self.positions
-        if k and conf.shape[0] == table.shape[0] == n and estimate.shape == accepted.shape == drafted.shape \
-                and estimate.dtype == table.dtype == np.float64 and table.shape[1] == len(_FIELDS):
-            args = pf.compiled_args(k)   # (paired, the four sums, a factors buffer, prior, optimism) or None
+    def _observe_compiled(self, drafted, accepted, conf, rows, estimate, memory, only_drafted=False) -> None:
+        """`observe` in one compiled pass where the step drafted at any position (`kernels.evidence_observe`: the
+        counts, the forget and the position factors' sums and factors; np.exp(-drafted sum / memory) tabulated:
+        `_exps`), else with its counts from one (`kernels.evidence_counts`, the same sums)."""
+        k = 0 if conf is None else conf.shape[1]
+        if k and estimate.dtype == np.float64 and estimate.ndim == 1:
+            args = self.positions.compiled_args(k)   # (paired, the four sums, a factors buffer, prior, optimism)
             if args is not None:
-                done, keep, *counts, dbar, ok = kernels.evidence_observe(
-                    drafted, accepted, conf, table, _columns(rows.fields), self._exps(memory, n * k), estimate, *args)
-                if done:
+                status, keep, *counts, dbar, ok = kernels.evidence_observe(
+                    drafted, accepted, conf, rows.array, _columns(rows.fields), self._exps(memory, drafted.size * k),
+                    estimate, *args)
+                if status == 0:
                     self.dbar = dbar
                     self._add_counts(np.float64(keep), *counts)   # (keep: np.exp's type, as below)
-                    return pf.refreshed(args[5] if ok else None)
+                    return self.positions.refreshed(args[5] if ok else None)
+                if status == 2 and only_drafted:
+                    return
+        if only_drafted and not drafted.any():
+            return
         verified, acc_mask, *sums, self.dbar = kernels.evidence_counts(
-            drafted, accepted, conf if k else np.zeros((drafted.size, 0)), table, _columns(rows.fields))
+            drafted, accepted, conf if k else np.zeros((drafted.size, 0)), rows.array, _columns(rows.fields))
         keep = np.exp(-float(sums[3]) / memory)
         if not k:
             return self.add(keep, *sums)

@@ -176,6 +176,7 @@ def test_evidence_observe_is_the_numpy_form(monkeypatch):
         est = [np.full(n, 0.7), rng.uniform(0.1, 0.99, n)]
         est[1][0] = rng.choice([0.5, 0.0, -0.3, np.nan])   # (a negative or NaN estimate: the kernel's mask form)
         paired, memory = bool(rng.random() < 0.5), float(rng.choice([2000.0, 3.0]))
+        idle = drafting(make_view(n), np.zeros(n, np.int64), conf=None)
 
         def run():
             p = ge.Evidence(position_paired=paired, mixture=True)
@@ -183,6 +184,7 @@ def test_evidence_observe_is_the_numpy_form(monkeypatch):
             rows = st.align(np.arange(n))
             for e in est:
                 p.observe(view, accepted, rows, e, memory)
+                p.observe(idle, np.zeros(n, np.int64), rows, e, memory, only_drafted=True)   # (not observed)
             pos = p.positions
             return [rows.array, pos.accepted, pos.expected, pos.first_acc, pos.first_exp, pos.factor(40), p.dbar,
                     [p.accepted, p.rejected, p.conf_sum, p.drafted, p.cal_accepted, p.cal_conf, p.verified]]

@@ -2236,17 +2236,25 @@ def evidence_observe(drafted, accepted, conf, table, cols, exps, estimate, paire
     batch's sums), keep = exps[the drafted sum] (`exps`: np.exp(-d / memory) at d = 0, 1, ...: numpy's exp, as
     observe computes it), then `PositionFactors.forget_add(keep, ...)` (`forget_add_sums`, with `paired` over the
     rows' drafted; the column sums from the counts where `_evidence_rows` may) and its factors at the new sums
-    written to f (`position_factors_into`; paired: the policy's PositionFactors.paired). Returns (done, keep, the
+    written to f (`position_factors_into`; paired: the policy's PositionFactors.paired). Returns (status, keep, the
     sums of accepted, rejected, confidence, drafted, verified confidence and verified, the drafted rows' mean
-    depth, the factors' ok); done False (nothing written): the drafted sum is outside the table."""
+    depth, the factors' ok); status 0: done; else nothing written: 2, no row drafted; 1, the drafted sum outside
+    the table, or the rows' vectors and table not n long (or the table short of a column)."""
     n, K = conf.shape
-    d, direct = 0, K > 1
+    d, direct, some = 0, K > 1, False
     for i in range(n):
         d += drafted[i]
+        some = some or drafted[i] != 0
+    if not (accepted.shape[0] == estimate.shape[0] == table.shape[0] == n and 0 <= d < exps.shape[0]):
+        return 1, 0.0, 0, 0.0, 0.0, 0, 0.0, 0, 0.0, False
+    for j in range(cols.shape[0]):
+        if not 0 <= cols[j] < table.shape[1]:
+            return 1, 0.0, 0, 0.0, 0.0, 0, 0.0, 0, 0.0, False
+    if not some:
+        return 2, 0.0, 0, 0.0, 0.0, 0, 0.0, 0, 0.0, False
+    for i in range(n):
         e = estimate[i]
         direct = direct and 0.0 <= e < math.inf
-    if not 0 <= d < exps.shape[0]:
-        return False, 0.0, 0, 0.0, 0.0, 0, 0.0, 0, 0.0, False
     keep = exps[d]
     scale4(acc_s, exp_s, first_acc, first_exp, keep)
     if direct:
@@ -2264,7 +2272,7 @@ def evidence_observe(drafted, accepted, conf, table, cols, exps, estimate, paire
                                                                                         table, cols)
         position_sums(verified, acc_mask, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp)
     ok = position_factors_into(f, acc_s, exp_s, first_acc, first_exp, prior, optimism, paired)
-    return True, keep, a_sum, rej, csum, d_sum, vconf, ver, dbar, ok
+    return 0, keep, a_sum, rej, csum, d_sum, vconf, ver, dbar, ok
 
 
 @njit(cache=True, nogil=True)
