@@ -2280,17 +2280,17 @@ def pad_shape(drafted, ctx, out):
     """`cost.pad_extra`'s shapes after verification (n rows, n > 0): k, the deepest row's drafts (at least 0), and
     top, the longest context (`int_stats` of each); whether nothing pads (one row, or every row at context top
     and k drafts); else out[0] = top and out[1] = k at every row (the padded verify's shapes, as np.full).
-    Returns (nothing pads, k)."""
+    Returns (nothing pads, k, top)."""
     dmin, k, _ = int_stats(drafted)
     cmin, top, _ = int_stats(ctx)
     k = max(k, 0)
     n = drafted.shape[0]
     if n == 1 or (cmin == top and dmin == k):
-        return True, k
+        return True, k, top
     for i in range(n):
         out[0, i] = top
         out[1, i] = k
-    return False, k
+    return False, k, top
 
 
 # ---- the kit's per-step blocks: ConfidenceCalibration, PerRequest, shrunk_rates, expected_tokens, PositionFactors,
