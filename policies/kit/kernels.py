@@ -1000,15 +1000,7 @@ def drafting_keep(keep, conf, position, f, drafted, E, T, s, cal, depths, a, fs,
     has_pad = pad.shape[0] > 0
     padp = pad[min(j1, pad.shape[0] - 1)] if has_pad else 0.0
     idx = np.empty(n, np.int64)
-    m = 0
-    for i in range(n):
-        keep[i] = False
-        c = conf[i]
-        on = not math.isnan(c)
-        s[i] = s[i] * minimum((c if on else 0.0) * cal[i], 1.0)
-        if on and depths[i] > j1:
-            idx[m] = i
-            m += 1
+    m = _drafting_rows(keep, conf, s, cal, depths, j1, idx)
     if m == 0:
         return 0, 0.0, 0.0
     v = np.empty(m)
@@ -1028,6 +1020,22 @@ def drafting_keep(keep, conf, position, f, drafted, E, T, s, cal, depths, a, fs,
     ok, dt = keep_one(v[0], x, draft, verify, padp, has_pad, E / T if past else G)
     keep[idx[0]] = ok
     return 1 if ok and past else 0, v[0], dt
+
+
+@njit(cache=True, nogil=True)
+def _drafting_rows(keep, conf, s, cal, depths, j1, idx):
+    """`drafting_keep`'s pass over the rows: keep cleared, s <- s x min(confidence (0 where NaN) x cal, 1), and the
+    rows drafting (confidence not NaN) with depths past j1 written to idx. Returns their count."""
+    m = 0
+    for i in range(s.shape[0]):
+        keep[i] = False
+        c = conf[i]
+        on = not math.isnan(c)
+        s[i] = s[i] * minimum((c if on else 0.0) * cal[i], 1.0)
+        if on and depths[i] > j1:
+            idx[m] = i
+            m += 1
+    return m
 
 
 @njit(cache=True, nogil=True)
@@ -1076,21 +1084,7 @@ def _evidence_rows(drafted, accepted, conf, table, cols, estimate, paired, col):
     for i in range(n):
         d, a = drafted[i], accepted[i]
         ver = min(d, a + 1)
-        if K < 8:   # `pairwise` of fewer than 8 values: the same plain loop, without the row buffers
-            cs, vs = 0.0, 0.0
-            for j in range(K):
-                c = conf[i, j]
-                c = 0.0 if math.isnan(c) else c
-                cs += c * (1.0 if j < d else 0.0)
-                vs += c * (1.0 if j < ver else 0.0)
-            csum[i], vrow[i] = cs, vs
-        else:
-            for j in range(K):
-                c = conf[i, j]
-                c = 0.0 if math.isnan(c) else c
-                row_c[j] = c * (1.0 if j < d else 0.0)
-                row_v[j] = c * (1.0 if j < ver else 0.0)
-            csum[i], vrow[i] = pairwise(row_c, 0, K), pairwise(row_v, 0, K)
+        csum[i], vrow[i] = _row_conf_sums(conf, i, d, ver, row_c, row_v)
         rej = 1.0 if a < d else 0.0
         table[i, cols[0]] += a
         table[i, cols[1]] += rej
@@ -1107,6 +1101,27 @@ def _evidence_rows(drafted, accepted, conf, table, cols, estimate, paired, col):
             _position_terms(col, K, d, a, ver, estimate[i], paired)
     return (acc_sum, rej_sum, pairwise(csum, 0, n), dr_sum, pairwise(vrow, 0, n), ver_sum,
             dr_sum / dr_rows if dr_rows else np.nan)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _row_conf_sums(conf, i, d, ver, row_c, row_v):
+    """Row i's confidence sums over its drafted (j < d) and verified (j < ver) positions, NaN as 0: numpy's sums of
+    c x (j < d) and c x (j < ver) (`pairwise`; below 8 positions its plain loop, without the row buffers)."""
+    K = conf.shape[1]
+    if K < 8:
+        cs, vs = 0.0, 0.0
+        for j in range(K):
+            c = conf[i, j]
+            c = 0.0 if math.isnan(c) else c
+            cs += c * (1.0 if j < d else 0.0)
+            vs += c * (1.0 if j < ver else 0.0)
+        return cs, vs
+    for j in range(K):
+        c = conf[i, j]
+        c = 0.0 if math.isnan(c) else c
+        row_c[j] = c * (1.0 if j < d else 0.0)
+        row_v[j] = c * (1.0 if j < ver else 0.0)
+    return pairwise(row_c, 0, K), pairwise(row_v, 0, K)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -2239,22 +2254,13 @@ def evidence_observe(drafted, accepted, conf, table, cols, exps, estimate, paire
     written to f (`position_factors_into`; paired: the policy's PositionFactors.paired). Returns (status, keep, the
     sums of accepted, rejected, confidence, drafted, verified confidence and verified, the drafted rows' mean
     depth, the factors' ok); status 0: done; else nothing written: 2, no row drafted; 1, the drafted sum outside
-    the table, or the rows' vectors and table not n long (or the table short of a column)."""
-    n, K = conf.shape
-    d, direct, some = 0, K > 1, False
-    for i in range(n):
-        d += drafted[i]
-        some = some or drafted[i] != 0
-    if not (accepted.shape[0] == estimate.shape[0] == table.shape[0] == n and 0 <= d < exps.shape[0]):
-        return 1, 0.0, 0, 0.0, 0.0, 0, 0.0, 0, 0.0, False
-    for j in range(cols.shape[0]):
-        if not 0 <= cols[j] < table.shape[1]:
-            return 1, 0.0, 0, 0.0, 0.0, 0, 0.0, 0, 0.0, False
-    if not some:
-        return 2, 0.0, 0, 0.0, 0.0, 0, 0.0, 0, 0.0, False
-    for i in range(n):
-        e = estimate[i]
-        direct = direct and 0.0 <= e < math.inf
+    the table, the rows' vectors and table not n long, the table short of a column or a sum of K positions."""
+    K = conf.shape[1]
+    status, d, direct = _evidence_status(drafted, accepted, conf, table, cols, exps, estimate)
+    if min(acc_s.shape[0], exp_s.shape[0], first_acc.shape[0], first_exp.shape[0]) < K:
+        status = 1
+    if status:
+        return status, 0.0, 0, 0.0, 0.0, 0, 0.0, 0, 0.0, False
     keep = exps[d]
     scale4(acc_s, exp_s, first_acc, first_exp, keep)
     if direct:
@@ -2291,6 +2297,29 @@ def pad_shape(drafted, ctx, out):
         out[0, i] = top
         out[1, i] = k
     return False, k, top
+
+
+@njit(cache=True, nogil=True)
+def _evidence_status(drafted, accepted, conf, table, cols, exps, estimate):
+    """`evidence_observe`'s checks: (status: 0 to go on, 1 the drafted sum d outside exps or a row vector, the table
+    or its columns not the rows', 2 no row drafted; d; whether its column sums may come from the counts: two or
+    more positions and every estimate finite and >= 0)."""
+    n, K = conf.shape
+    d, some, direct = 0, False, K > 1
+    for i in range(n):
+        d += drafted[i]
+        some = some or drafted[i] != 0
+    if not (accepted.shape[0] == estimate.shape[0] == table.shape[0] == n and 0 <= d < exps.shape[0]):
+        return 1, d, False
+    for j in range(cols.shape[0]):
+        if not 0 <= cols[j] < table.shape[1]:
+            return 1, d, False
+    if not some:
+        return 2, d, False
+    for i in range(n):
+        e = estimate[i]
+        direct = direct and 0.0 <= e < math.inf
+    return 0, d, direct
 
 
 # ---- the kit's per-step blocks: ConfidenceCalibration, PerRequest, shrunk_rates, expected_tokens, PositionFactors,
