@@ -128,11 +128,13 @@ class PositionFactors:
         """The arguments a compiled `forget_add` over k positions passes its kernel after the masks and estimates
         (`kernels.evidence_observe`): (paired, the sums accepted, expected, first_acc and first_exp, grown to k
         positions, a new buffer for the factors (`factor`'s cached count, at least 32), prior, optimism); None
-        where a sum is not float64 (the numpy form decides). Then `refreshed` with the factors written."""
+        where the sums are not float64 vectors of one length (the numpy form decides). Then `refreshed` with the
+        factors written."""
         if self.accepted.size < k:
             self._grow(k)
         a, e, fa, fe = self.accepted, self.expected, self.first_acc, self.first_exp
-        if not (a.dtype == e.dtype == fa.dtype == fe.dtype == np.float64):
+        if not (a.dtype == e.dtype == fa.dtype == fe.dtype == np.float64
+                and a.shape == e.shape == fa.shape == fe.shape):
             return None
         c = self._cache
         return (bool(self.paired), a, e, fa, fe, np.empty(32 if c is None else max(c[2].size, 32)),
