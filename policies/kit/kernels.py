@@ -1023,22 +1023,6 @@ def drafting_keep(keep, conf, position, f, drafted, E, T, s, cal, depths, a, fs,
 
 
 @njit(cache=True, nogil=True)
-def _drafting_rows(keep, conf, s, cal, depths, j1, idx):
-    """`drafting_keep`'s pass over the rows: keep cleared, s <- s x min(confidence (0 where NaN) x cal, 1), and the
-    rows drafting (confidence not NaN) with depths past j1 written to idx. Returns their count."""
-    m = 0
-    for i in range(s.shape[0]):
-        keep[i] = False
-        c = conf[i]
-        on = not math.isnan(c)
-        s[i] = s[i] * minimum((c if on else 0.0) * cal[i], 1.0)
-        if on and depths[i] > j1:
-            idx[m] = i
-            m += 1
-    return m
-
-
-@njit(cache=True, nogil=True)
 def keep_one(v, x, draft, verify, padp, has_pad, G):
     """`search._keep_one`'s test for one row worth v: v - G x (draft[1] + the verify's growth past x tokens (+
     padp)) > 0. Returns (kept, the seconds)."""
@@ -1067,76 +1051,6 @@ def evidence_counts(drafted, accepted, conf, table, cols):
             acc_mask[i, j] = j < a
     return (verified, acc_mask) + _evidence_rows(drafted, accepted, conf, table, cols, np.empty(0), False,
                                                  np.empty((4, 0)))
-
-
-@njit(cache=True, nogil=True)
-def _evidence_rows(drafted, accepted, conf, table, cols, estimate, paired, col):
-    """`evidence_counts`' per-row sums and table updates; where col holds columns (col [4, K]), also
-    `position_sums`' column sums from the counts (row i verified its positions below min(drafted, accepted + 1),
-    accepted those below accepted), each column's terms in row order: for estimates finite and >= 0 and K > 1,
-    where each term numpy adds for a position a row did not reach is +0 (identity). Returns (the batch's sums of
-    accepted, rejected, confidence, drafted, verified confidence and verified, the drafted rows' mean depth)."""
-    n, K = conf.shape
-    sums = col.shape[1] > 0
-    csum, vrow = np.empty(n), np.empty(n)
-    row_c, row_v = np.empty(K), np.empty(K)
-    acc_sum, dr_sum, ver_sum, rej_sum, dr_rows = 0, 0, 0, 0.0, 0
-    for i in range(n):
-        d, a = drafted[i], accepted[i]
-        ver = min(d, a + 1)
-        csum[i], vrow[i] = _row_conf_sums(conf, i, d, ver, row_c, row_v)
-        rej = 1.0 if a < d else 0.0
-        table[i, cols[0]] += a
-        table[i, cols[1]] += rej
-        table[i, cols[2]] += csum[i]
-        table[i, cols[3]] += d
-        table[i, cols[4]] += vrow[i]
-        table[i, cols[5]] += ver
-        acc_sum += a
-        rej_sum += rej
-        dr_sum += d
-        ver_sum += ver
-        dr_rows += d > 0
-        if sums:
-            _position_terms(col, K, d, a, ver, estimate[i], paired)
-    return (acc_sum, rej_sum, pairwise(csum, 0, n), dr_sum, pairwise(vrow, 0, n), ver_sum,
-            dr_sum / dr_rows if dr_rows else np.nan)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _row_conf_sums(conf, i, d, ver, row_c, row_v):
-    """Row i's confidence sums over its drafted (j < d) and verified (j < ver) positions, NaN as 0: numpy's sums of
-    c x (j < d) and c x (j < ver) (`pairwise`; below 8 positions its plain loop, without the row buffers)."""
-    K = conf.shape[1]
-    if K < 8:
-        cs, vs = 0.0, 0.0
-        for j in range(K):
-            c = conf[i, j]
-            c = 0.0 if math.isnan(c) else c
-            cs += c * (1.0 if j < d else 0.0)
-            vs += c * (1.0 if j < ver else 0.0)
-        return cs, vs
-    for j in range(K):
-        c = conf[i, j]
-        c = 0.0 if math.isnan(c) else c
-        row_c[j] = c * (1.0 if j < d else 0.0)
-        row_v[j] = c * (1.0 if j < ver else 0.0)
-    return pairwise(row_c, 0, K), pairwise(row_v, 0, K)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _position_terms(col, K, d, a, ver, e, paired):
-    """One row's non-zero terms of `position_sums`' columns (see `_evidence_rows`)."""
-    for p in range(min(ver, K)):
-        col[1, p] += e
-    for p in range(min(ver, a, K)):
-        col[0, p] += 1.0
-    if paired:
-        first = 0 < ver and 0 < a
-        for p in range(min(d, K)):
-            col[3, p] += e
-            if first:
-                col[2, p] += 1.0
 
 
 @njit(cache=True, nogil=True)
@@ -2242,6 +2156,92 @@ def best_pruned(parts, coff, head, xs, vx, n, ok, Ls, loff, Ns, cols, fw, moved,
 
 
 # ---- goodput's observe and keep_drafting, each step's one call (Evidence.observe with PositionFactors.forget_add)
+
+
+@njit(cache=True, nogil=True)
+def _drafting_rows(keep, conf, s, cal, depths, j1, idx):
+    """`drafting_keep`'s pass over the rows: keep cleared, s <- s x min(confidence (0 where NaN) x cal, 1), and the
+    rows drafting (confidence not NaN) with depths past j1 written to idx. Returns their count."""
+    m = 0
+    for i in range(s.shape[0]):
+        keep[i] = False
+        c = conf[i]
+        on = not math.isnan(c)
+        s[i] = s[i] * minimum((c if on else 0.0) * cal[i], 1.0)
+        if on and depths[i] > j1:
+            idx[m] = i
+            m += 1
+    return m
+
+
+@njit(cache=True, nogil=True)
+def _evidence_rows(drafted, accepted, conf, table, cols, estimate, paired, col):
+    """`evidence_counts`' per-row sums and table updates; where col holds columns (col [4, K]), also
+    `position_sums`' column sums from the counts (row i verified its positions below min(drafted, accepted + 1),
+    accepted those below accepted), each column's terms in row order: for estimates finite and >= 0 and K > 1,
+    where each term numpy adds for a position a row did not reach is +0 (identity). Returns (the batch's sums of
+    accepted, rejected, confidence, drafted, verified confidence and verified, the drafted rows' mean depth)."""
+    n, K = conf.shape
+    sums = col.shape[1] > 0
+    csum, vrow = np.empty(n), np.empty(n)
+    row_c, row_v = np.empty(K), np.empty(K)
+    acc_sum, dr_sum, ver_sum, rej_sum, dr_rows = 0, 0, 0, 0.0, 0
+    for i in range(n):
+        d, a = drafted[i], accepted[i]
+        ver = min(d, a + 1)
+        csum[i], vrow[i] = _row_conf_sums(conf, i, d, ver, row_c, row_v)
+        rej = 1.0 if a < d else 0.0
+        table[i, cols[0]] += a
+        table[i, cols[1]] += rej
+        table[i, cols[2]] += csum[i]
+        table[i, cols[3]] += d
+        table[i, cols[4]] += vrow[i]
+        table[i, cols[5]] += ver
+        acc_sum += a
+        rej_sum += rej
+        dr_sum += d
+        ver_sum += ver
+        dr_rows += d > 0
+        if sums:
+            _position_terms(col, K, d, a, ver, estimate[i], paired)
+    return (acc_sum, rej_sum, pairwise(csum, 0, n), dr_sum, pairwise(vrow, 0, n), ver_sum,
+            dr_sum / dr_rows if dr_rows else np.nan)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _row_conf_sums(conf, i, d, ver, row_c, row_v):
+    """Row i's confidence sums over its drafted (j < d) and verified (j < ver) positions, NaN as 0: numpy's sums of
+    c x (j < d) and c x (j < ver) (`pairwise`; below 8 positions its plain loop, without the row buffers)."""
+    K = conf.shape[1]
+    if K < 8:
+        cs, vs = 0.0, 0.0
+        for j in range(K):
+            c = conf[i, j]
+            c = 0.0 if math.isnan(c) else c
+            cs += c * (1.0 if j < d else 0.0)
+            vs += c * (1.0 if j < ver else 0.0)
+        return cs, vs
+    for j in range(K):
+        c = conf[i, j]
+        c = 0.0 if math.isnan(c) else c
+        row_c[j] = c * (1.0 if j < d else 0.0)
+        row_v[j] = c * (1.0 if j < ver else 0.0)
+    return pairwise(row_c, 0, K), pairwise(row_v, 0, K)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _position_terms(col, K, d, a, ver, e, paired):
+    """One row's non-zero terms of `position_sums`' columns (see `_evidence_rows`)."""
+    for p in range(min(ver, K)):
+        col[1, p] += e
+    for p in range(min(ver, a, K)):
+        col[0, p] += 1.0
+    if paired:
+        first = 0 < ver and 0 < a
+        for p in range(min(d, K)):
+            col[3, p] += e
+            if first:
+                col[2, p] += 1.0
 
 
 @njit(cache=True, nogil=True)
