@@ -230,9 +230,9 @@ class Drafting:
     def _compiled_rows(self, view):
         """`kernels.drafting_keep`'s arguments fixed through the step's drafting (the state s, the rows' values,
         view.depths, remaining and the tables), read at its first keep, where it runs this step's keeps (float64
-        tables, the draft's past the batch, int64 remaining); else False."""
+        tables, the draft's past the rows, int64 remaining); else False."""
         c, w, r = self.costs, self.w, self.ratio
-        if not (search.COMPILED and c.draft.dtype == c.verify.dtype == np.float64 and c.draft.size > view.batch_size
+        if not (search.COMPILED and c.draft.dtype == c.verify.dtype == np.float64 and c.draft.size > self.s.size
                 and (self.remaining is None or self.remaining.dtype == np.int64)):
             return False
         depths = view.depths
