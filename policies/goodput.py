@@ -122,8 +122,9 @@ class Goodput(Policy):
             self._pad.observe(view, self._calib)
         if self.cost == "calibrated" and not self._step.kept:
             self._calib.observe(view, pad_extra(self._costs, drafted, view))
-        if gates.drafts(drafted):   # nothing drafted, nothing learned of the draft; the plan's rows (the same batch)
-            self._pool.observe(view, accepted, self._step.est.rows, self._step.est.a, self.est.pool_memory, drafted)
+        est = self._step.est   # the plan's rows (the same batch); None: an idle or empty plan, which drafts nothing
+        if est is not None:   # (nothing drafted, nothing learned of the draft: `only_drafted`)
+            self._pool.observe(view, accepted, est.rows, est.a, self.est.pool_memory, drafted, only_drafted=True)
 
     def _estimate(self, view, K, ids=None) -> SimpleNamespace:
         """Each row's calibration, acceptance estimate and slot survivals (S0; S: 0 past its end); ids: the view's.

@@ -37,6 +37,7 @@ class Evidence:
         self.positions = PositionFactors(position_prior, position_optimism, position_paired)
         self.probes = 0
         self.dbar = None
+        self._exp_table = None   # (memory, np.exp(-d / memory) at d = 0, 1, ...: `_exps`)
 
     def probed(self, drafted: bool) -> None:
         """Count a probe step (one that drafted)."""
@@ -121,13 +122,17 @@ class Evidence:
         self._vc = self._vc * keep + verified_conf
         self._vn = self._vn * keep + verified
 
-    def observe(self, view, accepted: np.ndarray, rows, estimate: np.ndarray, memory: float, drafted=None) -> None:
+    def observe(self, view, accepted: np.ndarray, rows, estimate: np.ndarray, memory: float, drafted=None,
+                only_drafted: bool = False) -> None:
         """A verified step's counts: into each row's sums (`rows`, goodput's PerRequest fields) and, forgetting with
         a memory of `memory` drafted tokens, the batch's, and the position factors (at the rows' `estimate`).
-        `drafted`: view.drafted, where the caller read it."""
+        `drafted`: view.drafted, where the caller read it; `only_drafted`: a step no row drafted in is not
+        observed."""
         drafted, conf = view.drafted if drafted is None else drafted, view.confidences
         if search.COMPILED and accepted.dtype == drafted.dtype == np.int64 and (conf is None or conf.dtype == float):
-            return self._observe_compiled(drafted, accepted, conf, rows, estimate, memory)
+            return self._observe_compiled(drafted, accepted, conf, rows, estimate, memory, only_drafted)
+        if only_drafted and not drafted.any():
+            return
         rej = (accepted < drafted).astype(float)
         ver = np.minimum(drafted, accepted + 1)   # verified drafts: the accepted ones and the first rejected
         if conf is not None and conf.shape[1]:
@@ -152,16 +157,41 @@ class Evidence:
         if conf is not None and conf.shape[1]:
             self.positions.add(verified, cols < accepted[:, None], estimate, drafted)
 
-    def _observe_compiled(self, drafted, accepted, conf, rows, estimate, memory) -> None:
-        """`observe` with its counts from one compiled pass (`kernels.evidence_counts`, the same sums)."""
-        some = conf is not None and conf.shape[1] > 0
+    def _observe_compiled(self, drafted, accepted, conf, rows, estimate, memory, only_drafted=False) -> None:
+        """`observe` in one compiled pass where the step drafted at any position (`kernels.evidence_observe`: the
+        counts, the forget and the position factors' sums and factors; np.exp(-drafted sum / memory) tabulated:
+        `_exps`), else with its counts from one (`kernels.evidence_counts`, the same sums)."""
+        k = 0 if conf is None else conf.shape[1]
+        if k and estimate.dtype == np.float64 and estimate.ndim == 1:
+            args = self.positions.compiled_args(k)   # (paired, the four sums, a factors buffer, prior, optimism)
+            if args is not None:
+                status, keep, *counts, dbar, ok = kernels.evidence_observe(
+                    drafted, accepted, conf, rows.array, _columns(rows.fields), self._exps(memory, drafted.size * k),
+                    estimate, *args)
+                if status == 0:
+                    self.dbar = dbar
+                    self._add_counts(np.float64(keep), *counts)   # (keep: np.exp's type, as below)
+                    return self.positions.refreshed(args[5] if ok else None)
+                if status == 2 and only_drafted:
+                    return
+        if only_drafted and not drafted.any():
+            return
         verified, acc_mask, *sums, self.dbar = kernels.evidence_counts(
-            drafted, accepted, conf if some else np.zeros((drafted.size, 0)), rows.array, _columns(rows.fields))
+            drafted, accepted, conf if k else np.zeros((drafted.size, 0)), rows.array, _columns(rows.fields))
         keep = np.exp(-float(sums[3]) / memory)
-        if not some:
+        if not k:
             return self.add(keep, *sums)
         self._add_counts(keep, *sums)
         self.positions.forget_add(keep, verified, acc_mask, estimate, drafted)   # (forget, then add: one call)
+
+    def _exps(self, memory: float, top: int) -> np.ndarray:
+        """np.exp(-d / memory) at d = 0..top at least (numpy's exp, elementwise: each the value observe's
+        np.exp(-float(d) / memory) gives), kept while `memory` holds."""
+        e = self._exp_table
+        if e is None or e[0] != memory or e[1].size <= top:
+            size = max(top + 1, 2 * (0 if e is None or e[0] != memory else e[1].size))
+            e = self._exp_table = (memory, np.exp(-np.arange(size, dtype=float) / memory))
+        return e[1]
 
 
 _FIELDS = ("accepted", "rejected", "conf_sum", "drafted", "verified_conf", "verified")

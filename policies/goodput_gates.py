@@ -220,15 +220,26 @@ class Drafting:
         self.a, self.cal, self.w, self.costs, self.G = a, cal, w, costs, G
         self.planned, self.ratio, self.remaining = planned, ratio, remaining   # remaining: the step's, where given
         self.factors = factors   # the step's position factors (PositionFactors.factor at the plan), where given
-        self._rows = None   # compiled: the step's view.depths, remaining and pad, read at its first keep; else False
+        self._rows = None   # compiled: the keeps' per-step arguments (`_compiled_rows`), at the first keep; else False
 
     def keep(self, view, position, confidence, positions) -> np.ndarray:
+        rows = self._rows
+        if rows is None:
+            rows = self._rows = self._compiled_rows(view)
+        if rows:   # one compiled pass (`kernels.drafting_keep`: the same operations; s updated in place)
+            fs, r = self.factors, self.ratio
+            f = 0.0 if fs is not None and position + 1 < fs.size else float(positions.factor(position + 2)[-1])
+            keep = np.empty(self.s.size, np.bool_)
+            E, T = (0.0, 1.0) if r is None else r
+            grow, gv, dt = kernels.drafting_keep(keep, confidence, position, f, view.drafted, E, T, *rows)
+            if grow > 0:
+                r[0] += gv
+                r[1] += dt
+            if grow >= 0:
+                return keep
+            self._rows = False   # a row vector not the batch's length: the numpy form decides
         fs, j = self.factors, position + 1
         f = float(fs[j] if fs is not None and j < fs.size else positions.factor(j + 1)[-1])
-        if self._rows is None:
-            self._rows = self._compiled_rows(view)
-        if self._rows:
-            return self._keep_compiled(view, position, confidence, f)
         drafting = ~np.isnan(confidence)
         self.s = self.s * np.minimum(np.where(drafting, confidence, 0.0) * self.cal, 1.0)
         idx = np.flatnonzero(drafting & (view.depths > position + 1))
@@ -247,25 +258,18 @@ class Drafting:
         return keep_by_margin(view, position, idx, v, self.costs, self.G, self.ratio if past else None)
 
     def _compiled_rows(self, view):
-        """(view.depths, remaining, the pad table) where `kernels.drafting_keep` runs this step's keeps (float64
-        tables, the draft's past the batch, int64 remaining), else False (fixed through the step's drafting)."""
-        c = self.costs
-        if not (search.COMPILED and c.draft.dtype == c.verify.dtype == np.float64 and c.draft.size > view.batch_size
+        """`kernels.drafting_keep`'s arguments fixed through the step's drafting (the state s, the rows' values,
+        view.depths, remaining and the tables), read at its first keep, where it runs this step's keeps (float64
+        tables, the draft's past the rows, int64 remaining); else False."""
+        c, w, r = self.costs, self.w, self.ratio
+        if not (search.COMPILED and c.draft.dtype == c.verify.dtype == np.float64 and c.draft.size > self.s.size
                 and (self.remaining is None or self.remaining.dtype == np.int64)):
             return False
-        rem = view.remaining if self.remaining is None else self.remaining
-        return view.depths, rem, search._NO_PAD if c.pad is None else c.pad
+        depths = view.depths
+        return (self.s, self.cal, depths, self.a, _NO_FACTORS if self.factors is None else self.factors,
+                self.a if w is None else w, w is not None, depths if r is None else self.planned, r is not None,
+                view.remaining if self.remaining is None else self.remaining, c.draft, c.verify,
+                search._NO_PAD if c.pad is None else c.pad, float(self.G))
 
-    def _keep_compiled(self, view, position, confidence, f) -> np.ndarray:
-        """`keep` in one compiled pass (`kernels.drafting_keep`: the same operations; s updated in place)."""
-        c, r, w = self.costs, self.ratio, self.w
-        depths, remaining, pad = self._rows
-        E, T = (0.0, 1.0) if r is None else r
-        keep, grow, gv, dt = kernels.drafting_keep(
-            self.s, confidence, self.cal, depths, position, self.a, f, self.a if w is None else w, w is not None,
-            depths if r is None else self.planned, r is not None, remaining, view.drafted, c.draft, c.verify, pad,
-            float(self.G), float(E), float(T))
-        if grow:
-            r[0] += float(gv)
-            r[1] += float(dt)
-        return keep
+
+_NO_FACTORS = np.zeros(0)

@@ -97,7 +97,11 @@ def _tables_run(seed):
         drafted = rng.integers(0, K + 1, n) * (rng.random() < 0.9)
         ctx = rng.integers(100, 110, n) if rng.random() < 0.7 else np.full(n, 105)
         view = SimpleNamespace(predicted_verify_s=float(verify[0] * 1.1), context_lens=ctx, cost=LinearCost(v1=1e-5))
+        c1 = float(rng.choice([1e-5, 2e-5]))   # (a new cost model each time, some pricing alike: pad_extra's cache)
+        by_ctx = SimpleNamespace(verify_time=lambda c, d: 1e-3 + 1e-7 * float(np.sum(c)) + c1 * float(np.sum(d + 1)))
         out.append((kit.pad_extra(costs, drafted), kit.pad_extra(costs, drafted, view),
+                    kit.pad_extra(costs, drafted, SimpleNamespace(predicted_verify_s=1e-3, context_lens=ctx,
+                                                                  cost=by_ctx)),
                     kit.pad_extra(costs, np.zeros(0, np.int64))))
         cal = kit.CostCalibration()
         for _ in range(3):

@@ -147,10 +147,12 @@ def test_keep_by_margin_and_drafting_keep_are_the_numpy_forms(monkeypatch):
         vals = np.round(rng.random(idx.size), 2) + rng.choice([0.0, 1e-8, 4e-7], idx.size)   # ties at 6 decimals
         vals *= 3.0 if rng.random() < 0.2 else 1.0   # (values past 2: the compiled ranking's general sort)
         past = rng.random() < 0.5
+        fs = None if rng.random() < 0.5 else rng.uniform(0.8, 1.1, int(rng.integers(1, 4)))   # (short: the rest
+        rem = None if rng.random() < 0.5 else view.remaining.copy()                       # from PositionFactors)
 
         def run():
             ratio = [float(n), float(n) / G] if past else None
-            d = gg.Drafting(n, a, cal, w, costs, G, view.depths, ratio)
+            d = gg.Drafting(n, a, cal, w, costs, G, view.depths, ratio, rem, fs)
             out = [d.keep(view, p, conf[p], kit.PositionFactors()) for p in range(3)] + [d.s, ratio]
             r2 = [float(n), float(n) / G]
             if idx.size > 1:
@@ -165,22 +167,32 @@ def test_evidence_observe_is_the_numpy_form(monkeypatch):
     rng = np.random.default_rng(7)
     for _ in range(100):
         n = int(rng.integers(1, 70))
-        depths = rng.integers(0, 6, n)
+        depths = rng.integers(0, int(rng.choice([2, 6, 12])), n)   # (1, 5 and 11 positions: numpy's sum orders)
         depths[0] = max(depths[0], 1)
         view = drafting(make_view(n), depths, conf=None)
         view._s.confidences[:] = np.where(np.arange(view._s.confidences.shape[1])[None, :] < depths[:, None],
                                           rng.random(view._s.confidences.shape), np.nan)
         accepted = np.minimum(rng.integers(0, 6, n), depths)
+        est = [np.full(n, 0.7), rng.uniform(0.1, 0.99, n)]
+        est[1][0] = rng.choice([0.5, 0.0, -0.3, np.nan])   # (a negative or NaN estimate: the kernel's mask form)
+        paired, memory = bool(rng.random() < 0.5), float(rng.choice([2000.0, 3.0]))
+        idle = drafting(make_view(n), np.zeros(n, np.int64), conf=None)
 
         def run():
-            p = ge.Evidence(mixture=True)
+            p = ge.Evidence(position_paired=paired, mixture=True)
             st = kit.PerRequest(accepted=0.0, rejected=0.0, conf_sum=0.0, drafted=0.0, verified_conf=0.0, verified=0.0)
             rows = st.align(np.arange(n))
-            for _ in range(2):
-                p.observe(view, accepted, rows, np.full(n, 0.7), 2000.0)
-            return [rows.array, p.positions.accepted, p.positions.expected, p.dbar,
+            for e in est:
+                p.observe(view, accepted, rows, e, memory)
+                p.observe(idle, np.zeros(n, np.int64), rows, e, memory, only_drafted=True)   # (not observed)
+            pos = p.positions
+            return [rows.array, pos.accepted, pos.expected, pos.first_acc, pos.first_exp, pos.factor(40), p.dbar,
                     [p.accepted, p.rejected, p.conf_sum, p.drafted, p.cal_accepted, p.cal_conf, p.verified]]
-        got, want = _both(monkeypatch, run)
+        got = run()
+        with monkeypatch.context() as m:   # the numpy form: Evidence's and PositionFactors'
+            m.setattr(search, "COMPILED", False)
+            m.setattr(kit.acceptance, "COMPILED", False)
+            want = run()
         assert all(_same(x, y) for x, y in zip(got, want))
 
 

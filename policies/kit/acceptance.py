@@ -67,11 +67,7 @@ class PositionFactors:
         self._cache = None
         k = verified.shape[1]
         if self.accepted.size < k:
-            grow = k - self.accepted.size
-            self.accepted = np.concatenate([self.accepted, np.zeros(grow)])
-            self.expected = np.concatenate([self.expected, np.zeros(grow)])
-            self.first_acc = np.concatenate([self.first_acc, np.zeros(grow)])
-            self.first_exp = np.concatenate([self.first_exp, np.zeros(grow)])
+            self._grow(k)
         paired = self.paired and drafted is not None and k
         if COMPILED and verified.dtype == accepted.dtype == np.bool_ and verified.shape == accepted.shape \
                 and kernels.floats(estimate, self.accepted, self.expected, self.first_acc, self.first_exp) \
@@ -127,6 +123,34 @@ class PositionFactors:
             return
         self.forget(keep)
         self.add(verified, accepted, estimate, drafted)
+
+    def compiled_args(self, k: int):
+        """The arguments a compiled `forget_add` over k positions passes its kernel after the masks and estimates
+        (`kernels.evidence_observe`): (paired, the sums accepted, expected, first_acc and first_exp, grown to k
+        positions, a new buffer for the factors (`factor`'s cached count, at least 32), prior, optimism); None
+        where the sums are not float64 vectors of one length (the numpy form decides). Then `refreshed` with the
+        factors written."""
+        if self.accepted.size < k:
+            self._grow(k)
+        a, e, fa, fe = self.accepted, self.expected, self.first_acc, self.first_exp
+        if not (a.dtype == e.dtype == fa.dtype == fe.dtype == np.float64
+                and a.shape == e.shape == fa.shape == fe.shape):
+            return None
+        c = self._cache
+        return (bool(self.paired), a, e, fa, fe, np.empty(32 if c is None else max(c[2].size, 32)),
+                float(self.prior), float(self.optimism))
+
+    def refreshed(self, f) -> None:
+        """After a compiled forget and add (`compiled_args`): `f`, the factors of the new sums (None: unknown)."""
+        self._cache = None if f is None else (self.accepted, self.expected, f)
+
+    def _grow(self, k: int) -> None:
+        """The four sums extended with zeros to k positions."""
+        grow = k - self.accepted.size
+        self.accepted = np.concatenate([self.accepted, np.zeros(grow)])
+        self.expected = np.concatenate([self.expected, np.zeros(grow)])
+        self.first_acc = np.concatenate([self.first_acc, np.zeros(grow)])
+        self.first_exp = np.concatenate([self.first_exp, np.zeros(grow)])
 
     def forget(self, keep: float) -> None:
         if COMPILED and kernels.floats(self.accepted, self.expected, self.first_acc, self.first_exp):

@@ -195,12 +195,20 @@ def pad_extra(costs, drafted: np.ndarray, view=None) -> float:
     cost at the rows' own contexts and drafts); a step that drafted nothing pads its contexts too."""
     n = drafted.size
     fast = COMPILED and n and drafted.dtype == np.int64 and drafted.ndim == 1
+    predicted = None if view is None else view.predicted_verify_s   # None before verification
+    if fast and predicted is not None:
+        ctx = view.context_lens
+        if ctx.dtype == np.int64 and ctx.shape == drafted.shape:   # the shapes below, in one compiled loop
+            shapes = np.empty((2, n), np.int64)
+            flat, k, top = kernels.pad_shape(drafted, ctx, shapes)
+            if flat:
+                return 0.0
+            return float(_padded_verify(view.cost, shapes, n, top, k) - predicted)
     if fast:   # min, max and sum in one loop (the same integers)
         dmin, k, dsum = kernels.int_stats(drafted)
         k = max(int(k), 0)
     else:
         k = int(drafted.max(initial=0))
-    predicted = None if view is None else view.predicted_verify_s   # None before verification
     if predicted is not None and n:
         ctx = view.context_lens
         if fast and ctx.dtype == np.int64 and ctx.ndim == 1:
@@ -215,6 +223,23 @@ def pad_extra(costs, drafted: np.ndarray, view=None) -> float:
         return 0.0
     v = costs.verify
     return float(v[min(n * k, v.size - 1)] - v[min(int(dsum if fast else drafted.sum()), v.size - 1)])
+
+
+_PADDED = {}   # `_padded_verify`'s seconds: (id(cost), rows, context, drafts) -> (the cost model, seconds)
+
+
+def _padded_verify(cost, shapes, n: int, top: int, k: int) -> float:
+    """float(cost.verify_time(shapes[0], shapes[1])), the verify of n rows each at context `top` with `k` drafts
+    (the rows of `shapes`), kept per cost model and shape: a cost model is pure (docs/plugins.md), and a steady
+    batch pads to the same shape step after step. (Each entry holds its cost model: an id is not reused while
+    its entry lives.)"""
+    key = (id(cost), n, top, k)
+    hit = _PADDED.get(key)
+    if hit is None or hit[0] is not cost:
+        if len(_PADDED) >= 4096:
+            _PADDED.clear()
+        hit = _PADDED[key] = (cost, float(cost.verify_time(shapes[0], shapes[1])))
+    return hit[1]
 
 
 class PolicyTime:

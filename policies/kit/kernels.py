@@ -982,28 +982,27 @@ def _rank_values(v, remaining, idx):
 
 
 @njit(cache=True, nogil=True)
-def drafting_keep(s, conf, cal, depths, position, a, f, w, has_w, planned, has_ratio, remaining, drafted, draft,
-                  verify, pad, G, E, T):
-    """`goodput_gates.Drafting.keep` in one pass: s <- s x min(confidence (0 where not drafting) x cal, 1); the rows
-    drafting that planned past position + 1 valued s x min(a x f, 0.999) (x w); one row by `_keep_one`'s floats,
-    more by `keep_margin` (a padded verify: + pad[min(position + 1, size - 1)]); `has_ratio` and every row at its
-    plan's end: against the ratio [E, T]. Returns (the keep mask, whether the ratio grows, by what value and
-    seconds)."""
+def drafting_keep(keep, conf, position, f, drafted, E, T, s, cal, depths, a, fs, w, has_w, planned, has_ratio,
+                  remaining, draft, verify, pad, G):
+    """`goodput_gates.Drafting.keep` in one pass, the mask written to `keep` (n bools): s <- s x min(confidence (0
+    where not drafting) x cal, 1); the rows drafting that planned past position + 1 valued s x min(a x f, 0.999)
+    (x w; f: fs[position + 1] where fs reaches it); one row by `keep_one`'s floats, more by `keep_margin` (a padded
+    verify: + pad[min(position + 1, size - 1)]); `has_ratio` and every row at its plan's end: against the ratio
+    [E, T]. Returns (1 where the ratio grows, else 0; -1, nothing written: a row vector not n long; by what value
+    and seconds it grows)."""
     n = s.shape[0]
+    if not (conf.shape[0] == cal.shape[0] == depths.shape[0] == a.shape[0] == planned.shape[0] == n
+            and remaining.shape[0] == n and (w.shape[0] == n or not has_w)):
+        return -1, 0.0, 0.0
+    j1 = position + 1
+    if j1 < fs.shape[0]:
+        f = fs[j1]
     has_pad = pad.shape[0] > 0
-    padp = pad[min(position + 1, pad.shape[0] - 1)] if has_pad else 0.0
+    padp = pad[min(j1, pad.shape[0] - 1)] if has_pad else 0.0
     idx = np.empty(n, np.int64)
-    m = 0
-    for i in range(n):
-        c = conf[i]
-        on = not math.isnan(c)
-        s[i] = s[i] * minimum((c if on else 0.0) * cal[i], 1.0)
-        if on and depths[i] > position + 1:
-            idx[m] = i
-            m += 1
-    keep = np.zeros(n, np.bool_)
+    m = _drafting_rows(keep, conf, s, cal, depths, j1, idx)
     if m == 0:
-        return keep, False, 0.0, 0.0
+        return 0, 0.0, 0.0
     v = np.empty(m)
     past = has_ratio
     for j in range(m):
@@ -1011,16 +1010,16 @@ def drafting_keep(s, conf, cal, depths, position, a, f, w, has_w, planned, has_r
         v[j] = s[i] * minimum(a[i] * f, 0.999)
         if has_w:
             v[j] = v[j] * w[i]
-        past = past and planned[i] <= position + 1
+        past = past and planned[i] <= j1
     x = 0
     for i in range(drafted.shape[0]):
         x += drafted[i]
     if m > 1:
         got, gv, dt = keep_margin(keep, idx[:m], v, remaining, x, draft, verify, padp, has_pad, G, E, T, past)
-        return keep, got and past, gv, dt
+        return 1 if got and past else 0, gv, dt
     ok, dt = keep_one(v[0], x, draft, verify, padp, has_pad, E / T if past else G)
     keep[idx[0]] = ok
-    return keep, ok and past, v[0], dt
+    return 1 if ok and past else 0, v[0], dt
 
 
 @njit(cache=True, nogil=True)
@@ -1045,34 +1044,13 @@ def evidence_counts(drafted, accepted, conf, table, cols):
     n, K = conf.shape
     verified = np.zeros((n, K), np.bool_)
     acc_mask = np.zeros((n, K), np.bool_)
-    csum, vrow = np.empty(n), np.empty(n)
-    row_c, row_v = np.empty(K), np.empty(K)
-    acc_sum, dr_sum, ver_sum, rej_sum, dr_rows = 0, 0, 0, 0.0, 0
     for i in range(n):
-        d, a = drafted[i], accepted[i]
-        ver = min(d, a + 1)
+        ver, a = min(drafted[i], accepted[i] + 1), accepted[i]
         for j in range(K):
-            c = conf[i, j]
-            c = 0.0 if math.isnan(c) else c
-            row_c[j] = c * (1.0 if j < d else 0.0)
-            row_v[j] = c * (1.0 if j < ver else 0.0)
             verified[i, j] = j < ver
             acc_mask[i, j] = j < a
-        csum[i], vrow[i] = pairwise(row_c, 0, K), pairwise(row_v, 0, K)
-        rej = 1.0 if a < d else 0.0
-        table[i, cols[0]] += a
-        table[i, cols[1]] += rej
-        table[i, cols[2]] += csum[i]
-        table[i, cols[3]] += d
-        table[i, cols[4]] += vrow[i]
-        table[i, cols[5]] += ver
-        acc_sum += a
-        rej_sum += rej
-        dr_sum += d
-        ver_sum += ver
-        dr_rows += d > 0
-    return (verified, acc_mask, acc_sum, rej_sum, pairwise(csum, 0, n), dr_sum, pairwise(vrow, 0, n), ver_sum,
-            dr_sum / dr_rows if dr_rows else np.nan)
+    return (verified, acc_mask) + _evidence_rows(drafted, accepted, conf, table, cols, np.empty(0), False,
+                                                 np.empty((4, 0)))
 
 
 @njit(cache=True, nogil=True)
@@ -2254,6 +2232,173 @@ def best_pruned(parts, coff, head, xs, vx, n, ok, Ls, loff, Ns, cols, fw, moved,
     return bs, bj, best
 
 
+# ---- goodput's observe and keep_drafting, each step's one call (Evidence.observe with PositionFactors.forget_add)
+
+
+@njit(cache=True, nogil=True)
+def _drafting_rows(keep, conf, s, cal, depths, j1, idx):
+    """`drafting_keep`'s pass over the rows: keep cleared, s <- s x min(confidence (0 where NaN) x cal, 1), and the
+    rows drafting (confidence not NaN) with depths past j1 written to idx. Returns their count."""
+    m = 0
+    for i in range(s.shape[0]):
+        keep[i] = False
+        c = conf[i]
+        on = not math.isnan(c)
+        s[i] = s[i] * minimum((c if on else 0.0) * cal[i], 1.0)
+        if on and depths[i] > j1:
+            idx[m] = i
+            m += 1
+    return m
+
+
+@njit(cache=True, nogil=True)
+def _evidence_rows(drafted, accepted, conf, table, cols, estimate, paired, col):
+    """`evidence_counts`' per-row sums and table updates; where col holds columns (col [4, K]), also
+    `position_sums`' column sums from the counts (row i verified its positions below min(drafted, accepted + 1),
+    accepted those below accepted), each column's terms in row order: for estimates finite and >= 0 and K > 1,
+    where each term numpy adds for a position a row did not reach is +0 (identity). Returns (the batch's sums of
+    accepted, rejected, confidence, drafted, verified confidence and verified, the drafted rows' mean depth)."""
+    n, K = conf.shape
+    sums = col.shape[1] > 0
+    csum, vrow = np.empty(n), np.empty(n)
+    row_c, row_v = np.empty(K), np.empty(K)
+    acc_sum, dr_sum, ver_sum, rej_sum, dr_rows = 0, 0, 0, 0.0, 0
+    for i in range(n):
+        d, a = drafted[i], accepted[i]
+        ver = min(d, a + 1)
+        csum[i], vrow[i] = _row_conf_sums(conf, i, d, ver, row_c, row_v)
+        rej = 1.0 if a < d else 0.0
+        table[i, cols[0]] += a
+        table[i, cols[1]] += rej
+        table[i, cols[2]] += csum[i]
+        table[i, cols[3]] += d
+        table[i, cols[4]] += vrow[i]
+        table[i, cols[5]] += ver
+        acc_sum += a
+        rej_sum += rej
+        dr_sum += d
+        ver_sum += ver
+        dr_rows += d > 0
+        if sums:
+            _position_terms(col, K, d, a, ver, estimate[i], paired)
+    return (acc_sum, rej_sum, pairwise(csum, 0, n), dr_sum, pairwise(vrow, 0, n), ver_sum,
+            dr_sum / dr_rows if dr_rows else np.nan)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _row_conf_sums(conf, i, d, ver, row_c, row_v):
+    """Row i's confidence sums over its drafted (j < d) and verified (j < ver) positions, NaN as 0: numpy's sums of
+    c x (j < d) and c x (j < ver) (`pairwise`; below 8 positions its plain loop, without the row buffers)."""
+    K = conf.shape[1]
+    if K < 8:
+        cs, vs = 0.0, 0.0
+        for j in range(K):
+            c = conf[i, j]
+            c = 0.0 if math.isnan(c) else c
+            cs += c * (1.0 if j < d else 0.0)
+            vs += c * (1.0 if j < ver else 0.0)
+        return cs, vs
+    for j in range(K):
+        c = conf[i, j]
+        c = 0.0 if math.isnan(c) else c
+        row_c[j] = c * (1.0 if j < d else 0.0)
+        row_v[j] = c * (1.0 if j < ver else 0.0)
+    return pairwise(row_c, 0, K), pairwise(row_v, 0, K)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _position_terms(col, K, d, a, ver, e, paired):
+    """One row's non-zero terms of `position_sums`' columns (see `_evidence_rows`)."""
+    for p in range(min(ver, K)):
+        col[1, p] += e
+    for p in range(min(ver, a, K)):
+        col[0, p] += 1.0
+    if paired:
+        first = 0 < ver and 0 < a
+        for p in range(min(d, K)):
+            col[3, p] += e
+            if first:
+                col[2, p] += 1.0
+
+
+@njit(cache=True, nogil=True)
+def evidence_observe(drafted, accepted, conf, table, cols, exps, estimate, paired, acc_s, exp_s, first_acc, first_exp,
+                     f, prior, optimism):
+    """`goodput_evidence.Evidence.observe`'s step in one pass: `evidence_counts` (the per-request `table`, the
+    batch's sums), keep = exps[the drafted sum] (`exps`: np.exp(-d / memory) at d = 0, 1, ...: numpy's exp, as
+    observe computes it), then `PositionFactors.forget_add(keep, ...)` (`forget_add_sums`, with `paired` over the
+    rows' drafted; the column sums from the counts where `_evidence_rows` may) and its factors at the new sums
+    written to f (`position_factors_into`; paired: the policy's PositionFactors.paired). Returns (status, keep, the
+    sums of accepted, rejected, confidence, drafted, verified confidence and verified, the drafted rows' mean
+    depth, the factors' ok); status 0: done; else nothing written: 2, no row drafted; 1, the drafted sum outside
+    the table, the rows' vectors and table not n long, the table short of a column or a sum of K positions."""
+    K = conf.shape[1]
+    status, d, direct = _evidence_status(drafted, accepted, conf, table, cols, exps, estimate)
+    if min(acc_s.shape[0], exp_s.shape[0], first_acc.shape[0], first_exp.shape[0]) < K:
+        status = 1
+    if status:
+        return status, 0.0, 0, 0.0, 0.0, 0, 0.0, 0, 0.0, False
+    keep = exps[d]
+    scale4(acc_s, exp_s, first_acc, first_exp, keep)
+    if direct:
+        col = np.zeros((4, K))
+        a_sum, rej, csum, d_sum, vconf, ver, dbar = _evidence_rows(drafted, accepted, conf, table, cols, estimate,
+                                                                   paired, col)
+        for p in range(K):
+            acc_s[p] += col[0, p]
+            exp_s[p] += col[1, p]
+            if paired:
+                first_acc[p] += col[2, p]
+                first_exp[p] += col[3, p]
+    else:
+        verified, acc_mask, a_sum, rej, csum, d_sum, vconf, ver, dbar = evidence_counts(drafted, accepted, conf,
+                                                                                        table, cols)
+        position_sums(verified, acc_mask, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp)
+    ok = position_factors_into(f, acc_s, exp_s, first_acc, first_exp, prior, optimism, paired)
+    return 0, keep, a_sum, rej, csum, d_sum, vconf, ver, dbar, ok
+
+
+@njit(cache=True, nogil=True)
+def pad_shape(drafted, ctx, out):
+    """`cost.pad_extra`'s shapes after verification (n rows, n > 0): k, the deepest row's drafts (at least 0), and
+    top, the longest context (`int_stats` of each); whether nothing pads (one row, or every row at context top
+    and k drafts); else out[0] = top and out[1] = k at every row (the padded verify's shapes, as np.full).
+    Returns (nothing pads, k, top)."""
+    dmin, k, _ = int_stats(drafted)
+    cmin, top, _ = int_stats(ctx)
+    k = max(k, 0)
+    n = drafted.shape[0]
+    if n == 1 or (cmin == top and dmin == k):
+        return True, k, top
+    for i in range(n):
+        out[0, i] = top
+        out[1, i] = k
+    return False, k, top
+
+
+@njit(cache=True, nogil=True)
+def _evidence_status(drafted, accepted, conf, table, cols, exps, estimate):
+    """`evidence_observe`'s checks: (status: 0 to go on, 1 the drafted sum d outside exps or a row vector, the table
+    or its columns not the rows', 2 no row drafted; d; whether its column sums may come from the counts: two or
+    more positions and every estimate finite and >= 0)."""
+    n, K = conf.shape
+    d, some, direct = 0, False, K > 1
+    for i in range(n):
+        d += drafted[i]
+        some = some or drafted[i] != 0
+    if not (accepted.shape[0] == estimate.shape[0] == table.shape[0] == n and 0 <= d < exps.shape[0]):
+        return 1, d, False
+    for j in range(cols.shape[0]):
+        if not 0 <= cols[j] < table.shape[1]:
+            return 1, d, False
+    if not some:
+        return 2, d, False
+    for i in range(n):
+        e = estimate[i]
+        direct = direct and 0.0 <= e < math.inf
+    return 0, d, direct
+
+
 # ---- the kit's per-step blocks: ConfidenceCalibration, PerRequest, shrunk_rates, expected_tokens, PositionFactors,
 # tie_bands, PaddingFit, the cost tables and the idle rules ----------------------------------------------------------
 
@@ -2692,15 +2837,23 @@ def scale4(a, b, c, d, keep):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def position_factors(k, accepted, expected, first_acc, first_exp, prior, optimism, paired):
-    """`PositionFactors._factor`'s operations: (accepted + P) / (expected + P); paired, divided by the selection
-    ratio (first_acc + P f_0) / (first_exp + P) and multiplied by f_0; raised by optimism x 0.5 sqrt(e) / (e + P),
-    at most to max(f, 1); 1 past the sums. Returns (f, True), or (f, False) where an expected sum is negative (np.sqrt
-    warns there: the numpy form)."""
-    f = np.ones(k)
+    """`PositionFactors._factor`'s operations (`position_factors_into` a new array of k). Returns (f, ok)."""
+    f = np.empty(k)
+    return f, position_factors_into(f, accepted, expected, first_acc, first_exp, prior, optimism, paired)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def position_factors_into(f, accepted, expected, first_acc, first_exp, prior, optimism, paired):
+    """`PositionFactors._factor`'s operations for positions 0..len(f)-1, written to f: (accepted + P) / (expected +
+    P); paired, divided by the selection ratio (first_acc + P f_0) / (first_exp + P) and multiplied by f_0; raised
+    by optimism x 0.5 sqrt(e) / (e + P), at most to max(f, 1); 1 past the sums. Returns True, or False where an
+    expected sum is negative (np.sqrt warns there: the numpy form)."""
+    k = f.shape[0]
+    f[:] = 1.0
     m = min(k, accepted.shape[0])
     for p in range(m):
         if expected[p] < 0.0:
-            return f, False
+            return False
     for p in range(m):
         f[p] = (accepted[p] + prior) / (expected[p] + prior)
     if paired and m > 1:
@@ -2715,7 +2868,7 @@ def position_factors(k, accepted, expected, first_acc, first_exp, prior, optimis
             up = f[p] + c * math.sqrt(e) / (e + prior)
             cap = f[p] if f[p] >= 1.0 or f[p] != f[p] else 1.0
             f[p] = up if up <= cap or up != up else cap
-    return f, True
+    return True
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
