@@ -9,7 +9,7 @@ from specdepth.errors import ConfigError, as_bool, as_choice, as_float, as_int
 from specdepth.policy import Policy
 
 from . import goodput_gates as gates
-from .goodput_evidence import Evidence, Kept, estimates, row_estimates, survivals
+from .goodput_evidence import Evidence, Kept, estimate
 from .goodput_weights import RowCost, Stream, drain_weights, timed
 from .kit import CatchUpPadding, CostCalibration, IdleReplan, PerRequest, PolicyTime, StepCost, pad_extra
 from .kit.options import node
@@ -37,7 +37,7 @@ class Step:
     G: float = 0.0               # gate: their goodput
     probed: bool = False         # gate: a probe's depths (not extended)
     drafting: gates.Drafting = None   # extend
-    ext: tuple = None            # search: what the gates and the extension read of the plan (`gates.plan_extend`)
+    ext: gates.Extension = None  # search: what the gates and the extension read of the plan (`gates.plan_extend`)
 
 
 class Goodput(Policy):
@@ -81,8 +81,7 @@ class Goodput(Policy):
         self._step, self._kept = Step(G0=0.0), None
 
     def plan(self, view):
-        if self._pool.accepted is None:
-            self._pool.start(view.acceptance_prior)
+        self._pool.start(view.acceptance_prior)
         n = view.batch_size
         K = min(self.max_depth, view.max_depth, (view.max_num_batched_tokens - n) // n)
         if K <= 0:
@@ -100,13 +99,10 @@ class Goodput(Policy):
         r.planned, r.G_plan = self._search(view, r)
         r.depths, r.G, r.probed = self._gate(view, r)
         r.drafting, depths = self._extend(view, r)
-        x = r.ext if r.ext is not None and depths is r.ext[3] else None   # the search's extension, kept
-        self._idle.record(view, x[5] if x else gates.drafts(depths))
+        drafts, late = gates.flags(depths, r.ext)
+        self._idle.record(view, drafts)
         if self.catch_up and self.cost != "clock":
-            if x and not x[4]:
-                self._pad.planned_none()   # no drafting row lags (`planned`'s verdict, from the search's call)
-            else:
-                self._pad.planned(view, depths > 0, lag=r.est.lag)
+            self._pad.planned(view, depths > 0, lag=r.est.lag) if late else self._pad.planned_none()
         return depths
 
     def keep_drafting(self, view, position, confidence):
@@ -127,31 +123,16 @@ class Goodput(Policy):
             self._pool.observe(view, accepted, est.rows, est.a, self.est.pool_memory, drafted, only_drafted=True)
 
     def _estimate(self, view, K, ids=None) -> SimpleNamespace:
-        """Each row's calibration, acceptance estimate and slot survivals (S0; S: 0 past its end); ids: the view's.
-        Compiled (`goodput_evidence.estimates`, unless `_alpha` is replaced): one call, with the slot weights and,
-        where the weights drain, time_weights' spread, into arrays kept while the batch's shape holds."""
+        """Each row's estimates (`goodput_evidence.estimate`; an instance's `_alpha(rows, cal)` replaces its rule),
+        rows, the weights' mode and view.draft_lag (read once: the catch-up gate, `_pad.planned`); ids: the view's."""
         rows = self._seq.align(view.request_ids if ids is None else ids)
-        rem, f, e = view.remaining, self._pool.positions.factor(K), self.est
-        k = self._kept
-        if k is None or k.n != len(rows) or k.K != K:
-            k = self._kept = Kept(len(rows), K)
         d = self.draining
         mode = timed(view, self._stream, d.tail, d.after, self.drain)   # (drained, weighed by time_weights)
-        if getattr(self._alpha, "__func__", None) is Goodput._alpha and estimates(
-                self._pool, rows, f, rem, K, e.row_calibration, self.estimator, e.prior_strength, e.tie_tolerance, k,
-                mode[1]):
-            est = k.est   # (the chain below in one compiled call, into kept arrays)
-            est.rows, est.rem, est.f, est.lag, est.mode = rows, rem, f, view.draft_lag, mode
-            return est
-        cal = self._pool.calibrations(rows, e.row_calibration)
-        a = self._alpha(rows, cal)
-        S0, S, rowcap = survivals(a, f, view, K, rem)
-        return SimpleNamespace(a=a, cal=cal, S0=S0, S=S, rowcap=rowcap, rows=rows, rem=rem, f=f, lag=view.draft_lag,
-                               slot=None, spread=None, mode=mode)
-
-    def _alpha(self, rows, cal) -> np.ndarray:
-        e = self.est
-        return row_estimates(rows, self._pool, cal, self.estimator, e.prior_strength, e.tie_tolerance)
+        self._kept = Kept.fit(self._kept, len(rows), K)
+        est = estimate(view, self._pool, rows, K, self.est, self.estimator, self._kept, mode[1],
+                       vars(self).get("_alpha"))
+        est.rows, est.mode, est.lag = rows, mode, view.draft_lag
+        return est
 
     def _price(self, view, K):
         """The step-time tables: the view's cost model, calibrated (cost=calibrated), as is, or the clock's."""
@@ -161,48 +142,39 @@ class Goodput(Policy):
         return self._ptime.apply(costs) if self.policy_time else costs
 
     def _weigh(self, view, r) -> SimpleNamespace:
-        """What each row's token is worth this step (`goodput_weights.drain_weights`)."""
-        d = self.draining
-        return drain_weights(view, self._stream, d.tail, d.after, self.drain, r.est.S, r.est.S0, self._pool.dbar,
-                             lambda: self._time_args(view, r), r.est.slot, r.est.spread, r.est.mode)
-
-    def _time_args(self, view, r) -> tuple:
-        """`goodput_weights.time_weights`' arguments past S: c1, one more row's verify seconds, calibrated."""
-        cost = view.true_cost if self.cost == "clock" else view.cost
-        c1 = self._row_cost(cost, view.context_lens)
-        c1 *= self._calib.verify_scale() if self.cost == "calibrated" else 1.0
-        return (r.est.a, self._pool.dbar, r.est.rows.drafted, self.est.prior_strength,
-                r.est.rem, c1, float(r.costs.verify[0]))
+        """What each row's token is worth this step (`goodput_weights.drain_weights`; time_weights' arguments past S,
+        where it needs them: c1, one more row's verify seconds, calibrated)."""
+        d, e, scaled = self.draining, r.est, self.cost == "calibrated"
+        args = lambda: (e.a, self._pool.dbar, e.rows.drafted, self.est.prior_strength, e.rem,   # noqa: E731
+                        self._row_cost(view.true_cost if self.cost == "clock" else view.cost, view.context_lens)
+                        * (self._calib.verify_scale() if scaled else 1.0), float(r.costs.verify[0]))
+        return drain_weights(view, self._stream, d.tail, d.after, self.drain, e.S, e.S0, self._pool.dbar, args,
+                             e.slot, e.spread, e.mode)
 
     def _search(self, view, r):
         """The plan and its goodput, from the last plan's (Dinkelbach)."""
         if self.ranking == "global":
             return gates.plan_global(r.est.S, r.costs, r.weights.w)
         e = r.est
-        got = gates.plan_extend(e.S, r.costs, r.G0, e.rem, r.weights.w, e.lag, self.extend, e.rowcap)
-        if got is None:
-            return gates.plan_positions(e.S, r.costs, r.G0, e.rem, r.weights.w)
-        depths, G, r.ext = got
+        depths, G, r.ext = gates.plan_extend(e.S, r.costs, r.G0, e.rem, r.weights.w, e.lag, self.extend, e.rowcap)
         return depths, G
 
     def _gate(self, view, r):
         """Catch-up, then the drain's makespan, then (where nothing drafts) the probe."""
         n, S, costs, w, depths, G = view.batch_size, r.est.S, r.costs, r.weights.w, r.planned, r.G_plan
-        x = r.ext   # (late, drafts, ...) of the plan, where the search's call said
-        if self.catch_up and (x[1] and x[0] if x else gates.drafts(depths)):
-            price = lambda: gates.catch_up_pricing(view, self.cost, self._pad, self._calib)   # noqa: E731
+        price = lambda: gates.catch_up_pricing(view, self.cost, self._pad, self._calib)   # noqa: E731
+        drafts, late = gates.flags(depths, r.ext)
+        if self.catch_up and drafts and late:
             depths, G = gates.catch_up(view, depths, S, costs, G, r.weights, self._pool, self.est.calibration_prior,
                                        price, r.est.lag)
         judged = self._pool.verified >= self.est.calibration_prior + n
         if gates.ends_later(depths, S, costs, G, r.weights, r.est.rem, self._stream.closed, judged):
             return np.zeros(n, np.int64), float(n if w is None else w.sum()) / float(costs.verify[0]), False
-        if self.probe and not (x[1] if x and depths is r.planned else gates.drafts(depths)):
-            rows = gates.probe_rows(view, r.est.rows, self._pool, self.est.calibration_prior)
-            if rows is not None:
-                pricing = gates.catch_up_pricing(view, self.cost, self._pad, self._calib) if self.catch_up else None
-                depths = gates.probe(view, S, costs, G, w, r.est.rowcap, rows, self._pool, self.probe, pricing)
-                self._pool.probed(bool(depths.any()))
-                return depths, G, True
+        if self.probe and not gates.flags(depths, r.ext)[0]:
+            probed = gates.probe_step(view, r.est, costs, G, w, self._pool, self.est.calibration_prior, self.probe,
+                                      price if self.catch_up else None)
+            if probed is not None:
+                return probed, G, True
         return depths, G, False
 
     def _extend(self, view, r):
@@ -210,8 +182,8 @@ class Goodput(Policy):
         if not self.use_confidence:
             return None, r.depths
         w, depths, G, cap = r.weights.w, r.depths, r.G, r.est.rowcap
-        if r.ext is not None and depths is r.planned:   # the gates kept the plan: the search's extension
-            ratio, out = ([r.ext[2], r.ext[2] / G] if self.extend and G > 0 else None), r.ext[3]
+        if r.ext is not None and depths is r.ext.planned:   # the gates kept the plan: the search's extension
+            ratio, out = ([r.ext.value, r.ext.value / G] if self.extend and G > 0 else None), r.ext.depths
         elif r.probed or not self.extend or G <= 0:
             ratio, out = None, depths if r.probed else gates.extended(depths, self.extend, cap)
         else:

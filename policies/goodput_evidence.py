@@ -264,6 +264,11 @@ class Kept:
         self.est = SimpleNamespace(a=self.a, cal=self.cal, S0=self.S0, S=self.S, rowcap=self.rowcap,
                                    slot=self.slot if n >= 2 else None, spread=None)
 
+    @staticmethod
+    def fit(kept: "Kept | None", n: int, K: int) -> "Kept":
+        """`kept` where it holds n rows and K positions, else new arrays."""
+        return kept if kept is not None and kept.n == n and kept.K == K else Kept(n, K)
+
 
 def estimates(pool: Evidence, rows, f: np.ndarray, remaining: np.ndarray, K: int, z: float, estimator: str,
               k: float, tol: float, kept: Kept, spread: bool = False) -> bool:
@@ -299,6 +304,23 @@ def estimates(pool: Evidence, rows, f: np.ndarray, remaining: np.ndarray, K: int
         pool._mix = (A, E, c)
     kept.est.spread = kept.spread if spread else None
     return ok
+
+
+def estimate(view, pool: Evidence, rows, K: int, est, estimator: str, kept: Kept, by_time: bool, alpha=None):
+    """Each row's calibration (`Evidence.calibrations`), acceptance estimate (`row_estimates` with the `estimate`
+    node `est`; `alpha(rows, cal)` where given) and slot survivals with its cap (`survivals`). Compiled (`estimates`,
+    no `alpha`): one call into `kept`'s arrays, with the slot weights and, `by_time`, time_weights' spread; else the
+    blocks one by one. Returns a namespace of a, cal, S0, S, rowcap, rem, f, slot and spread (None: not computed)."""
+    rem, f = view.remaining, pool.positions.factor(K)
+    if alpha is None and estimates(pool, rows, f, rem, K, est.row_calibration, estimator, est.prior_strength,
+                                   est.tie_tolerance, kept, by_time):
+        out = kept.est
+        out.rem, out.f = rem, f
+        return out
+    cal = pool.calibrations(rows, est.row_calibration)
+    a = alpha(rows, cal) if alpha else row_estimates(rows, pool, cal, estimator, est.prior_strength, est.tie_tolerance)
+    S0, S, rowcap = survivals(a, f, view, K, rem)
+    return SimpleNamespace(a=a, cal=cal, S0=S0, S=S, rowcap=rowcap, rem=rem, f=f, slot=None, spread=None)
 
 
 @functools.lru_cache(maxsize=8)

@@ -3,6 +3,7 @@ drafting."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -27,22 +28,45 @@ def plan_positions(S, costs, G0, remaining, w):
     return plan_by_position(S * w[:, None], costs, G0, tie=remaining, nested=True, base=float(w.sum()))
 
 
+class Extension(NamedTuple):
+    """What `plan_extend`'s one call reads of the search's plan (`planned`) and of its extension (`depths`)."""
+    planned: np.ndarray   # the plan's depths
+    late: bool            # a row the plan drafts lags (view.draft_lag > 2)
+    drafts: bool          # the plan drafts
+    value: float          # the plan's value (`plan_value`)
+    depths: np.ndarray    # extended(planned, extend, rowcap)
+    late_out: bool        # a row the extension drafts lags
+    drafts_out: bool      # the extension drafts
+
+
 def plan_extend(S, costs, G0, remaining, w, lag, extend: int, rowcap):
     """`plan_positions` (w given) and what the gates and `ratio_extended` read of the plan, in one compiled call
-    (`kernels.plan_extend`: the same operations). Returns (depths, G, (whether a drafting row lags (lag > 2),
-    whether any drafts, the plan's value `plan_value`, `extended(depths, extend, rowcap)`, and those two questions
-    of the extended depths)), or None where it does not run (the caller runs `plan_positions`)."""
+    (`kernels.plan_extend`: the same operations). Returns (depths, G, `Extension`), or (depths, G, None) from
+    `plan_positions` where the compiled call does not run."""
     n, K = S.shape
     ver, dr, pad = costs.verify, costs.draft, costs.pad
     if not (search.COMPILED and w is not None and w.shape == remaining.shape == lag.shape == rowcap.shape == (n,)
             and ver.size > n * K and dr.size > n and (pad is None or pad.size >= K)
             and _typed((S, w, ver, dr) if pad is None else (S, w, ver, dr, pad), (remaining, lag, rowcap))):
-        return None   # (`_weighted_compiled`'s conditions)
+        return (*plan_positions(S, costs, G0, remaining, w), None)   # (`_weighted_compiled`'s conditions)
     planned, out = np.empty(n, np.int64), np.empty(n, np.int64)
     G, ok, late, any_, E, late_out, any_out = kernels.plan_extend(
         S, w, remaining, float(G0), ver, dr, search._NO_PAD if pad is None else pad, pad is not None, lag, int(extend),
         rowcap, planned, out)
-    return (planned, G, (late, any_, E, out, late_out, any_out)) if ok else None
+    if not ok:
+        return (*plan_positions(S, costs, G0, remaining, w), None)
+    return planned, G, Extension(planned, late, any_, E, out, late_out, any_out)
+
+
+def flags(depths, ext: Extension | None) -> tuple[bool, bool]:
+    """(whether `depths` draft, whether a row they draft may lag): the search's call's answers where `depths` is its
+    plan or its extension (`ext`), else `drafts(depths)` and True (the caller's gate tests the lag)."""
+    if ext is not None:
+        if depths is ext.planned:
+            return ext.drafts, ext.late
+        if depths is ext.depths:
+            return ext.drafts_out, ext.late_out
+    return drafts(depths), True
 
 
 def _typed(floats: tuple, ints: tuple) -> bool:
@@ -189,6 +213,18 @@ def probe_rows(view, rows, evidence, calibration_prior):
     fresh = rows.verified == 0
     k = int(fresh.sum())
     return fresh if k and k >= max(min(2, n), n / 4) else None
+
+
+def probe_step(view, est, costs, G, w, evidence, calibration_prior, z, pricing):
+    """The probe gate: `probe` on the rows `probe_rows` allows (est: the plan's estimates; `pricing`: a callable
+    giving the catch-up's pricing, or None: no catch-up), the evidence told whether it drafted. Returns its depths,
+    or None where no row may probe."""
+    rows = probe_rows(view, est.rows, evidence, calibration_prior)
+    if rows is None:
+        return None
+    depths = probe(view, est.S, costs, G, w, est.rowcap, rows, evidence, z, pricing() if pricing else None)
+    evidence.probed(bool(depths.any()))
+    return depths
 
 
 def probe(view, S, costs, G, w, rowcap, rows, evidence, z, catch_up_args):

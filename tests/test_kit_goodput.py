@@ -302,7 +302,11 @@ def test_the_search_with_its_extension_is_its_blocks(monkeypatch):
         costs = kit.Tables(ver, dr, rng.uniform(0, 1e-3, K) if rng.random() < 0.3 else None)
         rem, G0 = rng.integers(1, 5, n), float(rng.uniform(0, 3) * n / ver[0])
         lag, extend = rng.integers(0, 5, n), int(rng.integers(0, 4))
-        depths, G, (late, any_, E, out, late_out, any_out) = gg.plan_extend(S, costs, G0, rem, w, lag, extend, cap)
+        depths, G, x = gg.plan_extend(S, costs, G0, rem, w, lag, extend, cap)
+        assert x is not None and x.planned is depths
+        late, any_, E, out, late_out, any_out = x.late, x.drafts, x.value, x.depths, x.late_out, x.drafts_out
+        assert gg.flags(depths, x) == (any_, late) and gg.flags(out, x) == (any_out, late_out)
+        assert gg.flags(depths.copy(), x) == (any_, True)   # another array: the gate tests the lag itself
         monkeypatch.setattr(search, "COMPILED", False)
         d, g = gg.plan_positions(S, costs, G0, rem, w)
         (E2, _), out2 = gg.ratio_extended(S, d, w, g, extend, cap)
