@@ -5,7 +5,7 @@ from specdepth.policy import Policy
 from specdepth.tree import by_object
 
 from .kit import CostCalibration, RankEstimate, TreePrice, draft_caps, plan_rows, plan_trees
-from .kit.tree import RankConfidence, chain_groups
+from .kit.tree import RankConfidence
 from .kit.options import node
 
 ESTIMATE = {"ranks": 8, "prior_strength": 50.0, "memory": 5000.0, "every": 0.02, "confidence": True}
@@ -56,7 +56,7 @@ class TreeGoodput(Policy):
         self._conf = RankConfidence(ranks=ranks, memory=memory)
         self._calib = CostCalibration(memory=self._cal_memory)
         self._price = TreePrice(self._calib if self.cost == "calibrated" else None)
-        self._trees, self._chains = {}, {}
+        self._trees = {}
         self._geometric = (None, None)
         self._rounded = (None, None)   # the plan's table and its inputs
 
@@ -98,10 +98,7 @@ class TreeGoodput(Policy):
             self._calib.observe(view)
         trees = view.trees
         if trees is None:   # a chain step (every row's tree a chain, or nothing drafted)
-            groups = chain_groups(view.drafted, self._chains)
-            if any(t.nodes for t, _ in groups):
-                self._table.observe_groups(groups, accepted)
-            return
+            return self._table.observe_chains(view.drafted, accepted)
         groups = by_object(trees, view.batch_size)   # the rows' Tree objects, for both
         if self._use_confidence:
             self._conf.observe_groups(groups, view.node_confidences)

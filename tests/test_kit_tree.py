@@ -367,6 +367,40 @@ def test_compiled_rank_table_and_chain_groups_are_numpys(monkeypatch):
         assert [g[1].tolist() for g in a._groups.values()] == [g[1].tolist() for g in b._groups.values()]
 
 
+def test_observe_chains_is_observe_on_the_chains(monkeypatch):
+    """RankEstimate.observe_chains (kernels.chain_add once each chain has its group) learns what observe on the
+    rows' chains learns, to the bit, with tree steps between (groups added, dropped and repacked), steps where
+    nothing was drafted (not observed) and an accepted length past a chain (raises as observe does)."""
+    rng = np.random.default_rng(15)
+    steps = []
+    for i in range(80):
+        n = int(rng.integers(1, 70))
+        d = rng.integers(0, 7, n) if i % 9 != 4 else np.zeros(n, np.int64)
+        tree = K.best_tree([0.5, 0.3, 0.1], int(rng.integers(2, 9)), 4) if i % 5 == 2 else None
+        steps.append((d, np.minimum(d, rng.integers(0, 7, n)), tree))
+
+    def run(fast):
+        est, chains, out = K.RankEstimate(ranks=3, memory=60.0, every=0.05), {}, []
+        for d, acc, tree in steps:
+            if tree is not None:
+                est.observe(tree, np.minimum(acc, tree.max_depth))
+            elif fast:
+                est.observe_chains(d, acc)
+            elif d.any():
+                est.observe([chains.setdefault(k, T.chain(k)) for k in d.tolist()], acc)
+            out.append((est.hits.tolist(), est.trials.tolist(), est._cnt.tolist(), est._kept, est._new))
+        return out
+    want = run(False)
+    assert run(True) == want
+    monkeypatch.setattr(K, "COMPILED", False)
+    assert run(True) == want
+    monkeypatch.setattr(K, "COMPILED", True)
+    est = K.RankEstimate(ranks=3)
+    est.observe_chains(np.array([2, 3]), np.array([1, 2]))
+    with pytest.raises(IndexError):
+        est.observe_chains(np.array([2, 3]), np.array([3, 2]))
+
+
 def test_compiled_plan_rows_are_the_numpy_rows(monkeypatch):
     """plan_rows by kernels.row_plan gives every row the Tree object its numpy form gives (the same shapes from
     the same cache, in the same order)."""

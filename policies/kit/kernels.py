@@ -2275,6 +2275,33 @@ def blas_dot_matches() -> bool:
     return True
 
 
+# ---- kit.tree's per-step blocks: RankEstimate's chain steps -------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def chain_add(drafted, accepted, slots, cnt, keep):
+    """RankEstimate.observe_groups over chain_groups' groups in one pass (row i's tree a chain of drafted[i]
+    nodes, its rows per accepted length at cnt[slots[k]:], slots[k] < 0: no group yet): -1 (nothing changed)
+    where a drafting row's chain has no group or its accepted length is outside 0..k, 0 where no row drafted;
+    else cnt *= keep, then + 1.0 at each drafting row's (chain, accepted length) in row order, and 1."""
+    some = False
+    for i in range(drafted.shape[0]):
+        k = drafted[i]
+        if k == 0:
+            continue
+        if k < 0 or k >= slots.shape[0] or slots[k] < 0 or accepted[i] < 0 or accepted[i] > k:
+            return -1
+        some = True
+    if not some:
+        return 0
+    for j in range(cnt.shape[0]):
+        cnt[j] *= keep
+    for i in range(drafted.shape[0]):
+        if drafted[i] > 0:
+            cnt[slots[drafted[i]] + accepted[i]] += 1.0
+    return 1
+
+
 # ---- ConfidenceCalibration (kit.acceptance) ------------------------------------------------------------------
 
 

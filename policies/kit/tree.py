@@ -158,6 +158,8 @@ class RankEstimate:
         self._groups: dict[bytes, list] = {}   # tree shape (parents) -> [tree, decayed rows per path length]
         self._cnt, self._coff = np.zeros(0), np.zeros(1, np.int64)   # the groups' rows end to end (views), offsets
         self._packed = None   # the groups' trees end to end, for the compiled refresh
+        self._slots = self._decay = None   # chains' offsets in _cnt (observe_chains); (rows, exp(-rows / memory))
+        self._chains: dict = {}   # chain Trees by node count (observe_chains)
         self._start = self._tab = None   # the last start's prior and hazards; the last table and its inputs
         self.start(prior)
 
@@ -196,10 +198,41 @@ class RankEstimate:
         acc = np.asarray(accepted, np.int64)
         self.observe_groups(by_object(trees, acc.size), acc)
 
+    def observe_chains(self, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        """`observe` where row i's tree is a chain of drafted[i] nodes (a step where no row drafted is not
+        observed): observe_groups over chain_groups' groups (compiled: kernels.chain_add once every chain has its
+        group)."""
+        d, acc = np.asarray(drafted), np.asarray(accepted, np.int64)
+        if COMPILED and d.dtype == np.int64 and d.ndim == 1 and d.shape == acc.shape:
+            keep = self._keep(acc.size)
+            done = kernels.chain_add(d, acc, self._chain_slots(), self._cnt, keep)
+            if done >= 0:
+                return self._counted(acc.size, keep) if done else None
+        groups = chain_groups(d, self._chains)
+        if any(t.nodes for t, _ in groups):
+            self.observe_groups(groups, acc)
+
+    def _keep(self, rows: int):
+        """np.exp(-rows / memory): what the kept rows decay by in a step of `rows` rows (kept per row count)."""
+        if self._decay is None or self._decay[0] != rows:
+            self._decay = (rows, np.exp(-rows / self.memory))
+        return self._decay[1]
+
+    def _chain_slots(self) -> np.ndarray:
+        """int64 [K + 1]: the offset in _cnt of the rows of the chain of k nodes (-1: no group), kept until the
+        groups are repacked."""
+        if self._slots is None:
+            chains = {g[0].nodes: o for g, o in zip(self._groups.values(), self._coff.tolist())
+                      if g[0].nodes and g[0].is_chain}
+            self._slots = np.full(max(chains, default=0) + 1, -1, np.int64)
+            for k, o in chains.items():
+                self._slots[k] = o
+        return self._slots
+
     def observe_groups(self, groups: list, accepted: np.ndarray) -> None:
         """`observe` with the rows' trees grouped as specdepth.tree.by_object groups them: (Tree, rows) pairs."""
         acc = np.asarray(accepted, np.int64)
-        keep = np.exp(-acc.size / self.memory)
+        keep = self._keep(acc.size)
         self._cnt *= keep   # every group's rows (views of it)
         for t, idx in groups:
             if t.nodes:   # nothing drafted, nothing learnt
@@ -209,8 +242,12 @@ class RankEstimate:
                     g = self._repack()[key]
                 if not (COMPILED and kernels.add_ones(g[1], acc[idx])):
                     np.add.at(g[1], acc[idx], 1.0)   # one row at a time, in row order
-        self._new += acc.size
-        self._kept = self._kept * keep + acc.size
+        self._counted(acc.size, keep)
+
+    def _counted(self, rows: int, keep) -> None:
+        """A step of `rows` rows observed: the rows kept and since the last EM iteration; refresh when due."""
+        self._new += rows
+        self._kept = self._kept * keep + rows
         if self._new >= self.every * self._kept:
             self.refresh()
 
@@ -253,6 +290,7 @@ class RankEstimate:
         rows = [g[1] for g in self._groups.values()]
         self._cnt, off = _flat(rows, float) if rows else (np.zeros(0), np.zeros(0, np.int64))
         self._coff = np.append(off, self._cnt.size)
+        self._slots = None
         for g, o in zip(self._groups.values(), off.tolist()):
             g[1] = self._cnt[o:o + g[1].size]
         return self._groups
