@@ -58,7 +58,7 @@ class TreeGoodput(Policy):
         self._price = TreePrice(self._calib if self.cost == "calibrated" else None)
         self._trees = {}
         self._geometric = (None, None)
-        self._rounded = (None, None)   # the plan's table and its inputs
+        self._rounded = (None, None, None)   # _plan_table's key, its table and the arrays keyed by id
 
     def table(self, view) -> np.ndarray:
         """The per-rank table the plan values trees by."""
@@ -71,11 +71,13 @@ class TreeGoodput(Policy):
 
     def _plan_table(self, view) -> np.ndarray:
         """`table` rounded to 0.005 (the same trees, and cached orders, while it holds); kept while its inputs
-        (the prior, the confidence sums and the estimate's counts) hold."""
+        hold: the prior, the confidence's sums and counts (the same arrays, not observed since) and the estimate's
+        hits and trials (the same arrays: its refresh makes new ones; the arrays are held with the key)."""
         c, e = self._conf, self._table
-        key = (view.acceptance_prior, c.sums.tobytes(), c.counts.tobytes(), e.hits.tobytes(), e.trials.tobytes())
+        held = (c.sums, c.counts, e.hits, e.trials)
+        key = (view.acceptance_prior, c.version, *map(id, held))
         if self._rounded[0] != key:
-            self._rounded = (key, np.round(self.table(view) * 200.0) / 200.0)
+            self._rounded = (key, np.round(self.table(view) * 200.0) / 200.0, held)
             self._rounded[1].flags.writeable = False
         return self._rounded[1]
 

@@ -328,6 +328,7 @@ class RankConfidence:
     def __init__(self, ranks: int = 8, memory: float = 5000.0):
         self.ranks, self.memory = int(ranks), float(memory)
         self.sums, self.counts = np.zeros(self.ranks), np.zeros(self.ranks)
+        self.version = 0   # observe_groups' calls that changed sums and counts
         self._tab = None   # the last table and its inputs
 
     def observe(self, trees, confidences: np.ndarray) -> None:
@@ -341,6 +342,7 @@ class RankConfidence:
         for t, idx in groups:
             if not t.nodes:
                 continue
+            self.version += 1
             rws = np.arange(n) if isinstance(idx, slice) else np.asarray(idx)
             ok_rows = fast and rws.dtype == np.int64 and rws.ndim == 1
             seen = kernels.seen_count(confidences, rws, t.nodes) if ok_rows else -1   # -1: out of range
