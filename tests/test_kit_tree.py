@@ -468,9 +468,10 @@ def test_confidence_means_refuse_rows_past_the_confidences():
 
 
 def test_pruned_best_is_best_candidate():
-    """kernels.candidate_heads + fill_blocks give kernels.candidates' parts, and best_pruned (filling blocks as it
-    goes, called again on the same parts) answers what best_candidate answers over every candidate, under tables
-    and calibrations where its bounds hold and where they do not (a falling table, negative scales)."""
+    """kernels.block_heads + block_seconds + fill_blocks give kernels.candidates' parts, and best_pruned (filling
+    blocks as it goes, called again on the same parts) answers what best_candidate answers over every candidate,
+    under tables and calibrations where its bounds hold and where they do not (a falling table, negative
+    scales)."""
     from specdepth.policies.kit import kernels as KT
     rng = np.random.default_rng(10)
     for case in range(60):
@@ -495,12 +496,15 @@ def test_pruned_best_is_best_candidate():
         oh = float(rng.choice([0.0, 0.25]))
         want = KT.candidates(prob, poff, flat, loff, Ns, cs, fw, moved, steps, n, ver, dr, oh)
         coff = np.concatenate([[0], np.cumsum(Ns * steps + 1)]).astype(np.int64)
-        parts, head, xs, vx, ok = KT.candidate_heads(prob, poff, flat, loff, Ns, cs, fw, moved, steps, n, ver, dr, oh)
+        base, sec = np.empty((5, Ns.sum())), np.empty((2, Ns.sum()))
+        ok = KT.block_heads(prob, poff, Ns, fw, steps, float(n), base)
+        ok = KT.block_seconds(flat, loff, Ns, cs, moved, steps, ver, dr, oh, sec) and ok
+        parts, done, xs = np.full((4, coff[-1]), np.nan), np.zeros(Ns.sum(), bool), np.arange(coff[-1]) / steps
         for _ in range(4):
             sd, cd, sv, cv = rng.uniform(-0.2, 2.0, 4) * [1, 0.1, 1, 1]
             cal, g0 = bool(rng.random() < 0.7), float(rng.uniform(0, 3)) * n / (ver[0] + 1)
-            got = KT.best_pruned(parts, coff, head, xs, vx, float(n), ok, flat, loff, Ns, cs, fw, moved, steps, dr,
-                                 oh, cal, sd, cd, sv, cv, g0)
+            got = KT.best_pruned(parts, coff, base, sec, done, xs, ver, float(n), ok, flat, loff, Ns, cs, fw, moved,
+                                 steps, dr, oh, cal, sd, cd, sv, cv, g0)
             assert got == KT.best_candidate(want, coff, cal, sd, cd, sv, cv, g0)
-        KT.fill_blocks(parts, head, xs, vx, float(n), flat, loff, Ns, cs, fw, moved, steps, dr, oh)
-        assert np.array_equal(parts, want)
+        KT.fill_blocks(parts, base, sec, done, xs, ver, float(n), flat, loff, Ns, cs, fw, moved, steps, dr, oh)
+        assert np.array_equal(parts, want) and done.all()

@@ -2012,127 +2012,118 @@ def _monotone(a):
     return True
 
 
-@njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _block_tokens(out, o, lo, i0, i1, n, e0, de, xs, vx):
-    """`_segment`'s tokens and verify entries of node count lo's candidates i0..i1 - 1."""
-    for i in range(i0, i1):
-        out[0, o + i] = n * ((1.0 + e0) + (xs[i] - lo) * de)
-        out[3, o + i] = vx[i]
-
-
 @njit(cache=True, nogil=True, error_model="numpy")
-def _segment_heads(prob, L, N, C, fw, moved, steps, xs, vx, n, dr, oh, out, o, head, b):
-    """`candidate_heads` of one segment (`_segment`'s arithmetic, the blocks from b); returns whether its
-    probabilities are finite and >= 0."""
-    row = np.empty(max(C, 1))
-    _level_draft_row(L, 0, C, dr, 0, oh, row)
-    ds, e1, ok = 0.0 + pairwise(row, 0, C), 0.0, True
-    for lo in range(N):
-        ok = ok and math.isfinite(prob[lo]) and prob[lo] >= 0.0
-        e0 = e1
-        e1 = prob[0] if lo == 0 else e0 + prob[lo]
-        de = e1 - e0
-        i0, i1 = lo * steps, lo * steps + (steps + 1 if lo == N - 1 else steps)
-        m = moved[lo]
-        _block_tokens(out, o, lo, i0, i1 if m == -1 else i0 + 1, n, e0, de, xs, vx)
-        for i in range(i0, i1 if m == -1 else i0 + 1):
-            out[1, o + i], out[2, o + i] = ds, float(fw[lo])
-        head[0, b + lo], head[1, b + lo] = e0, de
-        head[2, b + lo] = n * ((1.0 + e0) + (xs[i1 - 1] - lo) * de)   # the block's last tokens
-        head[3, b + lo] = 1.0 if m == -1 else 0.0
-        for r in range(4):
-            head[4 + r, b + lo] = out[r, o + i0]
-        if m >= 0:   # row to node count lo + 1 (its sum: np.sum's, as `_moved_run`'s)
-            a = L[lo + 1, m]
-            row[m] = dr[a] + (oh if a > 0 else oh * 0.0)
-            ds = 0.0 + pairwise(row, 0, C)
-        elif m == -2:
-            _level_draft_row(L, lo + 1, C, dr, 0, oh, row)
-            ds = 0.0 + pairwise(row, 0, C)
+def block_heads(probs, poff, Ns, fw, steps, n, base):
+    """The parts of `candidates` that no price enters, per block (node count lo's candidates of a segment, f = 0
+    first; the blocks end to end), into base [5, blocks]: E[lo], E[lo + 1] - E[lo], the block's last tokens,
+    its first candidate's tokens and forwards (`_segment`'s arithmetic). Returns whether the probabilities are
+    finite and >= 0 and n > 0."""
+    ok, k, b = n > 0, 0, 0
+    for s in range(Ns.shape[0]):
+        N, e1 = Ns[s], 0.0
+        for lo in range(N):
+            p = probs[poff[s] + lo]
+            ok = ok and math.isfinite(p) and p >= 0.0
+            e0 = e1
+            e1 = p if lo == 0 else e0 + p
+            de = e1 - e0
+            i0, i1 = lo * steps, lo * steps + (steps + 1 if lo == N - 1 else steps)
+            base[0, b], base[1, b] = e0, de
+            base[2, b] = n * ((1.0 + e0) + ((i1 - 1) / steps - lo) * de)
+            base[3, b] = n * ((1.0 + e0) + (i0 / steps - lo) * de)
+            base[4, b] = float(fw[k + lo])
+            b += 1
+        k += N + 1
     return ok
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def candidate_heads(probs, poff, Ls, loff, Ns, cols, fw, moved, steps, n, ver, dr, oh):
-    """`candidates`' parts at the start of each block (node count lo's candidates, f = 0 first; a block where no
-    level moves whole), the rest left for `fill_block`. Returns (out [4, total], head [8, blocks]: each block's
-    E[lo], E[lo + 1] - E[lo], last tokens, 1.0 where complete and its first candidate's 4 parts; xs [M] = i /
-    steps, vx [M] the verify table at xs; whether the bounds of `best_pruned` hold: the probabilities finite
-    and >= 0, n > 0, ver and dr finite and non-decreasing, oh finite and >= 0). The same arithmetic as
-    `_segment`."""
-    S = Ns.shape[0]
-    total, M, B = 0, 1, 0
-    for s in range(S):
-        total += Ns[s] * steps + 1
-        M = max(M, Ns[s] * steps + 1)
-        B += Ns[s]
-    out, head = np.empty((4, total)), np.empty((8, B))
-    vx, xs = np.empty(M), np.empty(M)
-    for i in range(M):
-        xs[i] = i / steps
-        vx[i] = interp(xs[i], ver, 0, ver.shape[0])
-    ok = n > 0 and math.isfinite(oh) and oh >= 0.0 and _monotone(ver) and _monotone(dr)
-    o, k, b = 0, 0, 0
-    for s in range(S):
+def block_seconds(Ls, loff, Ns, cols, moved, steps, ver, dr, oh, sec):
+    """The priced parts of each block's first candidate (`block_heads`' blocks; `_segment`'s arithmetic) into sec
+    [2, blocks]: node count lo's levels' summed draft seconds (np.sum's order) and the verify table at lo. Returns
+    whether the tables allow `best_pruned`'s bounds: ver and dr finite and non-decreasing, oh finite and >= 0."""
+    row = np.empty(max(cols.max(), 1))
+    k, b = 0, 0
+    for s in range(Ns.shape[0]):
         N, C = Ns[s], cols[s]
         L = Ls[loff[s]:loff[s] + (N + 1) * C].reshape((N + 1, C))
-        ok = _segment_heads(probs[poff[s]:poff[s] + N], L, N, C, fw[k:k + N + 1], moved[k:k + N + 1], steps, xs,
-                            vx, float(n), dr, oh, out, o, head, b) and ok
-        o += N * steps + 1
+        _level_draft_row(L, 0, C, dr, 0, oh, row)
+        ds = 0.0 + pairwise(row, 0, C)
+        for lo in range(N):
+            sec[0, b], sec[1, b] = ds, interp(lo * steps / steps, ver, 0, ver.shape[0])
+            m = moved[k + lo]
+            if m >= 0:   # row to node count lo + 1
+                a = L[lo + 1, m]
+                row[m] = dr[a] + (oh if a > 0 else oh * 0.0)
+                ds = 0.0 + pairwise(row, 0, C)
+            elif m == -2:
+                _level_draft_row(L, lo + 1, C, dr, 0, oh, row)
+                ds = 0.0 + pairwise(row, 0, C)
+            b += 1
         k += N + 1
-        b += N
-    return out, head, xs, vx, ok
+    return math.isfinite(oh) and oh >= 0.0 and _monotone(ver) and _monotone(dr)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def fill_block(out, o, L, lo, N, C, fw, m, steps, xs, vx, n, head, b, dr, oh, row, buf, r8):
-    """Block lo (`candidate_heads`; block b of all) of a segment (candidates from out[:, o], levels L, fw and
-    moved entry m: its `level_moves`) past its first candidate, as `_segment` computes it; marks it complete."""
+def fill_block(out, o, L, lo, N, C, fw, m, steps, xs, ver, n, base, sec, b, dr, oh, row, buf, r8):
+    """Block lo (block b of all: `block_heads`' and `block_seconds`' parts) of a segment (candidates from out[:,
+    o], levels L, fw and moved entry m: its `level_moves`; xs[i] = i / steps) into out, as `_segment` computes
+    it (the verify table read at xs here)."""
     i0, i1 = lo * steps, lo * steps + (steps + 1 if lo == N - 1 else steps)
-    _block_tokens(out, o, lo, i0 + 1, i1, n, head[0, b], head[1, b], xs, vx)
-    _level_draft_row(L, lo, C, dr, 0, oh, row)
+    e0, de = base[0, b], base[1, b]
+    for i in range(i0, i1):
+        out[0, o + i] = n * ((1.0 + e0) + (xs[i] - lo) * de)
+        out[3, o + i] = interp(xs[i], ver, 0, ver.shape[0])
+    for i in range(i0, i1 if m == -1 else i0 + 1):
+        out[1, o + i], out[2, o + i] = sec[0, b], base[4, b]
+    if m != -1:
+        _level_draft_row(L, lo, C, dr, 0, oh, row)
     if m >= 0:
         _moved_run(L, lo, m, i0 + 1, i1, xs, C, dr, 0, dr.shape[0], oh, row, fw, out, o, r8)
     elif m == -2:
         for i in range(i0 + 1, i1):
             out[1, o + i], out[2, o + i] = _between(L, lo, xs[i] - lo, C, dr, 0, dr.shape[0], oh, row, fw, buf)
-    head[3, b] = 1.0
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def fill_blocks(out, head, xs, vx, n, Ls, loff, Ns, cols, fw, moved, steps, dr, oh):
-    """Every block `candidate_heads` left filled (`fill_block`): out is then `candidates`' parts."""
+def fill_blocks(out, base, sec, done, xs, ver, n, Ls, loff, Ns, cols, fw, moved, steps, dr, oh):
+    """Every block not `done` filled (`fill_block`) and marked: out is then `candidates`' parts."""
     o, k, b = 0, 0, 0
     row, buf, r8 = np.empty(max(cols.max(), 1)), np.empty(max(cols.max(), 1)), np.empty(8)
     for s in range(Ns.shape[0]):
         N, C = Ns[s], cols[s]
         L = Ls[loff[s]:loff[s] + (N + 1) * C].reshape((N + 1, C))
         for lo in range(N):
-            if head[3, b] == 0.0:
-                fill_block(out, o, L, lo, N, C, fw[k + lo], moved[k + lo], steps, xs, vx, n, head, b, dr, oh, row,
-                           buf, r8)
+            if not done[b]:
+                fill_block(out, o, L, lo, N, C, fw[k + lo], moved[k + lo], steps, xs, ver, n, base, sec, b, dr, oh,
+                           row, buf, r8)
+                done[b] = True
             b += 1
         o += N * steps + 1
         k += N + 1
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _seconds(parts, i, calibrated, sd, cd, sv, cv, r=0):
-    """best_candidate's seconds of candidate i (its parts in rows r..r + 3)."""
+def _seconds(parts, i, calibrated, sd, cd, sv, cv):
+    """best_candidate's seconds of candidate i."""
     if calibrated:
-        return sd * parts[r + 1, i] + cd * parts[r + 2, i] + sv * parts[r + 3, i] + cv
-    return parts[r + 1, i] + parts[r + 3, i]
+        return sd * parts[1, i] + cd * parts[2, i] + sv * parts[3, i] + cv
+    return parts[1, i] + parts[3, i]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _block_bounds(head, Ns, calibrated, sd, cd, sv, cv):
-    """Per block: its first candidate's goodput and seconds and its bound (last tokens / those seconds), and per
-    segment the most of its blocks' first goodputs (float [3, blocks], [segments])."""
-    B, S = head.shape[1], Ns.shape[0]
+def _block_bounds(base, sec, Ns, calibrated, sd, cd, sv, cv):
+    """Per block: its first candidate's goodput and seconds (`_seconds` of its parts: base[3], sec[0], base[4],
+    sec[1]) and its bound (last tokens / those seconds), and per segment the most of its blocks' first goodputs
+    (float [3, blocks], [segments])."""
+    B, S = base.shape[1], Ns.shape[0]
     out, lb = np.empty((3, B)), np.full(S, -math.inf)
     for b in range(B):
-        sec = _seconds(head, b, calibrated, sd, cd, sv, cv, 4)
-        out[0, b], out[1, b], out[2, b] = head[4, b] / sec, sec, head[2, b] / sec
+        if calibrated:
+            s = sd * sec[0, b] + cd * base[4, b] + sv * sec[1, b] + cv
+        else:
+            s = sec[0, b] + sec[1, b]
+        out[0, b], out[1, b], out[2, b] = base[3, b] / s, s, base[2, b] / s
     b = 0
     for s in range(S):
         for j in range(b, b + Ns[s]):
@@ -2142,18 +2133,19 @@ def _block_bounds(head, Ns, calibrated, sd, cd, sv, cv):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def best_pruned(parts, coff, head, xs, vx, n, ok, Ls, loff, Ns, cols, fw, moved, steps, dr, oh, calibrated, sd, cd,
-                sv, cv, g0):
-    """best_candidate's answer over `candidate_heads`' parts where the bounds hold (`ok`, and calibrated: sd, cd,
-    sv finite and >= 0, cv finite; then a block's seconds are at least its first candidate's and its tokens at
-    most its last's): per segment, a block is skipped where its bound (`_block_bounds`) is at most the best so
-    far x (1 + 1e-12), below the segment's best block start or at most its maximum so far (none of its
-    candidates can be a first maximum that counts), and filled (`fill_block`) where looked into and not yet.
-    Otherwise every block is filled and best_candidate runs."""
+def best_pruned(parts, coff, base, sec, done, xs, ver, n, ok, Ls, loff, Ns, cols, fw, moved, steps, dr, oh,
+                calibrated, sd, cd, sv, cv, g0):
+    """best_candidate's answer over the candidates whose blocks are `done` in parts (`block_heads`' and
+    `block_seconds`' parts; the rest filled, `fill_block`, and marked where looked into) where the bounds hold
+    (`ok`, and calibrated: sd, cd, sv finite and >= 0, cv finite; then a block's seconds are at least its first
+    candidate's and its tokens at most its last's): per segment, a block is skipped where its bound
+    (`_block_bounds`) is at most the best so far x (1 + 1e-12), below the segment's best block start or at most
+    its maximum so far (none of its candidates can be a first maximum that counts). Otherwise every block is
+    filled and best_candidate runs."""
     if not (ok and (not calibrated or (math.isfinite(sd + cd + sv + cv) and min(sd, cd, sv) >= 0.0))):
-        fill_blocks(parts, head, xs, vx, n, Ls, loff, Ns, cols, fw, moved, steps, dr, oh)
+        fill_blocks(parts, base, sec, done, xs, ver, n, Ls, loff, Ns, cols, fw, moved, steps, dr, oh)
         return best_candidate(parts, coff, calibrated, sd, cd, sv, cv, g0)
-    bb, lb = _block_bounds(head, Ns, calibrated, sd, cd, sv, cv)
+    bb, lb = _block_bounds(base, sec, Ns, calibrated, sd, cd, sv, cv)
     row, buf, r8 = np.empty(max(cols.max(), 1)), np.empty(max(cols.max(), 1)), np.empty(8)
     best, bs, bj, k, b = g0, -1, -1, 0, 0
     for s in range(Ns.shape[0]):
@@ -2164,9 +2156,10 @@ def best_pruned(parts, coff, head, xs, vx, n, ok, Ls, loff, Ns, cols, fw, moved,
             if bb[1, b + lo] > 0.0 and (bb[2, b + lo] <= top or bb[2, b + lo] < lb[s]
                                         or (jm >= 0 and bb[2, b + lo] <= gm)):
                 continue
-            if head[3, b + lo] == 0.0:
-                fill_block(parts, o, L, lo, N, C, fw[k + lo], moved[k + lo], steps, xs, vx, n, head, b + lo, dr, oh,
-                           row, buf, r8)
+            if not done[b + lo]:
+                fill_block(parts, o, L, lo, N, C, fw[k + lo], moved[k + lo], steps, xs, ver, n, base, sec, b + lo,
+                           dr, oh, row, buf, r8)
+                done[b + lo] = True
             for i in range(o + lo * steps, o + lo * steps + (steps + 1 if lo == N - 1 else steps)):
                 g = parts[0, i] / _seconds(parts, i, calibrated, sd, cd, sv, cv)
                 if jm < 0 or (not math.isnan(gm) and (g > gm or math.isnan(g))):

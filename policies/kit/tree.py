@@ -447,15 +447,14 @@ class TreePrice:
         candidate (and the end); kept while the tables hold."""
         hit = self._heads(pack, n, steps)
         if hit[3] is not None:   # the blocks not filled yet
-            head, xs, vx, _ = hit[3]
-            kernels.fill_blocks(hit[1], head, xs, vx, float(n), pack.levels, pack.loff, pack.Ns, pack.cols, pack.fw,
+            kernels.fill_blocks(hit[1], *hit[3][:5], float(n), pack.levels, pack.loff, pack.Ns, pack.cols, pack.fw,
                                 pack.moved, steps, *hit[4])
         return self._zero(*hit[0]), hit[1], hit[2]
 
     def _heads(self, pack: "_Orders | None", n: int, steps: int) -> tuple:
-        """`candidates`' parts as kernels.candidate_heads leaves them: (zero plan's parts, parts, first
-        candidates, (head, xs, vx, bounds hold: candidate_heads') or None, (draft table, oh)); kept while the
-        tables hold, the blocks filled in place."""
+        """`candidates`' parts to be filled block by block (kernels.fill_block): (zero plan's parts, parts, first
+        candidates, (block_heads' parts, block_seconds', the blocks filled, xs, verify table, bounds hold) or
+        None, (draft table, oh)); kept while the tables hold, the blocks filled in place."""
         key = (None if pack is None else pack.key, n, steps)
         hit = self._memo.get(key)
         if hit is None:
@@ -464,13 +463,11 @@ class TreePrice:
             oh = float(getattr(self.cost, "position_overhead_s", 0.0))
             zero = (0.0, float(v[0]))   # the plan without nodes: no draft forward, a verify of one token a row
             if some:
-                parts, head, xs, vx, ok = kernels.candidate_heads(pack.probs, pack.poff, pack.levels, pack.loff,
-                                                                  pack.Ns, pack.cols, pack.fw, pack.moved, steps, n,
-                                                                  v, dr, oh)
-                coff = pack.memo.get(steps)
-                if coff is None:
-                    coff = pack.memo[steps] = np.concatenate([[0], np.cumsum(pack.Ns * steps + 1)])
-                lazy = (head, xs, vx, bool(ok))
+                base, coff, xs, ok = pack.heads(n, steps)
+                sec = np.empty((2, base.shape[1]))
+                ok = kernels.block_seconds(pack.levels, pack.loff, pack.Ns, pack.cols, pack.moved, steps, v, dr, oh,
+                                           sec) and ok
+                parts, lazy = np.empty((4, int(coff[-1]))), (base, sec, np.zeros(base.shape[1], bool), xs, v, ok)
             else:
                 parts, coff, lazy = np.zeros((4, 0)), np.zeros(1, np.int64), None
             if len(self._memo) >= 64:
@@ -538,7 +535,24 @@ class _Orders:
     fw: np.ndarray
     moved: np.ndarray
     most: tuple = (0.0, 0.0)   # the most nodes of a cap and the most draft tokens of a level
-    memo: dict = field(default_factory=dict, compare=False, repr=False)   # each cap's first candidate, by steps
+    memo: dict = field(default_factory=dict, compare=False, repr=False)   # `heads` by (n, steps)
+
+    def heads(self, n: int, steps: int) -> tuple:
+        """The candidates' parts that no price enters (n rows, `steps` a node): kernels.block_heads' [5, blocks]
+        and whether the probabilities are finite and >= 0 (n > 0), each cap's first candidate (and the end) and
+        xs[i] = i / steps; computed once (read-only)."""
+        hit = self.memo.get((n, steps))
+        if hit is None:
+            base = np.empty((5, int(self.Ns.sum())))
+            ok = kernels.block_heads(self.probs, self.poff, self.Ns, self.fw, steps, float(n), base)
+            coff = np.concatenate([[0], np.cumsum(self.Ns * steps + 1)])
+            xs = np.arange(int((self.Ns * steps + 1).max(initial=1))) / steps
+            for a in (base, coff, xs):
+                a.flags.writeable = False
+            if len(self.memo) >= 16:
+                self.memo.clear()
+            hit = self.memo[n, steps] = (base, coff, xs, bool(ok))
+        return hit
 
 
 @functools.lru_cache(maxsize=64)
@@ -573,7 +587,7 @@ def _plan_compiled(table, price: TreePrice, n: int, max_nodes: int, max_depth: i
         return best
     cal = price.calibration
     (sd, cd), (sv, cv) = (cal.params("draft"), cal.params("verify")) if cal is not None else ((1.0, 0.0), (1.0, 0.0))
-    s, j, g = kernels.best_pruned(parts, coff, *lazy[:3], float(n), lazy[3], pack.levels, pack.loff, pack.Ns,
+    s, j, g = kernels.best_pruned(parts, coff, *lazy[:5], float(n), lazy[5], pack.levels, pack.loff, pack.Ns,
                                   pack.cols, pack.fw, pack.moved, steps, dr, oh, cal is not None, float(sd),
                                   float(cd), float(sv), float(cv), best.goodput)
     if s < 0:
