@@ -1816,13 +1816,14 @@ def expected_counts(par, dep, rnk, noff, cnt, coff, table, R, hits, trials, keep
     """RankEstimate.refresh's EM step over its groups (group g: the tree par/dep/rnk[noff[g]:noff[g + 1]], its rows
     per accepted length cnt[coff[g]:coff[g + 1]]): keep[g] where its rows sum (np.sum's order) to >= 1e-3, and
     the kept groups' expected hits and trials per rank added in group order (the numpy form's bincounts and
-    reversed cumsums)."""
-    full, ends = np.empty(R + 1), np.empty(R + 1)
+    reversed cumsums). Returns how many groups are kept."""
+    full, ends, kept = np.empty(R + 1), np.empty(R + 1), 0
     for g in range(noff.shape[0] - 1):
         counts = cnt[coff[g]:coff[g + 1]]
         keep[g] = 0.0 + pairwise(counts, 0, counts.shape[0]) >= 1e-3
         if not keep[g]:
             continue
+        kept += 1
         a, b = noff[g], noff[g + 1]
         W = np.empty(b - a + 1)
         mass = _masses(par[a:b], dep[a:b], rnk[a:b], counts, table, R, W)
@@ -1839,7 +1840,7 @@ def expected_counts(par, dep, rnk, noff, cnt, coff, table, R, hits, trials, keep
             hits[r] += full[r]
             trials[r] += rc + re
             re = re + ends[r]
-    return keep
+    return kept
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -268,19 +268,16 @@ class RankEstimate:
 
     def _refresh_compiled(self) -> None:
         """refresh by kernels.expected_counts (the groups' trees end to end, kept while the shapes hold)."""
-        groups = list(self._groups.items())
-        keys = tuple(k for k, _ in groups)
-        if self._packed is None or self._packed[0] != keys:
-            ts = [g[0] for _, g in groups]
+        if self._packed is None:   # until the groups are repacked
+            ts = [g[0] for g in self._groups.values()]
             (par, noff), (dep, _), (rnk, _) = (_flat([getattr(t, a) for t in ts], np.int64)
                                                for a in ("parent", "depth", "rank"))
-            self._packed = (keys, par, dep, rnk, np.append(noff, par.size))
-        _, par, dep, rnk, noff = self._packed
-        hits, trials, keep = np.zeros(self.ranks), np.zeros(self.ranks), np.zeros(len(groups), bool)
-        kernels.expected_counts(par, dep, rnk, noff, self._cnt, self._coff, self.table, self.ranks, hits, trials,
-                                keep)
-        if not keep.all():
-            self._groups = {k: g for (k, g), kp in zip(groups, keep.tolist()) if kp}
+            self._packed = (par, dep, rnk, np.append(noff, par.size))
+        par, dep, rnk, noff = self._packed
+        hits, trials, keep = np.zeros(self.ranks), np.zeros(self.ranks), np.zeros(len(self._groups), bool)
+        if kernels.expected_counts(par, dep, rnk, noff, self._cnt, self._coff, self.table, self.ranks, hits, trials,
+                                   keep) < keep.size:
+            self._groups = {k: g for (k, g), kp in zip(self._groups.items(), keep.tolist()) if kp}
             self._repack()
         self.hits, self.trials = hits, trials
 
@@ -290,7 +287,7 @@ class RankEstimate:
         rows = [g[1] for g in self._groups.values()]
         self._cnt, off = _flat(rows, float) if rows else (np.zeros(0), np.zeros(0, np.int64))
         self._coff = np.append(off, self._cnt.size)
-        self._slots = None
+        self._slots = self._packed = None
         for g, o in zip(self._groups.values(), off.tolist()):
             g[1] = self._cnt[o:o + g[1].size]
         return self._groups
@@ -421,7 +418,7 @@ class TreePrice:
     def _tables(self, nodes: float, q: float) -> tuple[np.ndarray, np.ndarray]:
         """verify[x]: x nodes a row; draft[q]: one forward of q tokens a row; grown to cover the arguments."""
         n, c = self.n, np.full(self.n, self.cbar)
-        X = int(np.ceil(nodes)) + 1
+        X = math.ceil(nodes) + 1
         if self._verify.size < X + 1:
             xs = np.arange(X + 1, dtype=float)
             if hasattr(self.cost, "verify_times"):
@@ -429,7 +426,7 @@ class TreePrice:
             else:
                 self._verify = np.array([self.cost.verify_time(c, np.full(n, x)) for x in xs])
             self._memo = {}
-        Q = int(np.ceil(q)) + 1
+        Q = math.ceil(q) + 1
         if self._draft.size < Q + 1:
             qs = range(self._draft.size, Q + 1)
             if hasattr(self.cost, "draft_forward_times"):   # a CostModel: the same values in one call
@@ -475,10 +472,11 @@ class TreePrice:
             hit = self._memo[key] = (zero, parts, coff, lazy, (dr, oh))
         return hit
 
-    def _zero(self, draft: float, verify: float) -> float:
-        """`seconds` of the plan without nodes from its summed draft and verify seconds."""
+    def _zero(self, draft: float, verify: float, params=None) -> float:
+        """`seconds` of the plan without nodes from its summed draft and verify seconds (`params`: the
+        calibration's draft and verify params, where read already)."""
         if self.calibration is not None:
-            (sd, cd), (sv, cv) = self.calibration.params("draft"), self.calibration.params("verify")
+            (sd, cd), (sv, cv) = params or (self.calibration.params("draft"), self.calibration.params("verify"))
             return float(sd * draft + cd * 0.0 + sv * verify + cv)
         return float(draft + verify)
 
@@ -582,16 +580,17 @@ def _plan_compiled(table, price: TreePrice, n: int, max_nodes: int, max_depth: i
     pack = _orders((np.asarray(table, float).tobytes(), int(max_nodes), int(max_depth),
                     None if depths is None else tuple(int(d) for d in depths))) if ok else None
     zero, parts, coff, lazy, (dr, oh) = price._heads(pack, n, steps)
-    best = TreePlan(0, 0.0, float(n), float(n) / price._zero(*zero), None)
-    if not parts.shape[1]:
-        return best
     cal = price.calibration
-    (sd, cd), (sv, cv) = (cal.params("draft"), cal.params("verify")) if cal is not None else ((1.0, 0.0), (1.0, 0.0))
+    params = (cal.params("draft"), cal.params("verify")) if cal is not None else ((1.0, 0.0), (1.0, 0.0))
+    g0 = float(n) / price._zero(*zero, params)
+    if not parts.shape[1]:
+        return TreePlan(0, 0.0, float(n), g0, None)
+    (sd, cd), (sv, cv) = params
     s, j, g = kernels.best_pruned(parts, coff, *lazy[:5], float(n), lazy[5], pack.levels, pack.loff, pack.Ns,
                                   pack.cols, pack.fw, pack.moved, steps, dr, oh, cal is not None, float(sd),
-                                  float(cd), float(sv), float(cv), best.goodput)
+                                  float(cd), float(sv), float(cv), g0)
     if s < 0:
-        return best
+        return TreePlan(0, 0.0, float(n), g0, None)
     return TreePlan(pack.depths[s], float((j - coff[s]) / steps), float(parts[0, j]), float(g), pack.orders[s])
 
 
