@@ -1751,10 +1751,10 @@ def best_candidate(parts, coff, calibrated, sd, cd, sv, cv, g0):
 
 
 @njit(cache=True, nogil=True)
-def row_plan(caps, base, extra, depth):
+def row_plan(caps, base, extra, depth, out):
     """plan_rows' rows: each row's (nodes, depth cap) is (base, or base + 1 for the `extra` rows first in
-    np.argsort(-caps, kind="stable"), min(cap, depth)); returns the distinct pairs in first-row order (nodes,
-    caps) and each row's pair."""
+    np.argsort(-caps, kind="stable"), min(cap, depth)); into out [3, n]: the distinct pairs in first-row order
+    (nodes out[0, :G], caps out[1, :G]) and each row's pair (out[2]); returns G."""
     n = caps.shape[0]
     top = 0
     if extra > 0:   # the extra-th largest cap: rows above it, then the first rows at it
@@ -1763,7 +1763,7 @@ def row_plan(caps, base, extra, depth):
     for i in range(n):
         above += 1 if caps[i] > top else 0
     left = extra - above
-    cs, ds, grp = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    cs, ds, grp = out[0], out[1], out[2]
     G = 0
     for i in range(n):
         c = base
@@ -1779,7 +1779,7 @@ def row_plan(caps, base, extra, depth):
             cs[G], ds[G] = c, d
             G += 1
         grp[i] = g
-    return cs[:G], ds[:G], grp
+    return G
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

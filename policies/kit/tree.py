@@ -639,9 +639,10 @@ def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None) -> li
             lo, hi, _ = kernels.int_stats(caps)
             if lo >= plan.depth or lo == hi:   # every row the same tree
                 return [_cached_tree(plan.order, base, min(int(lo), plan.depth), cache)] * n
-        cs, ds, grp = kernels.row_plan(caps, base, extra, plan.depth)   # the numpy form's pairs, below
-        trees = [_cached_tree(plan.order, c, dc, cache) for c, dc in zip(cs.tolist(), ds.tolist())]
-        return [trees[g] for g in grp.tolist()]
+        out = np.empty((3, n), np.int64)
+        G = kernels.row_plan(caps, base, extra, plan.depth, out)   # the numpy form's pairs, below
+        trees = [_cached_tree(plan.order, c, dc, cache) for c, dc in zip(out[0, :G].tolist(), out[1, :G].tolist())]
+        return [trees[0]] * n if G == 1 else [trees[g] for g in out[2].tolist()]
     counts = np.full(n, base, np.int64)
     if extra:
         counts[np.argsort(-caps, kind="stable")[:extra]] += 1
