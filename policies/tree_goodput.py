@@ -62,12 +62,18 @@ class TreeGoodput(Policy):
 
     def table(self, view) -> np.ndarray:
         """The per-rank table the plan values trees by."""
+        self._table.start(self._prior(view))
+        return self._table.table
+
+    def _prior(self, view):
+        """The estimate's prior: the confidence's table (the geometric table of view.acceptance_prior where
+        nothing was drafted), or that rate where confidence is off."""
         a, R = view.acceptance_prior, self._table.ranks
+        if not self._use_confidence:
+            return a
         if self._geometric[0] != (a, R):   # computed once per prior
             self._geometric = ((a, R), a * (1.0 - a) ** np.arange(R))
-        geometric = self._geometric[1]
-        self._table.start(self._conf.table(geometric) if self._use_confidence else a)
-        return self._table.table
+        return self._conf.table(self._geometric[1])
 
     def _plan_table(self, view) -> np.ndarray:
         """`table` rounded to 0.005 (the same trees, and cached orders, while it holds); kept while its inputs
@@ -77,7 +83,7 @@ class TreeGoodput(Policy):
         held = (c.sums, c.counts, e.hits, e.trials)
         key = (view.acceptance_prior, c.version, *map(id, held))
         if self._rounded[0] != key:
-            self._rounded = (key, np.round(self.table(view) * 200.0) / 200.0, held)
+            self._rounded = (key, self._table.start_rounded(self._prior(view), 200.0), held)
             self._rounded[1].flags.writeable = False
         return self._rounded[1]
 

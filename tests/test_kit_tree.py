@@ -367,6 +367,30 @@ def test_compiled_rank_table_and_chain_groups_are_numpys(monkeypatch):
         assert [g[1].tolist() for g in a._groups.values()] == [g[1].tolist() for g in b._groups.values()]
 
 
+def test_start_rounded_is_start_then_the_rounded_table(monkeypatch):
+    """RankEstimate.start_rounded (kernels.started_table) gives np.round(table x scale) / scale after start, to
+    the bit (NaN, ties to even, tables past 1), and leaves the prior and table that start leaves."""
+    rng = np.random.default_rng(16)
+    for i in range(40):
+        R = int(rng.integers(1, 9))
+        prior = rng.uniform(-0.1, 0.8, R) if i % 3 else np.round(rng.uniform(0, 1, R) * 8) / 400 + 0.0025
+        if i % 7 == 5:
+            prior[rng.integers(0, R)] = np.nan
+        prior = prior if i % 11 != 4 else float(rng.uniform(0, 1))
+        est = K.RankEstimate(ranks=R, strength=float(rng.uniform(1, 50)))
+        est.hits, est.trials = rng.uniform(0, 50, R), rng.uniform(0, 80, R)
+        got = est.start_rounded(prior, 200.0)
+        state = (est.prior.copy(), est.table)
+        monkeypatch.setattr(K, "COMPILED", False)
+        est._start = est._tab = None
+        est.start(prior)
+        want = np.round(est.table * 200.0) / 200.0
+        monkeypatch.setattr(K, "COMPILED", True)
+        assert np.array_equal(got, want, equal_nan=True)
+        assert np.array_equal(state[0], est.prior, equal_nan=True)
+        assert np.array_equal(state[1], est.table, equal_nan=True)
+
+
 def test_observe_chains_is_observe_on_the_chains(monkeypatch):
     """RankEstimate.observe_chains (kernels.chain_add once each chain has its group) learns what observe on the
     rows' chains learns, to the bit, with tree steps between (groups added, dropped and repacked), steps where

@@ -2296,6 +2296,16 @@ def chain_add(drafted, accepted, slots, cnt, keep):
     return 1
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def started_table(t, hits, trials, strength, scale, prior, table, rounded):
+    """RankEstimate.start with a table t, its table, and that rounded as np.round(table x scale) / scale (half to
+    even): `hazards`(t) into prior, `rank_table` into table, the rounded table into rounded."""
+    hazards(t, prior)
+    rank_table(hits, trials, prior, strength, table)
+    for r in range(table.shape[0]):
+        rounded[r] = np.rint(table[r] * scale) / scale
+
+
 # ---- ConfidenceCalibration (kit.acceptance) ------------------------------------------------------------------
 
 

@@ -180,6 +180,20 @@ class RankEstimate:
             self.prior = np.clip(t / np.maximum(left, 1e-12), 0.0, 1.0)
         self._start = (key, self.prior)
 
+    def start_rounded(self, prior, scale: float) -> np.ndarray:
+        """start(prior), then `table` rounded to 1 / scale: np.round(table x scale) / scale (a new array; compiled
+        for a table prior: kernels.started_table)."""
+        R = self.ranks
+        if COMPILED and np.ndim(prior) == 1 and self.hits.shape == self.trials.shape == (R,):
+            t = np.asarray(prior, float)[:R]
+            if t.size == R:
+                self.prior, table, out = np.empty(R), np.empty(R), np.empty(R)
+                kernels.started_table(t, self.hits, self.trials, self.strength, float(scale), self.prior, table, out)
+                self._start = self._tab = None   # their keys made when next asked
+                return out
+        self.start(prior)
+        return np.round(self.table * scale) / scale
+
     @property
     def table(self) -> np.ndarray:
         key = (self.hits.tobytes(), self.trials.tobytes(), self.prior.tobytes(), self.strength)
