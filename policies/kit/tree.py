@@ -341,6 +341,8 @@ class RankConfidence:
         self.sums, self.counts = np.zeros(self.ranks), np.zeros(self.ranks)
         self.version = 0   # observe_groups' calls that changed sums and counts
         self._tab = None   # the last table and its inputs
+        self._decay: dict = {}   # np.exp(-(seen / memory)) by seen
+        self._rows = np.zeros(0, np.int64)   # np.arange(n) for the last n
 
     def observe(self, trees, confidences: np.ndarray) -> None:
         """Add one tree step's nodes: the rows' trees (a Tree for all, or one per row) and their confidences."""
@@ -354,11 +356,15 @@ class RankConfidence:
             if not t.nodes:
                 continue
             self.version += 1
-            rws = np.arange(n) if isinstance(idx, slice) else np.asarray(idx)
+            rws = self._all_rows(n) if isinstance(idx, slice) else np.asarray(idx)
             ok_rows = fast and rws.dtype == np.int64 and rws.ndim == 1
             seen = kernels.seen_count(confidences, rws, t.nodes) if ok_rows else -1   # -1: out of range
             if seen >= 0 and self.sums.shape == self.counts.shape == (self.ranks,):   # the numpy form's arithmetic
-                e = np.exp(-(float(seen) / self.memory))
+                e = self._decay.get(seen)
+                if e is None:
+                    if len(self._decay) >= 4096:
+                        self._decay.clear()
+                    e = self._decay[seen] = np.exp(-(float(seen) / self.memory))
                 kernels.rank_means_add(confidences, rws, t.nodes, t.rank, self.ranks, e, self.sums, self.counts)
                 continue
             c = confidences[idx, :t.nodes]
@@ -369,6 +375,13 @@ class RankConfidence:
             self.counts *= np.exp(-w)
             self.sums += np.bincount(r[ok], weights=c[ok], minlength=self.ranks + 1)[:self.ranks]
             self.counts += np.bincount(r[ok], minlength=self.ranks + 1)[:self.ranks]
+
+    def _all_rows(self, n: int) -> np.ndarray:
+        """np.arange(n) (kept per n; read-only)."""
+        if self._rows.size != n:
+            self._rows = np.arange(n)
+            self._rows.flags.writeable = False
+        return self._rows
 
     def table(self, fallback: np.ndarray) -> np.ndarray:
         """The mean confidence per rank over the ranks drafted so far (0..k-1: trees are rank-contiguous), and past
