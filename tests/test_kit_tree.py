@@ -491,6 +491,18 @@ def test_confidence_means_refuse_rows_past_the_confidences():
         rc.observe(T.chain(6), np.full((2, 4), 0.5))
 
 
+def test_sum_swap_is_numpys_sum():
+    """kernels._sum_init and _sum_swap (one entry changed at a time) give np.sum's value of the row, to the bit."""
+    from specdepth.policies.kit import kernels as KT
+    rng = np.random.default_rng(17)
+    for C in list(range(0, 41)) + [127, 128]:
+        row, acc = rng.uniform(0, 1, C) * 10.0 ** rng.integers(-8, 8, C), np.empty(16)
+        assert KT._sum_init(row, C, acc) == row.sum()
+        for m in rng.integers(0, max(C, 1), 3 * C):
+            row[m] = rng.uniform(0, 1) * 10.0 ** rng.integers(-8, 8)
+            assert KT._sum_swap(row, C, m, acc) == row.sum()
+
+
 def test_pruned_best_is_best_candidate():
     """kernels.block_heads + block_seconds + fill_blocks give kernels.candidates' parts, and best_pruned (filling
     blocks as it goes, called again on the same parts) answers what best_candidate answers over every candidate,

@@ -2038,28 +2038,81 @@ def block_heads(probs, poff, Ns, fw, steps, n, base):
     return ok
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _sum_init(row, C, acc):
+    """`_block`(row[:C]) (C <= 128) with its partial sums kept in acc [16] for `_sum_swap`: below 8 the running
+    sums (acc[c] after entry c); else the 8 accumulators acc[:8], their total acc[8] and the running sums of the
+    rest (acc[9 + t] after its entry t)."""
+    if C < 8:
+        s = 0.0
+        for c in range(C):
+            s += row[c]
+            acc[c] = s
+        return s
+    B = C - C % 8
+    for j in range(8):
+        r = row[j]
+        for i in range(j + 8, B, 8):
+            r += row[i]
+        acc[j] = r
+    return _sum_rest(row, C, B, B, True, acc)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sum_rest(row, C, B, m, tree, acc):
+    """`_sum_init`'s total past the accumulators: their sum tree (where `tree`: an accumulator changed), then the
+    entries from m >= B on."""
+    if tree:
+        acc[8] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+    s = acc[8 + m - B]
+    for c in range(m, C):
+        s += row[c]
+        acc[9 + c - B] = s
+    return s
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sum_swap(row, C, m, acc):
+    """`_sum_init`(row, C, acc) after row[m] changed: the partial sums that hold m redone (the same adds)."""
+    if C < 8:
+        s = acc[m - 1] if m > 0 else 0.0
+        for c in range(m, C):
+            s += row[c]
+            acc[c] = s
+        return s
+    B = C - C % 8
+    if m < B:
+        j = m % 8
+        r = row[j]
+        for i in range(j + 8, B, 8):
+            r += row[i]
+        acc[j] = r
+    return _sum_rest(row, C, B, max(m, B), m < B, acc)
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def block_seconds(Ls, loff, Ns, cols, moved, steps, ver, dr, oh, sec):
     """The priced parts of each block's first candidate (`block_heads`' blocks; `_segment`'s arithmetic) into sec
-    [2, blocks]: node count lo's levels' summed draft seconds (np.sum's order) and the verify table at lo. Returns
-    whether the tables allow `best_pruned`'s bounds: ver and dr finite and non-decreasing, oh finite and >= 0."""
-    row = np.empty(max(cols.max(), 1))
-    k, b = 0, 0
+    [2, blocks]: node count lo's levels' summed draft seconds (np.sum's order: `_block`, one level's change redone
+    by `_sum_swap`) and the verify table at lo (np.interp's value at a grid point). Returns whether the tables
+    allow `best_pruned`'s bounds: ver and dr finite and non-decreasing, oh finite and >= 0."""
+    row, acc = np.empty(max(cols.max(), 1)), np.empty(16)
+    k, b, last = 0, 0, ver.shape[0] - 1
     for s in range(Ns.shape[0]):
         N, C = Ns[s], cols[s]
         L = Ls[loff[s]:loff[s] + (N + 1) * C].reshape((N + 1, C))
         _level_draft_row(L, 0, C, dr, 0, oh, row)
-        ds = 0.0 + pairwise(row, 0, C)
+        ds = 0.0 + (_sum_init(row, C, acc) if C <= 128 else pairwise(row, 0, C))
         for lo in range(N):
-            sec[0, b], sec[1, b] = ds, interp(lo * steps / steps, ver, 0, ver.shape[0])
+            sec[0, b], sec[1, b] = ds, ver[min(lo, last)]
             m = moved[k + lo]
             if m >= 0:   # row to node count lo + 1
                 a = L[lo + 1, m]
                 row[m] = dr[a] + (oh if a > 0 else oh * 0.0)
-                ds = 0.0 + pairwise(row, 0, C)
+                ds = 0.0 + (_sum_swap(row, C, m, acc) if C <= 128 else pairwise(row, 0, C))
             elif m == -2:
                 _level_draft_row(L, lo + 1, C, dr, 0, oh, row)
-                ds = 0.0 + pairwise(row, 0, C)
+                ds = 0.0 + (_sum_init(row, C, acc) if C <= 128 else pairwise(row, 0, C))
             b += 1
         k += N + 1
     return math.isfinite(oh) and oh >= 0.0 and _monotone(ver) and _monotone(dr)
