@@ -1783,13 +1783,15 @@ def row_plan(caps, base, extra, depth, out):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _masses(par, dep, rnk, counts, table, R, W):
+def _masses(par, dep, rnk, counts, table, R, W, reach, acc, level, size, mass):
     """RankEstimate._expected_counts' weights for one tree (node arrays par, dep, rnk; counts[a]: rows that
     accepted a nodes): W[1 + i] the rows whose path ends at node i (W[0]: at the root); returns the rows whose path
-    passes through each node, [root, node 0, ...] (the numpy form's bincounts and add.at, in node order)."""
+    passes through each node, [root, node 0, ...] (the numpy form's bincounts and add.at, in node order), in mass.
+    Scratch: reach [N], acc [N + 1], level and size [counts.size], mass [N + 1]."""
     N = par.shape[0]
-    reach, acc = np.empty(N), np.zeros(N + 1)
-    level, size = np.zeros(counts.shape[0]), np.zeros(counts.shape[0], np.int64)
+    acc[:] = 0.0
+    level[:] = 0.0
+    size[:] = 0
     for i in range(N):
         pr = table[rnk[i]] if rnk[i] < R else 0.0
         reach[i] = pr * (reach[par[i]] if par[i] >= 0 else 1.0)
@@ -1803,7 +1805,7 @@ def _masses(par, dep, rnk, counts, table, R, W):
     for i in range(N):
         lv = level[dep[i]]
         W[i + 1] = counts[dep[i]] * (reach[i] / lv if lv > 0 else 1.0 / size[dep[i]])
-    mass = W.copy()
+    mass[:] = W
     for d in range(counts.shape[0] - 1, 1, -1):
         for i in range(N):
             if dep[i] == d:
@@ -1816,19 +1818,26 @@ def expected_counts(par, dep, rnk, noff, cnt, coff, table, R, hits, trials, keep
     """RankEstimate.refresh's EM step over its groups (group g: the tree par/dep/rnk[noff[g]:noff[g + 1]], its rows
     per accepted length cnt[coff[g]:coff[g + 1]]): keep[g] where its rows sum (np.sum's order) to >= 1e-3, and
     the kept groups' expected hits and trials per rank added in group order (the numpy form's bincounts and
-    reversed cumsums). Returns how many groups are kept."""
+    reversed cumsums; scratch allocated once for the largest group). Returns how many groups are kept."""
+    G, M, A = noff.shape[0] - 1, 1, 1
+    for g in range(G):
+        M, A = max(M, noff[g + 1] - noff[g] + 1), max(A, coff[g + 1] - coff[g])
     full, ends, kept = np.empty(R + 1), np.empty(R + 1), 0
-    for g in range(noff.shape[0] - 1):
+    buf, ibuf = np.empty((5, M)), np.empty((2, max(M, A)), np.int64)
+    lbuf = np.empty(A)
+    for g in range(G):
         counts = cnt[coff[g]:coff[g + 1]]
         keep[g] = 0.0 + pairwise(counts, 0, counts.shape[0]) >= 1e-3
         if not keep[g]:
             continue
         kept += 1
-        a, b = noff[g], noff[g + 1]
-        W = np.empty(b - a + 1)
-        mass = _masses(par[a:b], dep[a:b], rnk[a:b], counts, table, R, W)
+        a, b, C = noff[g], noff[g + 1], counts.shape[0]
+        W = buf[0, :b - a + 1]
+        mass = _masses(par[a:b], dep[a:b], rnk[a:b], counts, table, R, W, buf[1, :b - a], buf[2, :b - a + 1],
+                       lbuf[:C], ibuf[0, :C], buf[3, :b - a + 1])
         full[:], ends[:] = 0.0, 0.0
-        kids = np.zeros(b - a + 1, np.int64)
+        kids = ibuf[1, :b - a + 1]
+        kids[:] = 0
         for i in range(a, b):
             full[min(rnk[i], R)] += mass[i - a + 1]
             kids[par[i] + 1] += 1
