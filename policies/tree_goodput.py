@@ -58,7 +58,7 @@ class TreeGoodput(Policy):
         self._price = TreePrice(self._calib if self.cost == "calibrated" else None)
         self._trees = {}
         self._geometric = (None, None)
-        self._rounded = (None, None, None)   # _plan_table's key, its table and the arrays keyed by id
+        self._rounded = (None, None, None, None)   # _plan_table's key, its table, the arrays keyed by id, prior
 
     def table(self, view) -> np.ndarray:
         """The per-rank table the plan values trees by."""
@@ -78,12 +78,14 @@ class TreeGoodput(Policy):
     def _plan_table(self, view) -> np.ndarray:
         """`table` rounded to 0.005 (the same trees, and cached orders, while it holds); kept while its inputs
         hold: the prior, the confidence's sums and counts (the same arrays, not observed since) and the estimate's
-        hits and trials (the same arrays: its refresh makes new ones; the arrays are held with the key)."""
-        c, e = self._conf, self._table
+        hits and trials (the same arrays: its refresh makes new ones; the arrays are held with the key). The prior
+        is kept while its part of the key holds."""
+        c, e, old = self._conf, self._table, self._rounded
         held = (c.sums, c.counts, e.hits, e.trials)
         key = (view.acceptance_prior, c.version, *map(id, held))
-        if self._rounded[0] != key:
-            self._rounded = (key, self._table.start_rounded(self._prior(view), 200.0), held)
+        if old[0] != key:
+            prior = old[3] if old[0] is not None and old[0][:4] == key[:4] else self._prior(view)
+            self._rounded = (key, self._table.start_rounded(prior, 200.0), held, prior)
             self._rounded[1].flags.writeable = False
         return self._rounded[1]
 
