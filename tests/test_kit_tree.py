@@ -448,7 +448,7 @@ def test_compiled_plan_rows_are_the_numpy_rows(monkeypatch):
 
 
 def test_compiled_confidence_means_and_hazards_are_numpys(monkeypatch):
-    """RankConfidence.observe and table (kernels.seen_count, rank_means_add, confidence_head) and RankEstimate.start's
+    """RankConfidence.observe and table (kernels.rank_bins, rank_means_add, confidence_head) and RankEstimate.start's
     hazards (kernels.hazards) give what their numpy forms give, to the bit (NaN entries, zeros, tables past 1)."""
     rng = np.random.default_rng(14)
     shapes = [T.chain(3), T.from_widths([2, 2]), T.EAGLE_TREE, K.best_tree([0.5, 0.3, 0.1], 20, 7), T.chain(0)]

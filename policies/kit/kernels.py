@@ -1953,26 +1953,18 @@ def confidence_head(sums, counts, out):
 
 
 @njit(cache=True, nogil=True)
-def seen_count(conf, rows, nodes):
-    """The entries of conf[rows, :nodes] that are not NaN; -1 where a row or `nodes` is out of conf's range."""
+def rank_bins(conf, rows, nodes, rank, R, b, k):
+    """np.bincount of conf[rows, :nodes]'s entries that are not NaN (row by row) at min(rank, R), weighted by them
+    into b and not into k ([R + 1] each, zeroed here); returns how many there were, -1 (nothing read) where a row
+    or `nodes` is out of conf's range."""
     if nodes > conf.shape[1]:
         return -1
     for i in rows:
         if i < 0 or i >= conf.shape[0]:
             return -1
+    b[:] = 0.0
+    k[:] = 0
     cnt = 0
-    for i in rows:
-        for j in range(nodes):
-            cnt += 0 if math.isnan(conf[i, j]) else 1
-    return cnt
-
-
-@njit(cache=True, nogil=True)
-def rank_means_add(conf, rows, nodes, rank, R, e, sums, counts):
-    """RankConfidence.observe's update for one tree: sums and counts x e, then + np.bincount of conf[rows,
-    :nodes]'s entries that are not NaN (row by row) at min(rank, R), weighted by them (sums) and not (counts),
-    the first R bins."""
-    b, k = np.zeros(R + 1), np.zeros(R + 1, np.int64)
     for i in rows:
         for j in range(nodes):
             v = conf[i, j]
@@ -1980,7 +1972,15 @@ def rank_means_add(conf, rows, nodes, rank, R, e, sums, counts):
                 r = min(rank[j], R)
                 b[r] += v
                 k[r] += 1
-    for r in range(R):
+                cnt += 1
+    return cnt
+
+
+@njit(cache=True, nogil=True)
+def rank_means_add(e, b, k, sums, counts):
+    """RankConfidence.observe's update for one tree from its `rank_bins`: sums and counts x e, + the first R bins
+    (weighted into sums, counted into counts)."""
+    for r in range(sums.shape[0]):
         sums[r] = sums[r] * e + b[r]
         counts[r] = counts[r] * e + float(k[r])
 

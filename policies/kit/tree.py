@@ -343,6 +343,7 @@ class RankConfidence:
         self._tab = None   # the last table and its inputs
         self._decay: dict = {}   # np.exp(-(seen / memory)) by seen
         self._rows = np.zeros(0, np.int64)   # np.arange(n) for the last n
+        self._bins = (np.zeros(self.ranks + 1), np.zeros(self.ranks + 1, np.int64))   # kernels.rank_bins' scratch
 
     def observe(self, trees, confidences: np.ndarray) -> None:
         """Add one tree step's nodes: the rows' trees (a Tree for all, or one per row) and their confidences."""
@@ -358,14 +359,16 @@ class RankConfidence:
             self.version += 1
             rws = self._all_rows(n) if isinstance(idx, slice) else np.asarray(idx)
             ok_rows = fast and rws.dtype == np.int64 and rws.ndim == 1
-            seen = kernels.seen_count(confidences, rws, t.nodes) if ok_rows else -1   # -1: out of range
-            if seen >= 0 and self.sums.shape == self.counts.shape == (self.ranks,):   # the numpy form's arithmetic
+            ok_rows = ok_rows and self.sums.shape == self.counts.shape == (self.ranks,)
+            b, k = self._bins
+            seen = kernels.rank_bins(confidences, rws, t.nodes, t.rank, self.ranks, b, k) if ok_rows else -1
+            if seen >= 0:   # the numpy form's arithmetic (-1: out of range)
                 e = self._decay.get(seen)
                 if e is None:
                     if len(self._decay) >= 4096:
                         self._decay.clear()
                     e = self._decay[seen] = np.exp(-(float(seen) / self.memory))
-                kernels.rank_means_add(confidences, rws, t.nodes, t.rank, self.ranks, e, self.sums, self.counts)
+                kernels.rank_means_add(e, b, k, self.sums, self.counts)
                 continue
             c = confidences[idx, :t.nodes]
             ok = ~np.isnan(c)
