@@ -2134,9 +2134,14 @@ def fill_block(out, o, L, lo, N, C, fw, m, steps, xs, ver, n, base, sec, b, dr, 
     it (the verify table read at xs here)."""
     i0, i1 = lo * steps, lo * steps + (steps + 1 if lo == N - 1 else steps)
     e0, de = base[0, b], base[1, b]
+    inner = lo + 1 <= ver.shape[0] - 1   # np.interp's grid step lo..lo + 1 (x below lo + 1: below its last point)
+    y0 = ver[lo] if inner else 0.0
+    slope = ver[lo + 1] - y0 if inner else 0.0
     for i in range(i0, i1):
-        out[0, o + i] = n * ((1.0 + e0) + (xs[i] - lo) * de)
-        out[3, o + i] = interp(xs[i], ver, 0, ver.shape[0])
+        x = xs[i]
+        out[0, o + i] = n * ((1.0 + e0) + (x - lo) * de)
+        v = slope * (x - lo) + y0   # interp's slope form on that step (no call per candidate)
+        out[3, o + i] = v if inner and lo < x < lo + 1.0 and not math.isnan(v) else interp(x, ver, 0, ver.shape[0])
     for i in range(i0, i1 if m == -1 else i0 + 1):
         out[1, o + i], out[2, o + i] = sec[0, b], base[4, b]
     if m != -1:
