@@ -2336,7 +2336,7 @@ def blas_dot_matches() -> bool:
     return True
 
 
-# ---- kit.tree's per-step blocks: RankEstimate's chain steps -------------------------------------------------
+# ---- kit.tree's per-step blocks: RankEstimate's chain steps and its rounded table ---------------------------
 
 
 @njit(cache=True, nogil=True)
