@@ -687,12 +687,15 @@ def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None) -> li
 
 
 def _cached_tree(order: Order, c: int, d: int, cache: dict) -> Tree:
-    """order's first c nodes cut at depth d (no nodes: chain(0)), from `cache` by shape (the shape's key kept by
-    the order)."""
+    """order's first c nodes cut at depth d (no nodes: chain(0)), from `cache` by shape; a shape not there is
+    added, the order's Tree of it (the shape's key and its Tree kept by the order: each built once)."""
     key = order.memo.get(("key", c, d))
     if key is None:
         key = order.memo["key", c, d] = tuple(order.parent[:c].tolist()) + (d,) if c and d else ()
     t = cache.get(key)
     if t is None:
-        t = cache[key] = order.tree(c, d) if key else chain(0)
+        t = order.memo.get(("tree", c, d))
+        if t is None:
+            t = order.memo["tree", c, d] = order.tree(c, d) if key else chain(0)
+        cache[key] = t
     return t
