@@ -1955,24 +1955,34 @@ def confidence_head(sums, counts, out):
 @njit(cache=True, nogil=True)
 def rank_bins(conf, rows, nodes, rank, R, b, k):
     """np.bincount of conf[rows, :nodes]'s entries that are not NaN (row by row) at min(rank, R), weighted by them
-    into b and not into k ([R + 1] each, zeroed here); returns how many there were, -1 (nothing read) where a row
-    or `nodes` is out of conf's range."""
+    into b and not into k ([R + 1] each; a bin at a time, its entries added in that order); returns how many
+    there were, -1 (nothing read) where a row or `nodes` is out of conf's range."""
     if nodes > conf.shape[1]:
         return -1
     for i in rows:
         if i < 0 or i >= conf.shape[0]:
             return -1
-    b[:] = 0.0
-    k[:] = 0
+    js, start = np.empty(nodes, np.int64), np.zeros(R + 2, np.int64)   # the nodes by bin, in node order
+    for j in range(nodes):
+        start[min(rank[j], R) + 1] += 1
+    for r in range(R + 1):
+        start[r + 1] += start[r]
+    fill = start[:R + 1].copy()
+    for j in range(nodes):
+        r = min(rank[j], R)
+        js[fill[r]] = j
+        fill[r] += 1
     cnt = 0
-    for i in rows:
-        for j in range(nodes):
-            v = conf[i, j]
-            if not math.isnan(v):
-                r = min(rank[j], R)
-                b[r] += v
-                k[r] += 1
-                cnt += 1
+    for r in range(R + 1):   # each bin's sum in row order, then node order (as one pass adds them)
+        s, c = 0.0, 0
+        for i in rows:
+            for q in range(start[r], start[r + 1]):
+                v = conf[i, js[q]]
+                if not math.isnan(v):
+                    s += v
+                    c += 1
+        b[r], k[r] = s, c
+        cnt += c
     return cnt
 
 
