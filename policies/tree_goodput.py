@@ -5,7 +5,7 @@ from specdepth.policy import Policy
 from specdepth.tree import by_object
 
 from .kit import CostCalibration, RankEstimate, TreePrice, draft_caps, plan_rows, plan_trees
-from .kit.tree import RankConfidence, chain_groups
+from .kit.tree import RankConfidence
 from .kit.options import node
 
 ESTIMATE = {"ranks": 8, "prior_strength": 50.0, "memory": 5000.0, "every": 0.02, "confidence": True}
@@ -56,26 +56,36 @@ class TreeGoodput(Policy):
         self._conf = RankConfidence(ranks=ranks, memory=memory)
         self._calib = CostCalibration(memory=self._cal_memory)
         self._price = TreePrice(self._calib if self.cost == "calibrated" else None)
-        self._trees, self._chains = {}, {}
+        self._trees = {}
         self._geometric = (None, None)
-        self._rounded = (None, None)   # the plan's table and its inputs
+        self._rounded = (None, None, None, None)   # _plan_table's key, its table, the arrays keyed by id, prior
 
     def table(self, view) -> np.ndarray:
         """The per-rank table the plan values trees by."""
+        self._table.start(self._prior(view))
+        return self._table.table
+
+    def _prior(self, view):
+        """The estimate's prior: the confidence's table (the geometric table of view.acceptance_prior where
+        nothing was drafted), or that rate where confidence is off."""
         a, R = view.acceptance_prior, self._table.ranks
+        if not self._use_confidence:
+            return a
         if self._geometric[0] != (a, R):   # computed once per prior
             self._geometric = ((a, R), a * (1.0 - a) ** np.arange(R))
-        geometric = self._geometric[1]
-        self._table.start(self._conf.table(geometric) if self._use_confidence else a)
-        return self._table.table
+        return self._conf.table(self._geometric[1])
 
     def _plan_table(self, view) -> np.ndarray:
         """`table` rounded to 0.005 (the same trees, and cached orders, while it holds); kept while its inputs
-        (the prior, the confidence sums and the estimate's counts) hold."""
-        c, e = self._conf, self._table
-        key = (view.acceptance_prior, c.sums.tobytes(), c.counts.tobytes(), e.hits.tobytes(), e.trials.tobytes())
-        if self._rounded[0] != key:
-            self._rounded = (key, np.round(self.table(view) * 200.0) / 200.0)
+        hold: the prior, the confidence's sums and counts (the same arrays, not observed since) and the estimate's
+        hits and trials (the same arrays: its refresh makes new ones; the arrays are held with the key). The prior
+        is kept while its part of the key holds."""
+        c, e, old = self._conf, self._table, self._rounded
+        held = (c.sums, c.counts, e.hits, e.trials)
+        key = (view.acceptance_prior, c.version, *map(id, held))
+        if old[0] != key:
+            prior = old[3] if old[0] is not None and old[0][:4] == key[:4] else self._prior(view)
+            self._rounded = (key, self._table.start_rounded(prior, 200.0), held, prior)
             self._rounded[1].flags.writeable = False
         return self._rounded[1]
 
@@ -98,10 +108,7 @@ class TreeGoodput(Policy):
             self._calib.observe(view)
         trees = view.trees
         if trees is None:   # a chain step (every row's tree a chain, or nothing drafted)
-            groups = chain_groups(view.drafted, self._chains)
-            if any(t.nodes for t, _ in groups):
-                self._table.observe_groups(groups, accepted)
-            return
+            return self._table.observe_chains(view.drafted, accepted)
         groups = by_object(trees, view.batch_size)   # the rows' Tree objects, for both
         if self._use_confidence:
             self._conf.observe_groups(groups, view.node_confidences)

@@ -367,6 +367,64 @@ def test_compiled_rank_table_and_chain_groups_are_numpys(monkeypatch):
         assert [g[1].tolist() for g in a._groups.values()] == [g[1].tolist() for g in b._groups.values()]
 
 
+def test_start_rounded_is_start_then_the_rounded_table(monkeypatch):
+    """RankEstimate.start_rounded (kernels.started_table) gives np.round(table x scale) / scale after start, to
+    the bit (NaN, ties to even, tables past 1), and leaves the prior and table that start leaves."""
+    rng = np.random.default_rng(16)
+    for i in range(40):
+        R = int(rng.integers(1, 9))
+        prior = rng.uniform(-0.1, 0.8, R) if i % 3 else np.round(rng.uniform(0, 1, R) * 8) / 400 + 0.0025
+        if i % 7 == 5:
+            prior[rng.integers(0, R)] = np.nan
+        prior = prior if i % 11 != 4 else float(rng.uniform(0, 1))
+        est = K.RankEstimate(ranks=R, strength=float(rng.uniform(1, 50)))
+        est.hits, est.trials = rng.uniform(0, 50, R), rng.uniform(0, 80, R)
+        got = est.start_rounded(prior, 200.0)
+        state = (est.prior.copy(), est.table)
+        monkeypatch.setattr(K, "COMPILED", False)
+        est._start = est._tab = None
+        est.start(prior)
+        want = np.round(est.table * 200.0) / 200.0
+        monkeypatch.setattr(K, "COMPILED", True)
+        assert np.array_equal(got, want, equal_nan=True)
+        assert np.array_equal(state[0], est.prior, equal_nan=True)
+        assert np.array_equal(state[1], est.table, equal_nan=True)
+
+
+def test_observe_chains_is_observe_on_the_chains(monkeypatch):
+    """RankEstimate.observe_chains (kernels.chain_add once each chain has its group) learns what observe on the
+    rows' chains learns, to the bit, with tree steps between (groups added, dropped and repacked), steps where
+    nothing was drafted (not observed) and an accepted length past a chain (raises as observe does)."""
+    rng = np.random.default_rng(15)
+    steps = []
+    for i in range(80):
+        n = int(rng.integers(1, 70))
+        d = rng.integers(0, 7, n) if i % 9 != 4 else np.zeros(n, np.int64)
+        tree = K.best_tree([0.5, 0.3, 0.1], int(rng.integers(2, 9)), 4) if i % 5 == 2 else None
+        steps.append((d, np.minimum(d, rng.integers(0, 7, n)), tree))
+
+    def run(fast):
+        est, chains, out = K.RankEstimate(ranks=3, memory=60.0, every=0.05), {}, []
+        for d, acc, tree in steps:
+            if tree is not None:
+                est.observe(tree, np.minimum(acc, tree.max_depth))
+            elif fast:
+                est.observe_chains(d, acc)
+            elif d.any():
+                est.observe([chains.setdefault(k, T.chain(k)) for k in d.tolist()], acc)
+            out.append((est.hits.tolist(), est.trials.tolist(), est._cnt.tolist(), est._kept, est._new))
+        return out
+    want = run(False)
+    assert run(True) == want
+    monkeypatch.setattr(K, "COMPILED", False)
+    assert run(True) == want
+    monkeypatch.setattr(K, "COMPILED", True)
+    est = K.RankEstimate(ranks=3)
+    est.observe_chains(np.array([2, 3]), np.array([1, 2]))
+    with pytest.raises(IndexError):
+        est.observe_chains(np.array([2, 3]), np.array([3, 2]))
+
+
 def test_compiled_plan_rows_are_the_numpy_rows(monkeypatch):
     """plan_rows by kernels.row_plan gives every row the Tree object its numpy form gives (the same shapes from
     the same cache, in the same order)."""
@@ -390,7 +448,7 @@ def test_compiled_plan_rows_are_the_numpy_rows(monkeypatch):
 
 
 def test_compiled_confidence_means_and_hazards_are_numpys(monkeypatch):
-    """RankConfidence.observe and table (kernels.seen_count, rank_means_add, confidence_head) and RankEstimate.start's
+    """RankConfidence.observe and table (kernels.rank_bins, rank_means_add, confidence_head) and RankEstimate.start's
     hazards (kernels.hazards) give what their numpy forms give, to the bit (NaN entries, zeros, tables past 1)."""
     rng = np.random.default_rng(14)
     shapes = [T.chain(3), T.from_widths([2, 2]), T.EAGLE_TREE, K.best_tree([0.5, 0.3, 0.1], 20, 7), T.chain(0)]
@@ -433,10 +491,23 @@ def test_confidence_means_refuse_rows_past_the_confidences():
         rc.observe(T.chain(6), np.full((2, 4), 0.5))
 
 
+def test_sum_swap_is_numpys_sum():
+    """kernels._sum_init and _sum_swap (one entry changed at a time) give np.sum's value of the row, to the bit."""
+    from specdepth.policies.kit import kernels as KT
+    rng = np.random.default_rng(17)
+    for C in list(range(0, 41)) + [127, 128]:
+        row, acc = rng.uniform(0, 1, C) * 10.0 ** rng.integers(-8, 8, C), np.empty(16)
+        assert KT._sum_init(row, C, acc) == row.sum()
+        for m in rng.integers(0, max(C, 1), 3 * C):
+            row[m] = rng.uniform(0, 1) * 10.0 ** rng.integers(-8, 8)
+            assert KT._sum_swap(row, C, m, acc) == row.sum()
+
+
 def test_pruned_best_is_best_candidate():
-    """kernels.candidate_heads + fill_blocks give kernels.candidates' parts, and best_pruned (filling blocks as it
-    goes, called again on the same parts) answers what best_candidate answers over every candidate, under tables
-    and calibrations where its bounds hold and where they do not (a falling table, negative scales)."""
+    """kernels.block_heads + block_seconds + fill_blocks give kernels.candidates' parts, and best_pruned (filling
+    blocks as it goes, called again on the same parts) answers what best_candidate answers over every candidate,
+    under tables and calibrations where its bounds hold and where they do not (a falling table, negative
+    scales)."""
     from specdepth.policies.kit import kernels as KT
     rng = np.random.default_rng(10)
     for case in range(60):
@@ -461,12 +532,15 @@ def test_pruned_best_is_best_candidate():
         oh = float(rng.choice([0.0, 0.25]))
         want = KT.candidates(prob, poff, flat, loff, Ns, cs, fw, moved, steps, n, ver, dr, oh)
         coff = np.concatenate([[0], np.cumsum(Ns * steps + 1)]).astype(np.int64)
-        parts, head, xs, vx, ok = KT.candidate_heads(prob, poff, flat, loff, Ns, cs, fw, moved, steps, n, ver, dr, oh)
+        base, sec = np.empty((5, Ns.sum())), np.empty((2, Ns.sum()))
+        ok = KT.block_heads(prob, poff, Ns, fw, steps, float(n), base)
+        ok = KT.block_seconds(flat, loff, Ns, cs, moved, steps, ver, dr, oh, sec) and ok
+        parts, done, xs = np.full((4, coff[-1]), np.nan), np.zeros(Ns.sum(), bool), np.arange(coff[-1]) / steps
         for _ in range(4):
             sd, cd, sv, cv = rng.uniform(-0.2, 2.0, 4) * [1, 0.1, 1, 1]
             cal, g0 = bool(rng.random() < 0.7), float(rng.uniform(0, 3)) * n / (ver[0] + 1)
-            got = KT.best_pruned(parts, coff, head, xs, vx, float(n), ok, flat, loff, Ns, cs, fw, moved, steps, dr,
-                                 oh, cal, sd, cd, sv, cv, g0)
+            got = KT.best_pruned(parts, coff, base, sec, done, xs, ver, float(n), ok, flat, loff, Ns, cs, fw, moved,
+                                 steps, dr, oh, cal, sd, cd, sv, cv, g0)
             assert got == KT.best_candidate(want, coff, cal, sd, cd, sv, cv, g0)
-        KT.fill_blocks(parts, head, xs, vx, float(n), flat, loff, Ns, cs, fw, moved, steps, dr, oh)
-        assert np.array_equal(parts, want)
+        KT.fill_blocks(parts, base, sec, done, xs, ver, float(n), flat, loff, Ns, cs, fw, moved, steps, dr, oh)
+        assert np.array_equal(parts, want) and done.all()

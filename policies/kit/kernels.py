@@ -1806,10 +1806,10 @@ def best_candidate(parts, coff, calibrated, sd, cd, sv, cv, g0):
 
 
 @njit(cache=True, nogil=True)
-def row_plan(caps, base, extra, depth):
+def row_plan(caps, base, extra, depth, out):
     """plan_rows' rows: each row's (nodes, depth cap) is (base, or base + 1 for the `extra` rows first in
-    np.argsort(-caps, kind="stable"), min(cap, depth)); returns the distinct pairs in first-row order (nodes,
-    caps) and each row's pair."""
+    np.argsort(-caps, kind="stable"), min(cap, depth)); into out [3, n]: the distinct pairs in first-row order
+    (nodes out[0, :G], caps out[1, :G]) and each row's pair (out[2]); returns G."""
     n = caps.shape[0]
     top = 0
     if extra > 0:   # the extra-th largest cap: rows above it, then the first rows at it
@@ -1818,7 +1818,7 @@ def row_plan(caps, base, extra, depth):
     for i in range(n):
         above += 1 if caps[i] > top else 0
     left = extra - above
-    cs, ds, grp = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    cs, ds, grp = out[0], out[1], out[2]
     G = 0
     for i in range(n):
         c = base
@@ -1834,17 +1834,19 @@ def row_plan(caps, base, extra, depth):
             cs[G], ds[G] = c, d
             G += 1
         grp[i] = g
-    return cs[:G], ds[:G], grp
+    return G
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _masses(par, dep, rnk, counts, table, R, W):
+def _masses(par, dep, rnk, counts, table, R, W, reach, acc, level, size, mass):
     """RankEstimate._expected_counts' weights for one tree (node arrays par, dep, rnk; counts[a]: rows that
     accepted a nodes): W[1 + i] the rows whose path ends at node i (W[0]: at the root); returns the rows whose path
-    passes through each node, [root, node 0, ...] (the numpy form's bincounts and add.at, in node order)."""
+    passes through each node, [root, node 0, ...] (the numpy form's bincounts and add.at, in node order), in mass.
+    Scratch: reach [N], acc [N + 1], level and size [counts.size], mass [N + 1]."""
     N = par.shape[0]
-    reach, acc = np.empty(N), np.zeros(N + 1)
-    level, size = np.zeros(counts.shape[0]), np.zeros(counts.shape[0], np.int64)
+    acc[:] = 0.0
+    level[:] = 0.0
+    size[:] = 0
     for i in range(N):
         pr = table[rnk[i]] if rnk[i] < R else 0.0
         reach[i] = pr * (reach[par[i]] if par[i] >= 0 else 1.0)
@@ -1858,7 +1860,7 @@ def _masses(par, dep, rnk, counts, table, R, W):
     for i in range(N):
         lv = level[dep[i]]
         W[i + 1] = counts[dep[i]] * (reach[i] / lv if lv > 0 else 1.0 / size[dep[i]])
-    mass = W.copy()
+    mass[:] = W
     for d in range(counts.shape[0] - 1, 1, -1):
         for i in range(N):
             if dep[i] == d:
@@ -1871,18 +1873,26 @@ def expected_counts(par, dep, rnk, noff, cnt, coff, table, R, hits, trials, keep
     """RankEstimate.refresh's EM step over its groups (group g: the tree par/dep/rnk[noff[g]:noff[g + 1]], its rows
     per accepted length cnt[coff[g]:coff[g + 1]]): keep[g] where its rows sum (np.sum's order) to >= 1e-3, and
     the kept groups' expected hits and trials per rank added in group order (the numpy form's bincounts and
-    reversed cumsums)."""
-    full, ends = np.empty(R + 1), np.empty(R + 1)
-    for g in range(noff.shape[0] - 1):
+    reversed cumsums; scratch allocated once for the largest group). Returns how many groups are kept."""
+    G, M, A = noff.shape[0] - 1, 1, 1
+    for g in range(G):
+        M, A = max(M, noff[g + 1] - noff[g] + 1), max(A, coff[g + 1] - coff[g])
+    full, ends, kept = np.empty(R + 1), np.empty(R + 1), 0
+    buf, ibuf = np.empty((5, M)), np.empty((2, max(M, A)), np.int64)
+    lbuf = np.empty(A)
+    for g in range(G):
         counts = cnt[coff[g]:coff[g + 1]]
         keep[g] = 0.0 + pairwise(counts, 0, counts.shape[0]) >= 1e-3
         if not keep[g]:
             continue
-        a, b = noff[g], noff[g + 1]
-        W = np.empty(b - a + 1)
-        mass = _masses(par[a:b], dep[a:b], rnk[a:b], counts, table, R, W)
+        kept += 1
+        a, b, C = noff[g], noff[g + 1], counts.shape[0]
+        W = buf[0, :b - a + 1]
+        mass = _masses(par[a:b], dep[a:b], rnk[a:b], counts, table, R, W, buf[1, :b - a], buf[2, :b - a + 1],
+                       lbuf[:C], ibuf[0, :C], buf[3, :b - a + 1])
         full[:], ends[:] = 0.0, 0.0
-        kids = np.zeros(b - a + 1, np.int64)
+        kids = ibuf[1, :b - a + 1]
+        kids[:] = 0
         for i in range(a, b):
             full[min(rnk[i], R)] += mass[i - a + 1]
             kids[par[i] + 1] += 1
@@ -1894,7 +1904,7 @@ def expected_counts(par, dep, rnk, noff, cnt, coff, table, R, hits, trials, keep
             hits[r] += full[r]
             trials[r] += rc + re
             re = re + ends[r]
-    return keep
+    return kept
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -1998,34 +2008,44 @@ def confidence_head(sums, counts, out):
 
 
 @njit(cache=True, nogil=True)
-def seen_count(conf, rows, nodes):
-    """The entries of conf[rows, :nodes] that are not NaN; -1 where a row or `nodes` is out of conf's range."""
+def rank_bins(conf, rows, nodes, rank, R, b, k):
+    """np.bincount of conf[rows, :nodes]'s entries that are not NaN (row by row) at min(rank, R), weighted by them
+    into b and not into k ([R + 1] each; a bin at a time, its entries added in that order); returns how many
+    there were, -1 (nothing read) where a row or `nodes` is out of conf's range."""
     if nodes > conf.shape[1]:
         return -1
     for i in rows:
         if i < 0 or i >= conf.shape[0]:
             return -1
+    js, start = np.empty(nodes, np.int64), np.zeros(R + 2, np.int64)   # the nodes by bin, in node order
+    for j in range(nodes):
+        start[min(rank[j], R) + 1] += 1
+    for r in range(R + 1):
+        start[r + 1] += start[r]
+    fill = start[:R + 1].copy()
+    for j in range(nodes):
+        r = min(rank[j], R)
+        js[fill[r]] = j
+        fill[r] += 1
     cnt = 0
-    for i in rows:
-        for j in range(nodes):
-            cnt += 0 if math.isnan(conf[i, j]) else 1
+    for r in range(R + 1):   # each bin's sum in row order, then node order (as one pass adds them)
+        s, c = 0.0, 0
+        for i in rows:
+            for q in range(start[r], start[r + 1]):
+                v = conf[i, js[q]]
+                if not math.isnan(v):
+                    s += v
+                    c += 1
+        b[r], k[r] = s, c
+        cnt += c
     return cnt
 
 
 @njit(cache=True, nogil=True)
-def rank_means_add(conf, rows, nodes, rank, R, e, sums, counts):
-    """RankConfidence.observe's update for one tree: sums and counts x e, then + np.bincount of conf[rows,
-    :nodes]'s entries that are not NaN (row by row) at min(rank, R), weighted by them (sums) and not (counts),
-    the first R bins."""
-    b, k = np.zeros(R + 1), np.zeros(R + 1, np.int64)
-    for i in rows:
-        for j in range(nodes):
-            v = conf[i, j]
-            if not math.isnan(v):
-                r = min(rank[j], R)
-                b[r] += v
-                k[r] += 1
-    for r in range(R):
+def rank_means_add(e, b, k, sums, counts):
+    """RankConfidence.observe's update for one tree from its `rank_bins`: sums and counts x e, + the first R bins
+    (weighted into sums, counted into counts)."""
+    for r in range(sums.shape[0]):
         sums[r] = sums[r] * e + b[r]
         counts[r] = counts[r] * e + float(k[r])
 
@@ -2067,127 +2087,176 @@ def _monotone(a):
     return True
 
 
-@njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _block_tokens(out, o, lo, i0, i1, n, e0, de, xs, vx):
-    """`_segment`'s tokens and verify entries of node count lo's candidates i0..i1 - 1."""
-    for i in range(i0, i1):
-        out[0, o + i] = n * ((1.0 + e0) + (xs[i] - lo) * de)
-        out[3, o + i] = vx[i]
-
-
 @njit(cache=True, nogil=True, error_model="numpy")
-def _segment_heads(prob, L, N, C, fw, moved, steps, xs, vx, n, dr, oh, out, o, head, b):
-    """`candidate_heads` of one segment (`_segment`'s arithmetic, the blocks from b); returns whether its
-    probabilities are finite and >= 0."""
-    row = np.empty(max(C, 1))
-    _level_draft_row(L, 0, C, dr, 0, oh, row)
-    ds, e1, ok = 0.0 + pairwise(row, 0, C), 0.0, True
-    for lo in range(N):
-        ok = ok and math.isfinite(prob[lo]) and prob[lo] >= 0.0
-        e0 = e1
-        e1 = prob[0] if lo == 0 else e0 + prob[lo]
-        de = e1 - e0
-        i0, i1 = lo * steps, lo * steps + (steps + 1 if lo == N - 1 else steps)
-        m = moved[lo]
-        _block_tokens(out, o, lo, i0, i1 if m == -1 else i0 + 1, n, e0, de, xs, vx)
-        for i in range(i0, i1 if m == -1 else i0 + 1):
-            out[1, o + i], out[2, o + i] = ds, float(fw[lo])
-        head[0, b + lo], head[1, b + lo] = e0, de
-        head[2, b + lo] = n * ((1.0 + e0) + (xs[i1 - 1] - lo) * de)   # the block's last tokens
-        head[3, b + lo] = 1.0 if m == -1 else 0.0
-        for r in range(4):
-            head[4 + r, b + lo] = out[r, o + i0]
-        if m >= 0:   # row to node count lo + 1 (its sum: np.sum's, as `_moved_run`'s)
-            a = L[lo + 1, m]
-            row[m] = dr[a] + (oh if a > 0 else oh * 0.0)
-            ds = 0.0 + pairwise(row, 0, C)
-        elif m == -2:
-            _level_draft_row(L, lo + 1, C, dr, 0, oh, row)
-            ds = 0.0 + pairwise(row, 0, C)
+def block_heads(probs, poff, Ns, fw, steps, n, base):
+    """The parts of `candidates` that no price enters, per block (node count lo's candidates of a segment, f = 0
+    first; the blocks end to end), into base [5, blocks]: E[lo], E[lo + 1] - E[lo], the block's last tokens,
+    its first candidate's tokens and forwards (`_segment`'s arithmetic). Returns whether the probabilities are
+    finite and >= 0 and n > 0."""
+    ok, k, b = n > 0, 0, 0
+    for s in range(Ns.shape[0]):
+        N, e1 = Ns[s], 0.0
+        for lo in range(N):
+            p = probs[poff[s] + lo]
+            ok = ok and math.isfinite(p) and p >= 0.0
+            e0 = e1
+            e1 = p if lo == 0 else e0 + p
+            de = e1 - e0
+            i0, i1 = lo * steps, lo * steps + (steps + 1 if lo == N - 1 else steps)
+            base[0, b], base[1, b] = e0, de
+            base[2, b] = n * ((1.0 + e0) + ((i1 - 1) / steps - lo) * de)
+            base[3, b] = n * ((1.0 + e0) + (i0 / steps - lo) * de)
+            base[4, b] = float(fw[k + lo])
+            b += 1
+        k += N + 1
     return ok
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _sum_init(row, C, acc):
+    """`_block`(row[:C]) (C <= 128) with its partial sums kept in acc [16] for `_sum_swap`: below 8 the running
+    sums (acc[c] after entry c); else the 8 accumulators acc[:8], their total acc[8] and the running sums of the
+    rest (acc[9 + t] after its entry t)."""
+    if C < 8:
+        s = 0.0
+        for c in range(C):
+            s += row[c]
+            acc[c] = s
+        return s
+    B = C - C % 8
+    for j in range(8):
+        r = row[j]
+        for i in range(j + 8, B, 8):
+            r += row[i]
+        acc[j] = r
+    return _sum_rest(row, C, B, B, True, acc)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sum_rest(row, C, B, m, tree, acc):
+    """`_sum_init`'s total past the accumulators: their sum tree (where `tree`: an accumulator changed), then the
+    entries from m >= B on."""
+    if tree:
+        acc[8] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+    s = acc[8 + m - B]
+    for c in range(m, C):
+        s += row[c]
+        acc[9 + c - B] = s
+    return s
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sum_swap(row, C, m, acc):
+    """`_sum_init`(row, C, acc) after row[m] changed: the partial sums that hold m redone (the same adds)."""
+    if C < 8:
+        s = acc[m - 1] if m > 0 else 0.0
+        for c in range(m, C):
+            s += row[c]
+            acc[c] = s
+        return s
+    B = C - C % 8
+    if m < B:
+        j = m % 8
+        r = row[j]
+        for i in range(j + 8, B, 8):
+            r += row[i]
+        acc[j] = r
+    return _sum_rest(row, C, B, max(m, B), m < B, acc)
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
-def candidate_heads(probs, poff, Ls, loff, Ns, cols, fw, moved, steps, n, ver, dr, oh):
-    """`candidates`' parts at the start of each block (node count lo's candidates, f = 0 first; a block where no
-    level moves whole), the rest left for `fill_block`. Returns (out [4, total], head [8, blocks]: each block's
-    E[lo], E[lo + 1] - E[lo], last tokens, 1.0 where complete and its first candidate's 4 parts; xs [M] = i /
-    steps, vx [M] the verify table at xs; whether the bounds of `best_pruned` hold: the probabilities finite
-    and >= 0, n > 0, ver and dr finite and non-decreasing, oh finite and >= 0). The same arithmetic as
-    `_segment`."""
-    S = Ns.shape[0]
-    total, M, B = 0, 1, 0
-    for s in range(S):
-        total += Ns[s] * steps + 1
-        M = max(M, Ns[s] * steps + 1)
-        B += Ns[s]
-    out, head = np.empty((4, total)), np.empty((8, B))
-    vx, xs = np.empty(M), np.empty(M)
-    for i in range(M):
-        xs[i] = i / steps
-        vx[i] = interp(xs[i], ver, 0, ver.shape[0])
-    ok = n > 0 and math.isfinite(oh) and oh >= 0.0 and _monotone(ver) and _monotone(dr)
-    o, k, b = 0, 0, 0
-    for s in range(S):
+def block_seconds(Ls, loff, Ns, cols, moved, steps, ver, dr, oh, sec):
+    """The priced parts of each block's first candidate (`block_heads`' blocks; `_segment`'s arithmetic) into sec
+    [2, blocks]: node count lo's levels' summed draft seconds (np.sum's order: `_block`, one level's change redone
+    by `_sum_swap`) and the verify table at lo (np.interp's value at a grid point). Returns whether the tables
+    allow `best_pruned`'s bounds: ver and dr finite and non-decreasing, oh finite and >= 0."""
+    row, acc = np.empty(max(cols.max(), 1)), np.empty(16)
+    k, b, last = 0, 0, ver.shape[0] - 1
+    for s in range(Ns.shape[0]):
         N, C = Ns[s], cols[s]
         L = Ls[loff[s]:loff[s] + (N + 1) * C].reshape((N + 1, C))
-        ok = _segment_heads(probs[poff[s]:poff[s] + N], L, N, C, fw[k:k + N + 1], moved[k:k + N + 1], steps, xs,
-                            vx, float(n), dr, oh, out, o, head, b) and ok
-        o += N * steps + 1
+        _level_draft_row(L, 0, C, dr, 0, oh, row)
+        ds = 0.0 + (_sum_init(row, C, acc) if C <= 128 else pairwise(row, 0, C))
+        for lo in range(N):
+            sec[0, b], sec[1, b] = ds, ver[min(lo, last)]
+            m = moved[k + lo]
+            if m >= 0:   # row to node count lo + 1
+                a = L[lo + 1, m]
+                row[m] = dr[a] + (oh if a > 0 else oh * 0.0)
+                ds = 0.0 + (_sum_swap(row, C, m, acc) if C <= 128 else pairwise(row, 0, C))
+            elif m == -2:
+                _level_draft_row(L, lo + 1, C, dr, 0, oh, row)
+                ds = 0.0 + (_sum_init(row, C, acc) if C <= 128 else pairwise(row, 0, C))
+            b += 1
         k += N + 1
-        b += N
-    return out, head, xs, vx, ok
+    return math.isfinite(oh) and oh >= 0.0 and _monotone(ver) and _monotone(dr)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def fill_block(out, o, L, lo, N, C, fw, m, steps, xs, vx, n, head, b, dr, oh, row, buf, r8):
-    """Block lo (`candidate_heads`; block b of all) of a segment (candidates from out[:, o], levels L, fw and
-    moved entry m: its `level_moves`) past its first candidate, as `_segment` computes it; marks it complete."""
+def fill_block(out, o, L, lo, N, C, fw, m, steps, xs, ver, n, base, sec, b, dr, oh, row, buf, r8):
+    """Block lo (block b of all: `block_heads`' and `block_seconds`' parts) of a segment (candidates from out[:,
+    o], levels L, fw and moved entry m: its `level_moves`; xs[i] = i / steps) into out, as `_segment` computes
+    it (the verify table read at xs here)."""
     i0, i1 = lo * steps, lo * steps + (steps + 1 if lo == N - 1 else steps)
-    _block_tokens(out, o, lo, i0 + 1, i1, n, head[0, b], head[1, b], xs, vx)
-    _level_draft_row(L, lo, C, dr, 0, oh, row)
+    e0, de = base[0, b], base[1, b]
+    inner = lo + 1 <= ver.shape[0] - 1   # np.interp's grid step lo..lo + 1 (x below lo + 1: below its last point)
+    y0 = ver[lo] if inner else 0.0
+    slope = ver[lo + 1] - y0 if inner else 0.0
+    for i in range(i0, i1):
+        x = xs[i]
+        out[0, o + i] = n * ((1.0 + e0) + (x - lo) * de)
+        v = slope * (x - lo) + y0   # interp's slope form on that step (no call per candidate)
+        out[3, o + i] = v if inner and lo < x < lo + 1.0 and not math.isnan(v) else interp(x, ver, 0, ver.shape[0])
+    for i in range(i0, i1 if m == -1 else i0 + 1):
+        out[1, o + i], out[2, o + i] = sec[0, b], base[4, b]
+    if m != -1:
+        _level_draft_row(L, lo, C, dr, 0, oh, row)
     if m >= 0:
         _moved_run(L, lo, m, i0 + 1, i1, xs, C, dr, 0, dr.shape[0], oh, row, fw, out, o, r8)
     elif m == -2:
         for i in range(i0 + 1, i1):
             out[1, o + i], out[2, o + i] = _between(L, lo, xs[i] - lo, C, dr, 0, dr.shape[0], oh, row, fw, buf)
-    head[3, b] = 1.0
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def fill_blocks(out, head, xs, vx, n, Ls, loff, Ns, cols, fw, moved, steps, dr, oh):
-    """Every block `candidate_heads` left filled (`fill_block`): out is then `candidates`' parts."""
+def fill_blocks(out, base, sec, done, xs, ver, n, Ls, loff, Ns, cols, fw, moved, steps, dr, oh):
+    """Every block not `done` filled (`fill_block`) and marked: out is then `candidates`' parts."""
     o, k, b = 0, 0, 0
     row, buf, r8 = np.empty(max(cols.max(), 1)), np.empty(max(cols.max(), 1)), np.empty(8)
     for s in range(Ns.shape[0]):
         N, C = Ns[s], cols[s]
         L = Ls[loff[s]:loff[s] + (N + 1) * C].reshape((N + 1, C))
         for lo in range(N):
-            if head[3, b] == 0.0:
-                fill_block(out, o, L, lo, N, C, fw[k + lo], moved[k + lo], steps, xs, vx, n, head, b, dr, oh, row,
-                           buf, r8)
+            if not done[b]:
+                fill_block(out, o, L, lo, N, C, fw[k + lo], moved[k + lo], steps, xs, ver, n, base, sec, b, dr, oh,
+                           row, buf, r8)
+                done[b] = True
             b += 1
         o += N * steps + 1
         k += N + 1
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _seconds(parts, i, calibrated, sd, cd, sv, cv, r=0):
-    """best_candidate's seconds of candidate i (its parts in rows r..r + 3)."""
+def _seconds(parts, i, calibrated, sd, cd, sv, cv):
+    """best_candidate's seconds of candidate i."""
     if calibrated:
-        return sd * parts[r + 1, i] + cd * parts[r + 2, i] + sv * parts[r + 3, i] + cv
-    return parts[r + 1, i] + parts[r + 3, i]
+        return sd * parts[1, i] + cd * parts[2, i] + sv * parts[3, i] + cv
+    return parts[1, i] + parts[3, i]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _block_bounds(head, Ns, calibrated, sd, cd, sv, cv):
-    """Per block: its first candidate's goodput and seconds and its bound (last tokens / those seconds), and per
-    segment the most of its blocks' first goodputs (float [3, blocks], [segments])."""
-    B, S = head.shape[1], Ns.shape[0]
+def _block_bounds(base, sec, Ns, calibrated, sd, cd, sv, cv):
+    """Per block: its first candidate's goodput and seconds (`_seconds` of its parts: base[3], sec[0], base[4],
+    sec[1]) and its bound (last tokens / those seconds), and per segment the most of its blocks' first goodputs
+    (float [3, blocks], [segments])."""
+    B, S = base.shape[1], Ns.shape[0]
     out, lb = np.empty((3, B)), np.full(S, -math.inf)
     for b in range(B):
-        sec = _seconds(head, b, calibrated, sd, cd, sv, cv, 4)
-        out[0, b], out[1, b], out[2, b] = head[4, b] / sec, sec, head[2, b] / sec
+        if calibrated:
+            s = sd * sec[0, b] + cd * base[4, b] + sv * sec[1, b] + cv
+        else:
+            s = sec[0, b] + sec[1, b]
+        out[0, b], out[1, b], out[2, b] = base[3, b] / s, s, base[2, b] / s
     b = 0
     for s in range(S):
         for j in range(b, b + Ns[s]):
@@ -2197,18 +2266,19 @@ def _block_bounds(head, Ns, calibrated, sd, cd, sv, cv):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def best_pruned(parts, coff, head, xs, vx, n, ok, Ls, loff, Ns, cols, fw, moved, steps, dr, oh, calibrated, sd, cd,
-                sv, cv, g0):
-    """best_candidate's answer over `candidate_heads`' parts where the bounds hold (`ok`, and calibrated: sd, cd,
-    sv finite and >= 0, cv finite; then a block's seconds are at least its first candidate's and its tokens at
-    most its last's): per segment, a block is skipped where its bound (`_block_bounds`) is at most the best so
-    far x (1 + 1e-12), below the segment's best block start or at most its maximum so far (none of its
-    candidates can be a first maximum that counts), and filled (`fill_block`) where looked into and not yet.
-    Otherwise every block is filled and best_candidate runs."""
+def best_pruned(parts, coff, base, sec, done, xs, ver, n, ok, Ls, loff, Ns, cols, fw, moved, steps, dr, oh,
+                calibrated, sd, cd, sv, cv, g0):
+    """best_candidate's answer over the candidates whose blocks are `done` in parts (`block_heads`' and
+    `block_seconds`' parts; the rest filled, `fill_block`, and marked where looked into) where the bounds hold
+    (`ok`, and calibrated: sd, cd, sv finite and >= 0, cv finite; then a block's seconds are at least its first
+    candidate's and its tokens at most its last's): per segment, a block is skipped where its bound
+    (`_block_bounds`) is at most the best so far x (1 + 1e-12), below the segment's best block start or at most
+    its maximum so far (none of its candidates can be a first maximum that counts). Otherwise every block is
+    filled and best_candidate runs."""
     if not (ok and (not calibrated or (math.isfinite(sd + cd + sv + cv) and min(sd, cd, sv) >= 0.0))):
-        fill_blocks(parts, head, xs, vx, n, Ls, loff, Ns, cols, fw, moved, steps, dr, oh)
+        fill_blocks(parts, base, sec, done, xs, ver, n, Ls, loff, Ns, cols, fw, moved, steps, dr, oh)
         return best_candidate(parts, coff, calibrated, sd, cd, sv, cv, g0)
-    bb, lb = _block_bounds(head, Ns, calibrated, sd, cd, sv, cv)
+    bb, lb = _block_bounds(base, sec, Ns, calibrated, sd, cd, sv, cv)
     row, buf, r8 = np.empty(max(cols.max(), 1)), np.empty(max(cols.max(), 1)), np.empty(8)
     best, bs, bj, k, b = g0, -1, -1, 0, 0
     for s in range(Ns.shape[0]):
@@ -2219,9 +2289,10 @@ def best_pruned(parts, coff, head, xs, vx, n, ok, Ls, loff, Ns, cols, fw, moved,
             if bb[1, b + lo] > 0.0 and (bb[2, b + lo] <= top or bb[2, b + lo] < lb[s]
                                         or (jm >= 0 and bb[2, b + lo] <= gm)):
                 continue
-            if head[3, b + lo] == 0.0:
-                fill_block(parts, o, L, lo, N, C, fw[k + lo], moved[k + lo], steps, xs, vx, n, head, b + lo, dr, oh,
-                           row, buf, r8)
+            if not done[b + lo]:
+                fill_block(parts, o, L, lo, N, C, fw[k + lo], moved[k + lo], steps, xs, ver, n, base, sec, b + lo,
+                           dr, oh, row, buf, r8)
+                done[b + lo] = True
             for i in range(o + lo * steps, o + lo * steps + (steps + 1 if lo == N - 1 else steps)):
                 g = parts[0, i] / _seconds(parts, i, calibrated, sd, cd, sv, cv)
                 if jm < 0 or (not math.isnan(gm) and (g > gm or math.isnan(g))):
@@ -2495,6 +2566,43 @@ def blas_dot_matches() -> bool:
         if _ddot(x, y) != float(x @ y):
             return False
     return True
+
+
+# ---- kit.tree's per-step blocks: RankEstimate's chain steps and its rounded table ---------------------------
+
+
+@njit(cache=True, nogil=True)
+def chain_add(drafted, accepted, slots, cnt, keep):
+    """RankEstimate.observe_groups over chain_groups' groups in one pass (row i's tree a chain of drafted[i]
+    nodes, its rows per accepted length at cnt[slots[k]:], slots[k] < 0: no group yet): -1 (nothing changed)
+    where a drafting row's chain has no group or its accepted length is outside 0..k, 0 where no row drafted;
+    else cnt *= keep, then + 1.0 at each drafting row's (chain, accepted length) in row order, and 1."""
+    some = False
+    for i in range(drafted.shape[0]):
+        k = drafted[i]
+        if k == 0:
+            continue
+        if k < 0 or k >= slots.shape[0] or slots[k] < 0 or accepted[i] < 0 or accepted[i] > k:
+            return -1
+        some = True
+    if not some:
+        return 0
+    for j in range(cnt.shape[0]):
+        cnt[j] *= keep
+    for i in range(drafted.shape[0]):
+        if drafted[i] > 0:
+            cnt[slots[drafted[i]] + accepted[i]] += 1.0
+    return 1
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def started_table(t, hits, trials, strength, scale, prior, table, rounded):
+    """RankEstimate.start with a table t, its table, and that rounded as np.round(table x scale) / scale (half to
+    even): `hazards`(t) into prior, `rank_table` into table, the rounded table into rounded."""
+    hazards(t, prior)
+    rank_table(hits, trials, prior, strength, table)
+    for r in range(table.shape[0]):
+        rounded[r] = np.rint(table[r] * scale) / scale
 
 
 # ---- ConfidenceCalibration (kit.acceptance) ------------------------------------------------------------------

@@ -158,6 +158,8 @@ class RankEstimate:
         self._groups: dict[bytes, list] = {}   # tree shape (parents) -> [tree, decayed rows per path length]
         self._cnt, self._coff = np.zeros(0), np.zeros(1, np.int64)   # the groups' rows end to end (views), offsets
         self._packed = None   # the groups' trees end to end, for the compiled refresh
+        self._slots = self._decay = None   # chains' offsets in _cnt (observe_chains); (rows, exp(-rows / memory))
+        self._chains: dict = {}   # chain Trees by node count (observe_chains)
         self._start = self._tab = None   # the last start's prior and hazards; the last table and its inputs
         self.start(prior)
 
@@ -178,6 +180,20 @@ class RankEstimate:
             self.prior = np.clip(t / np.maximum(left, 1e-12), 0.0, 1.0)
         self._start = (key, self.prior)
 
+    def start_rounded(self, prior, scale: float) -> np.ndarray:
+        """start(prior), then `table` rounded to 1 / scale: np.round(table x scale) / scale (a new array; compiled
+        for a table prior: kernels.started_table)."""
+        R = self.ranks
+        if COMPILED and np.ndim(prior) == 1 and self.hits.shape == self.trials.shape == (R,):
+            t = np.asarray(prior, float)[:R]
+            if t.size == R:
+                self.prior, table, out = np.empty(R), np.empty(R), np.empty(R)
+                kernels.started_table(t, self.hits, self.trials, self.strength, float(scale), self.prior, table, out)
+                self._start = self._tab = None   # their keys made when next asked
+                return out
+        self.start(prior)
+        return np.round(self.table * scale) / scale
+
     @property
     def table(self) -> np.ndarray:
         key = (self.hits.tobytes(), self.trials.tobytes(), self.prior.tobytes(), self.strength)
@@ -196,10 +212,41 @@ class RankEstimate:
         acc = np.asarray(accepted, np.int64)
         self.observe_groups(by_object(trees, acc.size), acc)
 
+    def observe_chains(self, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        """`observe` where row i's tree is a chain of drafted[i] nodes (a step where no row drafted is not
+        observed): observe_groups over chain_groups' groups (compiled: kernels.chain_add once every chain has its
+        group)."""
+        d, acc = np.asarray(drafted), np.asarray(accepted, np.int64)
+        if COMPILED and d.dtype == np.int64 and d.ndim == 1 and d.shape == acc.shape:
+            keep = self._keep(acc.size)
+            done = kernels.chain_add(d, acc, self._chain_slots(), self._cnt, keep)
+            if done >= 0:
+                return self._counted(acc.size, keep) if done else None
+        groups = chain_groups(d, self._chains)
+        if any(t.nodes for t, _ in groups):
+            self.observe_groups(groups, acc)
+
+    def _keep(self, rows: int):
+        """np.exp(-rows / memory): what the kept rows decay by in a step of `rows` rows (kept per row count)."""
+        if self._decay is None or self._decay[0] != rows:
+            self._decay = (rows, np.exp(-rows / self.memory))
+        return self._decay[1]
+
+    def _chain_slots(self) -> np.ndarray:
+        """int64 [K + 1]: the offset in _cnt of the rows of the chain of k nodes (-1: no group), kept until the
+        groups are repacked."""
+        if self._slots is None:
+            chains = {g[0].nodes: o for g, o in zip(self._groups.values(), self._coff.tolist())
+                      if g[0].nodes and g[0].is_chain}
+            self._slots = np.full(max(chains, default=0) + 1, -1, np.int64)
+            for k, o in chains.items():
+                self._slots[k] = o
+        return self._slots
+
     def observe_groups(self, groups: list, accepted: np.ndarray) -> None:
         """`observe` with the rows' trees grouped as specdepth.tree.by_object groups them: (Tree, rows) pairs."""
         acc = np.asarray(accepted, np.int64)
-        keep = np.exp(-acc.size / self.memory)
+        keep = self._keep(acc.size)
         self._cnt *= keep   # every group's rows (views of it)
         for t, idx in groups:
             if t.nodes:   # nothing drafted, nothing learnt
@@ -209,8 +256,12 @@ class RankEstimate:
                     g = self._repack()[key]
                 if not (COMPILED and kernels.add_ones(g[1], acc[idx])):
                     np.add.at(g[1], acc[idx], 1.0)   # one row at a time, in row order
-        self._new += acc.size
-        self._kept = self._kept * keep + acc.size
+        self._counted(acc.size, keep)
+
+    def _counted(self, rows: int, keep) -> None:
+        """A step of `rows` rows observed: the rows kept and since the last EM iteration; refresh when due."""
+        self._new += rows
+        self._kept = self._kept * keep + rows
         if self._new >= self.every * self._kept:
             self.refresh()
 
@@ -231,19 +282,16 @@ class RankEstimate:
 
     def _refresh_compiled(self) -> None:
         """refresh by kernels.expected_counts (the groups' trees end to end, kept while the shapes hold)."""
-        groups = list(self._groups.items())
-        keys = tuple(k for k, _ in groups)
-        if self._packed is None or self._packed[0] != keys:
-            ts = [g[0] for _, g in groups]
+        if self._packed is None:   # until the groups are repacked
+            ts = [g[0] for g in self._groups.values()]
             (par, noff), (dep, _), (rnk, _) = (_flat([getattr(t, a) for t in ts], np.int64)
                                                for a in ("parent", "depth", "rank"))
-            self._packed = (keys, par, dep, rnk, np.append(noff, par.size))
-        _, par, dep, rnk, noff = self._packed
-        hits, trials, keep = np.zeros(self.ranks), np.zeros(self.ranks), np.zeros(len(groups), bool)
-        kernels.expected_counts(par, dep, rnk, noff, self._cnt, self._coff, self.table, self.ranks, hits, trials,
-                                keep)
-        if not keep.all():
-            self._groups = {k: g for (k, g), kp in zip(groups, keep.tolist()) if kp}
+            self._packed = (par, dep, rnk, np.append(noff, par.size))
+        par, dep, rnk, noff = self._packed
+        hits, trials, keep = np.zeros(self.ranks), np.zeros(self.ranks), np.zeros(len(self._groups), bool)
+        if kernels.expected_counts(par, dep, rnk, noff, self._cnt, self._coff, self.table, self.ranks, hits, trials,
+                                   keep) < keep.size:
+            self._groups = {k: g for (k, g), kp in zip(self._groups.items(), keep.tolist()) if kp}
             self._repack()
         self.hits, self.trials = hits, trials
 
@@ -253,6 +301,7 @@ class RankEstimate:
         rows = [g[1] for g in self._groups.values()]
         self._cnt, off = _flat(rows, float) if rows else (np.zeros(0), np.zeros(0, np.int64))
         self._coff = np.append(off, self._cnt.size)
+        self._slots = self._packed = None
         for g, o in zip(self._groups.values(), off.tolist()):
             g[1] = self._cnt[o:o + g[1].size]
         return self._groups
@@ -290,7 +339,11 @@ class RankConfidence:
     def __init__(self, ranks: int = 8, memory: float = 5000.0):
         self.ranks, self.memory = int(ranks), float(memory)
         self.sums, self.counts = np.zeros(self.ranks), np.zeros(self.ranks)
+        self.version = 0   # observe_groups' calls that changed sums and counts
         self._tab = None   # the last table and its inputs
+        self._decay: dict = {}   # np.exp(-(seen / memory)) by seen
+        self._rows = np.zeros(0, np.int64)   # np.arange(n) for the last n
+        self._bins = (np.zeros(self.ranks + 1), np.zeros(self.ranks + 1, np.int64))   # kernels.rank_bins' scratch
 
     def observe(self, trees, confidences: np.ndarray) -> None:
         """Add one tree step's nodes: the rows' trees (a Tree for all, or one per row) and their confidences."""
@@ -303,12 +356,19 @@ class RankConfidence:
         for t, idx in groups:
             if not t.nodes:
                 continue
-            rws = np.arange(n) if isinstance(idx, slice) else np.asarray(idx)
+            self.version += 1
+            rws = self._all_rows(n) if isinstance(idx, slice) else np.asarray(idx)
             ok_rows = fast and rws.dtype == np.int64 and rws.ndim == 1
-            seen = kernels.seen_count(confidences, rws, t.nodes) if ok_rows else -1   # -1: out of range
-            if seen >= 0 and self.sums.shape == self.counts.shape == (self.ranks,):   # the numpy form's arithmetic
-                e = np.exp(-(float(seen) / self.memory))
-                kernels.rank_means_add(confidences, rws, t.nodes, t.rank, self.ranks, e, self.sums, self.counts)
+            ok_rows = ok_rows and self.sums.shape == self.counts.shape == (self.ranks,)
+            b, k = self._bins
+            seen = kernels.rank_bins(confidences, rws, t.nodes, t.rank, self.ranks, b, k) if ok_rows else -1
+            if seen >= 0:   # the numpy form's arithmetic (-1: out of range)
+                e = self._decay.get(seen)
+                if e is None:
+                    if len(self._decay) >= 4096:
+                        self._decay.clear()
+                    e = self._decay[seen] = np.exp(-(float(seen) / self.memory))
+                kernels.rank_means_add(e, b, k, self.sums, self.counts)
                 continue
             c = confidences[idx, :t.nodes]
             ok = ~np.isnan(c)
@@ -318,6 +378,13 @@ class RankConfidence:
             self.counts *= np.exp(-w)
             self.sums += np.bincount(r[ok], weights=c[ok], minlength=self.ranks + 1)[:self.ranks]
             self.counts += np.bincount(r[ok], minlength=self.ranks + 1)[:self.ranks]
+
+    def _all_rows(self, n: int) -> np.ndarray:
+        """np.arange(n) (kept per n; read-only)."""
+        if self._rows.size != n:
+            self._rows = np.arange(n)
+            self._rows.flags.writeable = False
+        return self._rows
 
     def table(self, fallback: np.ndarray) -> np.ndarray:
         """The mean confidence per rank over the ranks drafted so far (0..k-1: trees are rank-contiguous), and past
@@ -381,7 +448,7 @@ class TreePrice:
     def _tables(self, nodes: float, q: float) -> tuple[np.ndarray, np.ndarray]:
         """verify[x]: x nodes a row; draft[q]: one forward of q tokens a row; grown to cover the arguments."""
         n, c = self.n, np.full(self.n, self.cbar)
-        X = int(np.ceil(nodes)) + 1
+        X = math.ceil(nodes) + 1
         if self._verify.size < X + 1:
             xs = np.arange(X + 1, dtype=float)
             if hasattr(self.cost, "verify_times"):
@@ -389,7 +456,7 @@ class TreePrice:
             else:
                 self._verify = np.array([self.cost.verify_time(c, np.full(n, x)) for x in xs])
             self._memo = {}
-        Q = int(np.ceil(q)) + 1
+        Q = math.ceil(q) + 1
         if self._draft.size < Q + 1:
             qs = range(self._draft.size, Q + 1)
             if hasattr(self.cost, "draft_forward_times"):   # a CostModel: the same values in one call
@@ -407,15 +474,14 @@ class TreePrice:
         candidate (and the end); kept while the tables hold."""
         hit = self._heads(pack, n, steps)
         if hit[3] is not None:   # the blocks not filled yet
-            head, xs, vx, _ = hit[3]
-            kernels.fill_blocks(hit[1], head, xs, vx, float(n), pack.levels, pack.loff, pack.Ns, pack.cols, pack.fw,
+            kernels.fill_blocks(hit[1], *hit[3][:5], float(n), pack.levels, pack.loff, pack.Ns, pack.cols, pack.fw,
                                 pack.moved, steps, *hit[4])
         return self._zero(*hit[0]), hit[1], hit[2]
 
     def _heads(self, pack: "_Orders | None", n: int, steps: int) -> tuple:
-        """`candidates`' parts as kernels.candidate_heads leaves them: (zero plan's parts, parts, first
-        candidates, (head, xs, vx, bounds hold: candidate_heads') or None, (draft table, oh)); kept while the
-        tables hold, the blocks filled in place."""
+        """`candidates`' parts to be filled block by block (kernels.fill_block): (zero plan's parts, parts, first
+        candidates, (block_heads' parts, block_seconds', the blocks filled, xs, verify table, bounds hold) or
+        None, (draft table, oh)); kept while the tables hold, the blocks filled in place."""
         key = (None if pack is None else pack.key, n, steps)
         hit = self._memo.get(key)
         if hit is None:
@@ -424,13 +490,11 @@ class TreePrice:
             oh = float(getattr(self.cost, "position_overhead_s", 0.0))
             zero = (0.0, float(v[0]))   # the plan without nodes: no draft forward, a verify of one token a row
             if some:
-                parts, head, xs, vx, ok = kernels.candidate_heads(pack.probs, pack.poff, pack.levels, pack.loff,
-                                                                  pack.Ns, pack.cols, pack.fw, pack.moved, steps, n,
-                                                                  v, dr, oh)
-                coff = pack.memo.get(steps)
-                if coff is None:
-                    coff = pack.memo[steps] = np.concatenate([[0], np.cumsum(pack.Ns * steps + 1)])
-                lazy = (head, xs, vx, bool(ok))
+                base, coff, xs, ok = pack.heads(n, steps)
+                sec = np.empty((2, base.shape[1]))
+                ok = kernels.block_seconds(pack.levels, pack.loff, pack.Ns, pack.cols, pack.moved, steps, v, dr, oh,
+                                           sec) and ok
+                parts, lazy = np.empty((4, int(coff[-1]))), (base, sec, np.zeros(base.shape[1], bool), xs, v, ok)
             else:
                 parts, coff, lazy = np.zeros((4, 0)), np.zeros(1, np.int64), None
             if len(self._memo) >= 64:
@@ -438,10 +502,11 @@ class TreePrice:
             hit = self._memo[key] = (zero, parts, coff, lazy, (dr, oh))
         return hit
 
-    def _zero(self, draft: float, verify: float) -> float:
-        """`seconds` of the plan without nodes from its summed draft and verify seconds."""
+    def _zero(self, draft: float, verify: float, params=None) -> float:
+        """`seconds` of the plan without nodes from its summed draft and verify seconds (`params`: the
+        calibration's draft and verify params, where read already)."""
         if self.calibration is not None:
-            (sd, cd), (sv, cv) = self.calibration.params("draft"), self.calibration.params("verify")
+            (sd, cd), (sv, cv) = params or (self.calibration.params("draft"), self.calibration.params("verify"))
             return float(sd * draft + cd * 0.0 + sv * verify + cv)
         return float(draft + verify)
 
@@ -498,7 +563,24 @@ class _Orders:
     fw: np.ndarray
     moved: np.ndarray
     most: tuple = (0.0, 0.0)   # the most nodes of a cap and the most draft tokens of a level
-    memo: dict = field(default_factory=dict, compare=False, repr=False)   # each cap's first candidate, by steps
+    memo: dict = field(default_factory=dict, compare=False, repr=False)   # `heads` by (n, steps)
+
+    def heads(self, n: int, steps: int) -> tuple:
+        """The candidates' parts that no price enters (n rows, `steps` a node): kernels.block_heads' [5, blocks]
+        and whether the probabilities are finite and >= 0 (n > 0), each cap's first candidate (and the end) and
+        xs[i] = i / steps; computed once (read-only)."""
+        hit = self.memo.get((n, steps))
+        if hit is None:
+            base = np.empty((5, int(self.Ns.sum())))
+            ok = kernels.block_heads(self.probs, self.poff, self.Ns, self.fw, steps, float(n), base)
+            coff = np.concatenate([[0], np.cumsum(self.Ns * steps + 1)])
+            xs = np.arange(int((self.Ns * steps + 1).max(initial=1))) / steps
+            for a in (base, coff, xs):
+                a.flags.writeable = False
+            if len(self.memo) >= 16:
+                self.memo.clear()
+            hit = self.memo[n, steps] = (base, coff, xs, bool(ok))
+        return hit
 
 
 @functools.lru_cache(maxsize=64)
@@ -528,16 +610,17 @@ def _plan_compiled(table, price: TreePrice, n: int, max_nodes: int, max_depth: i
     pack = _orders((np.asarray(table, float).tobytes(), int(max_nodes), int(max_depth),
                     None if depths is None else tuple(int(d) for d in depths))) if ok else None
     zero, parts, coff, lazy, (dr, oh) = price._heads(pack, n, steps)
-    best = TreePlan(0, 0.0, float(n), float(n) / price._zero(*zero), None)
-    if not parts.shape[1]:
-        return best
     cal = price.calibration
-    (sd, cd), (sv, cv) = (cal.params("draft"), cal.params("verify")) if cal is not None else ((1.0, 0.0), (1.0, 0.0))
-    s, j, g = kernels.best_pruned(parts, coff, *lazy[:3], float(n), lazy[3], pack.levels, pack.loff, pack.Ns,
+    params = (cal.params("draft"), cal.params("verify")) if cal is not None else ((1.0, 0.0), (1.0, 0.0))
+    g0 = float(n) / price._zero(*zero, params)
+    if not parts.shape[1]:
+        return TreePlan(0, 0.0, float(n), g0, None)
+    (sd, cd), (sv, cv) = params
+    s, j, g = kernels.best_pruned(parts, coff, *lazy[:5], float(n), lazy[5], pack.levels, pack.loff, pack.Ns,
                                   pack.cols, pack.fw, pack.moved, steps, dr, oh, cal is not None, float(sd),
-                                  float(cd), float(sv), float(cv), best.goodput)
+                                  float(cd), float(sv), float(cv), g0)
     if s < 0:
-        return best
+        return TreePlan(0, 0.0, float(n), g0, None)
     return TreePlan(pack.depths[s], float((j - coff[s]) / steps), float(parts[0, j]), float(g), pack.orders[s])
 
 
@@ -586,9 +669,10 @@ def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None) -> li
             lo, hi, _ = kernels.int_stats(caps)
             if lo >= plan.depth or lo == hi:   # every row the same tree
                 return [_cached_tree(plan.order, base, min(int(lo), plan.depth), cache)] * n
-        cs, ds, grp = kernels.row_plan(caps, base, extra, plan.depth)   # the numpy form's pairs, below
-        trees = [_cached_tree(plan.order, c, dc, cache) for c, dc in zip(cs.tolist(), ds.tolist())]
-        return [trees[g] for g in grp.tolist()]
+        out = np.empty((3, n), np.int64)
+        G = kernels.row_plan(caps, base, extra, plan.depth, out)   # the numpy form's pairs, below
+        trees = [_cached_tree(plan.order, c, dc, cache) for c, dc in zip(out[0, :G].tolist(), out[1, :G].tolist())]
+        return [trees[0]] * n if G == 1 else [trees[g] for g in out[2].tolist()]
     counts = np.full(n, base, np.int64)
     if extra:
         counts[np.argsort(-caps, kind="stable")[:extra]] += 1
@@ -603,12 +687,15 @@ def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None) -> li
 
 
 def _cached_tree(order: Order, c: int, d: int, cache: dict) -> Tree:
-    """order's first c nodes cut at depth d (no nodes: chain(0)), from `cache` by shape (the shape's key kept by
-    the order)."""
+    """order's first c nodes cut at depth d (no nodes: chain(0)), from `cache` by shape; a shape not there is
+    added, the order's Tree of it (the shape's key and its Tree kept by the order: each built once)."""
     key = order.memo.get(("key", c, d))
     if key is None:
         key = order.memo["key", c, d] = tuple(order.parent[:c].tolist()) + (d,) if c and d else ()
     t = cache.get(key)
     if t is None:
-        t = cache[key] = order.tree(c, d) if key else chain(0)
+        t = order.memo.get(("tree", c, d))
+        if t is None:
+            t = order.memo["tree", c, d] = order.tree(c, d) if key else chain(0)
+        cache[key] = t
     return t
