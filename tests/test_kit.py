@@ -657,7 +657,7 @@ def test_uniform_depth_drafts_where_drafts_are_cheap_and_not_where_they_are_dear
 
 
 def test_the_compiled_steps_to_finish_give_the_numpy_form_to_the_bit(monkeypatch):
-    from specdepth.policies.kit import search
+    from specdepth.policies.kit import drain, kernels, search
     rng = np.random.default_rng(8)
     cases = []
     for _ in range(200):
@@ -667,8 +667,12 @@ def test_the_compiled_steps_to_finish_give_the_numpy_form_to_the_bit(monkeypatch
         cases.append((e if len(cases) % 10 else np.asfortranarray(e), rng.integers(1, 500, n).astype(float)))
     cases.append((np.tile(cases[0][0], 2)[:, ::2], cases[0][1]))   # a strided view
     got = [search._steps_to_finish(e, rem, True) for e, rem in cases]
+    work, T = drain.FinishWork(), rng.uniform(0.01, 0.02, 10)   # the drain's answer in kept buffers (one for all)
+    best = [drain.finish_best(np.ascontiguousarray(e), rem, 3e4, T[:e.shape[0]], work) for e, rem in cases]
     monkeypatch.setattr(search, "COMPILED", False)
     assert all(np.array_equal(g, search._steps_to_finish(e, rem, True)) for g, (e, rem) in zip(got, cases))
+    for b, (e, rem) in zip(best, cases):
+        assert b == kernels.ratio_best(3e4, search._steps_to_finish(e, rem, True), T[:e.shape[0]])
 
 
 def test_the_compiled_uniform_depth_gives_the_numpy_form_to_the_bit(monkeypatch):

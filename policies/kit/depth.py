@@ -14,6 +14,7 @@ from . import kernels, search
 from .acceptance import PositionFactors, expected_tokens, shrunk_rates
 from .calibration import CostCalibration
 from .cost import PolicyTime, StepCost, Tables
+from .drain import FinishWork, finish_best
 from .idle import CatchUpPadding, IdleReplan, catch_up_pays, catch_up_rows, may_probe, thin_evidence
 from .options import node
 from .search import draft_caps, fit_token_cap, uniform_depth
@@ -64,6 +65,7 @@ class CostAwareDepth:
         #                      the acceptance of each draft position at the level)
         self._pad = CatchUpPadding()
         self._top = None   # the largest draft lag, where the compiled plan read it (`depth`)
+        self._finish = FinishWork()   # the drain's buffers (`_fused_depth`)
 
     def _start(self, view) -> None:
         if self._pool is None:
@@ -233,7 +235,10 @@ def _fused_depth(d: CostAwareDepth, view, kmax: int) -> int | None:
         costs, rate, at = _plan_views(buf, args, kmax)
         rates, remf, T = buf[at:at + n], buf[at + n:at + 2 * n], buf[at + 2 * n:at + 2 * n + kmax + 1]
         e = buf[at + 2 * n + kmax + 1:].reshape(kmax + 1, n)
-        k, g = kernels.ratio_best(total, search._steps_to_finish(e, remf, True), T)
+        if n > 1:   # (search._steps_to_finish's expected maxima, with kept buffers)
+            k, g = finish_best(e, remf, total, T, d._finish)
+        else:
+            k, g = kernels.ratio_best(total, search._steps_to_finish(e, remf, True), T)
     else:
         buf, _ = _plan_buffer(args, kmax, 0)
         k, g, level, trials, d._top, ok = kernels.uniform_plan(*args, buf)

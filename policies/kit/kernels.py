@@ -588,9 +588,17 @@ def drain_setup(mu, sd, points):
     (the arguments, the groups raised by numpy's power first; those groups' exponents, one per argument; the
     groups [G, 4]: row d, offset in the arguments, size, factor kind (`_drain_row_groups`))."""
     D, n = mu.shape
-    x = np.empty((D, points))
-    groups = np.empty((D * n, 4), np.int64)
+    x, groups = np.empty((D, points)), np.empty((D * n, 4), np.int64)
     gm, gs, count = np.empty(D * n), np.empty(D * n), np.empty(D * n)
+    g = _drain_groups(mu, sd, points, x, groups, gm, gs, count)
+    return _drain_arguments(x, groups[:g], gm, gs, count)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _drain_groups(mu, sd, points, x, groups, gm, gs, count):
+    """drain_setup's grids (x [D, points]) and groups (groups [D n, 4] and their pairs and counts gm, gs, count, at
+    least D n long): returns the number of groups."""
+    D, n = mu.shape
     perm = np.arange(n)   # the columns, the last row's near ones first in their (mu, sd) order: the next sort's start
     m, s, ids, rest = np.empty(n), np.empty(n), np.empty(n, np.int64), np.empty(n, np.int64)
     g = 0
@@ -611,7 +619,7 @@ def drain_setup(mu, sd, points):
         _sort_pairs(m, s, ids, k)
         perm[:k], perm[k:] = ids[:k], rest[:r]
         g = _drain_row_groups(groups, gm, gs, count, g, d, m[:k], s[:k], x[d], lo, step)
-    return _drain_arguments(x, groups[:g], gm, gs, count)
+    return g
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -723,14 +731,31 @@ def _saturation(x, m, s, lo, step):
 def _drain_arguments(x, groups, gm, gs, count):
     """drain_setup's returns: the groups' offsets (the `_RAISED` groups first), their tanh arguments, the
     exponents of the `_RAISED` ones."""
-    k = 0
+    k, kp = _drain_offsets(groups)
+    args, power = np.empty(k), np.empty(kp)
+    _drain_fill(x, groups, gm, gs, count, args, power)
+    return args, power, groups
+
+
+@njit(cache=True, nogil=True)
+def _drain_offsets(groups):
+    """Sets the groups' offsets in the arguments (the `_RAISED` groups first); returns (the arguments' number,
+    the `_RAISED` groups' arguments' number)."""
+    k, kp = 0, 0
     for raised in (True, False):
         for q in range(groups.shape[0]):
             if (groups[q, 3] == _RAISED) == raised:
                 groups[q, 1] = k
                 k += groups[q, 2]
-    args, power = np.empty(k), np.empty(k)
-    kp = 0
+        if raised:
+            kp = k
+    return k, kp
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _drain_fill(x, groups, gm, gs, count, args, power):
+    """The groups' tanh arguments (`_cdf_argument`) at their offsets in args, and the `_RAISED` ones' exponents
+    (their counts) at the same places in power."""
     for q in range(groups.shape[0]):
         o, size = groups[q, 1], groups[q, 2]
         xq, aq, mq, sq = x[groups[q, 0]], args[o:o + size], gm[q], gs[q]
@@ -738,8 +763,6 @@ def _drain_arguments(x, groups, gm, gs, count):
             aq[i] = _cdf_argument(xq[i], mq, sq)
         if groups[q, 3] == _RAISED:
             power[o:o + size] = count[q]
-            kp += size
-    return args, power[:kp], groups
 
 
 @njit(cache=True, nogil=True)
@@ -756,8 +779,14 @@ def drain_sums(t, groups, mu, sd, points):
     ones are 1): from t = tanh(argument), (t + 1) x 0.5 (`_CDF`), its square (`_SQUARED`), or t itself (`_RAISED`:
     numpy's power of the CDF), times (x >= the largest mu of the rows with sd <= 0) where row d has any. The other
     rows: NaN, but the largest mu where lo and hi are finite and hi <= lo. Returns (the sums, whether any is NaN)."""
+    out = np.empty(mu.shape[0])
+    return out, _drain_sums_into(t, groups, mu, sd, points, out)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _drain_sums_into(t, groups, mu, sd, points, out):
+    """drain_sums written into out; returns whether any is NaN."""
     D, n = mu.shape
-    out = np.empty(D)
     x, F, terms = np.empty(points), np.empty(points), np.empty(points - 1)
     stack, vals = np.empty((3, 64), np.int64), np.empty(64)   # pairwise_into's
     g, again = 0, False
@@ -783,7 +812,7 @@ def drain_sums(t, groups, mu, sd, points):
             terms[i] = (x[i + 1] - x[i]) * ((1.0 - F[i + 1]) + (1.0 - F[i])) / 2.0
         out[d] = lo + (0.0 + pairwise_into(terms, 0, points - 1, stack, vals))
         again |= math.isnan(out[d])
-    return out, again
+    return again
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -2678,6 +2707,33 @@ def tie_bands(a, tol):
         b = band[inv[i]]
         out[i] = num[b] / den[b]
     return out, True
+
+
+# ---- the drain's kept buffers and its answer (drain.finish_best) ----------------------------------------------
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def finish_setup_into(e, e3, rem, points, mu, sd, args, power, groups):
+    """`finish_setup` written into the caller's buffers (mu, sd [D, n]; args and power; groups [D n, 4]): returns
+    (the arguments' number, the `_RAISED` ones' number, the groups' number); where args is shorter than the
+    arguments, (their number, -1, the groups' number) and nothing in args or power."""
+    finish_moments(e, e3, rem, mu, sd)
+    D, n = mu.shape
+    x, gm, gs, count = np.empty((D, points)), np.empty(D * n), np.empty(D * n), np.empty(D * n)
+    g = _drain_groups(mu, sd, points, x, groups, gm, gs, count)
+    k, kp = _drain_offsets(groups[:g])
+    if k > args.shape[0] or kp > power.shape[0]:
+        return k, -1, g
+    _drain_fill(x, groups[:g], gm, gs, count, args, power)
+    return k, kp, g
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def drain_best(t, groups, mu, sd, points, out, num, T):
+    """`drain_sums` into out, then `ratio_best(num, out, T)`: (the first best depth, its value); (-1, NaN) where a
+    sum is NaN (the caller's one-row form)."""
+    if _drain_sums_into(t, groups, mu, sd, points, out):
+        return -1, np.nan
+    return ratio_best(num, out, T)
 
 
 # ---- PaddingFit (kit.calibration) ------------------------------------------------------------------------------
