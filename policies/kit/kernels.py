@@ -575,8 +575,8 @@ def finish_moments(e, e3, rem, mu, sd):
 # numpy's tanh and power (vector code whose last bits differ from libm's) run between these kernels on the
 # gathered arguments. A CDF argument above SATURATED has tanh exactly 1, so its CDF, its power and its factor in
 # the product are exactly 1: the arguments rise along the grid, and each group's are cut where they pass it.
-SATURATED = 22.0
-Z_SATURATED = 7.639154673522217   # about the z where (z + 0.044715 z^3) x 0.7978845608028654 reaches SATURATED
+SATURATED = 19.5   # (tanh(19.5) = 1 - 2.3e-17: 1.0 correctly rounded; numpy's too, tests/test_kit.py checks)
+Z_SATURATED = 7.268554499657057   # about the z where (z + 0.044715 z^3) x 0.7978845608028654 reaches SATURATED
 _CDF, _RAISED, _SQUARED = 0, 1, 2   # a group's factor: its CDF; its CDF ** count (numpy's power); its CDF squared
 
 
