@@ -642,6 +642,8 @@ def test_the_compiled_drain_gives_the_numpy_form_to_the_bit(monkeypatch):
     # the premises: numpy's tanh is exactly 1 from the saturation point up, the pairwise sum is np.sum's
     u = np.concatenate([np.linspace(kernels.SATURATED, 1e3, 100_001), np.logspace(3, 300, 1000)])
     assert (np.tanh(u) == 1.0).all()
+    v = np.concatenate([np.linspace(-25.0, 0.0, 200_001), -np.logspace(-8, 1.4, 10_000)])   # `_drain_start`'s
+    assert np.abs(np.tanh(v) - np.array([math.tanh(a) for a in v.tolist()])).max() <= 2.0 ** -50   # tanh within 2^-49
     for n in [0, 1, 7, 8, 9, 127, 128, 129, 255, 256, 1000]:
         v = rng.normal(0, 1, n) * 10 ** rng.uniform(-3, 3, n)
         assert kernels.pairwise(np.r_[7.0, v], 1, n) == v.sum()

@@ -113,7 +113,7 @@ class FinishWork:
         if self.shape != (D, n):
             self.shape = (D, n)
             self.mu, self.sd, self.e3 = np.empty((D, n)), np.empty((D, n)), np.empty((D, n))
-            self.groups, self.out = np.empty((D * n, 4), np.int64), np.empty(D)
+            self.groups, self.out = np.empty((D * n, 5), np.int64), np.empty(D)
         return self
 
 

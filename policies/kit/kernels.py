@@ -586,9 +586,10 @@ def drain_setup(mu, sd, points):
     with a proper grid (`_drain_bounds`), `drain._row_groups`' distinct (mu, sd) pairs (ascending) among the rows
     with sd > 0 and mu + 6 sd > lo, and per group the tanh arguments of its grid points below saturation. Returns
     (the arguments, the groups raised by numpy's power first; those groups' exponents, one per argument; the
-    groups [G, 4]: row d, offset in the arguments, size, factor kind (`_drain_row_groups`))."""
+    groups [G, 5]: row d, offset in the arguments, size, factor kind (`_drain_row_groups`), first grid point
+    (`_drain_start`))."""
     D, n = mu.shape
-    x, groups = np.empty((D, points)), np.empty((D * n, 4), np.int64)
+    x, groups = np.empty((D, points)), np.empty((D * n, 5), np.int64)
     gm, gs, count = np.empty(D * n), np.empty(D * n), np.empty(D * n)
     g = _drain_groups(mu, sd, points, x, groups, gm, gs, count)
     return _drain_arguments(x, groups[:g], gm, gs, count)
@@ -596,8 +597,9 @@ def drain_setup(mu, sd, points):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _drain_groups(mu, sd, points, x, groups, gm, gs, count):
-    """drain_setup's grids (x [D, points]) and groups (groups [D n, 4] and their pairs and counts gm, gs, count, at
-    least D n long): returns the number of groups."""
+    """drain_setup's grids (x [D, points]) and groups (groups [D n, 5] and their pairs and counts gm, gs, count, at
+    least D n long), each group's arguments from its row's `_drain_start` to its saturation: returns the number of
+    groups."""
     D, n = mu.shape
     perm = np.arange(n)   # the columns, the last row's near ones first in their (mu, sd) order: the next sort's start
     m, s, ids, rest = np.empty(n), np.empty(n), np.empty(n, np.int64), np.empty(n, np.int64)
@@ -618,7 +620,11 @@ def _drain_groups(mu, sd, points, x, groups, gm, gs, count):
                 r += 1
         _sort_pairs(m, s, ids, k)
         perm[:k], perm[k:] = ids[:k], rest[:r]
+        first = g
         g = _drain_row_groups(groups, gm, gs, count, g, d, m[:k], s[:k], x[d], lo, step)
+        start = _drain_start(x[d], gm, gs, count, first, g)
+        for q in range(first, g):
+            groups[q, 2], groups[q, 4] = max(groups[q, 2] - start, 0), start
     return g
 
 
@@ -758,7 +764,7 @@ def _drain_fill(x, groups, gm, gs, count, args, power):
     (their counts) at the same places in power."""
     for q in range(groups.shape[0]):
         o, size = groups[q, 1], groups[q, 2]
-        xq, aq, mq, sq = x[groups[q, 0]], args[o:o + size], gm[q], gs[q]
+        xq, aq, mq, sq = x[groups[q, 0], groups[q, 4]:], args[o:o + size], gm[q], gs[q]
         for i in range(size):
             aq[i] = _cdf_argument(xq[i], mq, sq)
         if groups[q, 3] == _RAISED:
@@ -798,9 +804,12 @@ def _drain_sums_into(t, groups, mu, sd, points, out):
             continue
         _drain_grid(x, lo, hi, step)
         F[:] = 1.0
+        start = 0
         while g < groups.shape[0] and groups[g, 0] == d:
-            _drain_factor(F, t[groups[g, 1]:groups[g, 1] + groups[g, 2]], groups[g, 3])
+            start = groups[g, 4]
+            _drain_factor(F[start:], t[groups[g, 1]:groups[g, 1] + groups[g, 2]], groups[g, 3])
             g += 1
+        F[:start] = 0.0   # (1 - F is 1.0 there: `_drain_start`)
         cut, top = False, -math.inf
         for r in range(n):
             if not sd[d, r] > 0.0:
@@ -2711,9 +2720,31 @@ def tie_bands(a, tol):
 
 # ---- the drain's kept buffers and its answer (drain.finish_best) ----------------------------------------------
 
+LN2 = math.log(2.0)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _drain_start(x, gm, gs, count, a, b):
+    """The first grid point of a row (its groups a..b) where 1 - F may be below 1. Before it every product F is at
+    most 2^-56 for any tanh within 2^-49 of the true one (numpy's is: tests/test_kit.py), each factor's CDF being
+    at most 2 max(e^(2 arg), 2^-50) (the tanh form's CDF is e^(2 arg) / (1 + e^(2 arg))), raised to its count; so
+    1 - F is 1.0 exactly there (`drain_sums` sets F there to 0), and no argument there is computed."""
+    top, floor = -56.0 * LN2, -50.0 * LN2
+    for i in range(x.shape[0]):
+        L = 0.0   # the log of the product's bound
+        for q in range(a, b):
+            u = 2.0 * _cdf_argument(x[i], gm[q], gs[q])
+            v = LN2 + (u if u > floor else floor)
+            if v < 0.0:
+                L += count[q] * v
+        if not L <= top:
+            return i
+    return x.shape[0]
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def finish_setup_into(e, e3, rem, points, mu, sd, args, power, groups):
-    """`finish_setup` written into the caller's buffers (mu, sd [D, n]; args and power; groups [D n, 4]): returns
+    """`finish_setup` written into the caller's buffers (mu, sd [D, n]; args and power; groups [D n, 5]): returns
     (the arguments' number, the `_RAISED` ones' number, the groups' number); where args is shorter than the
     arguments, (their number, -1, the groups' number) and nothing in args or power."""
     finish_moments(e, e3, rem, mu, sd)
