@@ -591,22 +591,22 @@ def drain_setup(mu, sd, points):
     D, n = mu.shape
     x, groups = np.empty((D, points)), np.empty((D * n, 5), np.int64)
     gm, gs, count = np.empty(D * n), np.empty(D * n), np.empty(D * n)
-    g = _drain_groups(mu, sd, points, x, groups, gm, gs, count)
+    g = _drain_groups(mu, sd, points, x, groups, gm, gs, count, np.zeros(D, np.bool_))
     return _drain_arguments(x, groups[:g], gm, gs, count)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _drain_groups(mu, sd, points, x, groups, gm, gs, count):
+def _drain_groups(mu, sd, points, x, groups, gm, gs, count, skip):
     """drain_setup's grids (x [D, points]) and groups (groups [D n, 5] and their pairs and counts gm, gs, count, at
-    least D n long), each group's arguments from its row's `_drain_start` to its saturation: returns the number of
-    groups."""
+    least D n long), each group's arguments from its row's `_drain_start` to its saturation, none for the rows d
+    with skip[d]: returns the number of groups."""
     D, n = mu.shape
     perm = np.arange(n)   # the columns, the last row's near ones first in their (mu, sd) order: the next sort's start
     m, s, ids, rest = np.empty(n), np.empty(n), np.empty(n, np.int64), np.empty(n, np.int64)
     g = 0
     for d in range(D):
         lo, hi, step, odd = _drain_bounds(mu, sd, d, points)
-        if odd:
+        if odd or skip[d]:
             continue
         _drain_grid(x[d], lo, hi, step)
         k, r = 0, 0
@@ -786,17 +786,20 @@ def drain_sums(t, groups, mu, sd, points):
     numpy's power of the CDF), times (x >= the largest mu of the rows with sd <= 0) where row d has any. The other
     rows: NaN, but the largest mu where lo and hi are finite and hi <= lo. Returns (the sums, whether any is NaN)."""
     out = np.empty(mu.shape[0])
-    return out, _drain_sums_into(t, groups, mu, sd, points, out)
+    return out, _drain_sums_into(t, groups, mu, sd, points, out, np.zeros(mu.shape[0], np.bool_))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _drain_sums_into(t, groups, mu, sd, points, out):
-    """drain_sums written into out; returns whether any is NaN."""
+def _drain_sums_into(t, groups, mu, sd, points, out, skip):
+    """drain_sums written into out, inf for the rows d with skip[d]; returns whether any is NaN."""
     D, n = mu.shape
     x, F, terms = np.empty(points), np.empty(points), np.empty(points - 1)
     stack, vals = np.empty((3, 64), np.int64), np.empty(64)   # pairwise_into's
     g, again = 0, False
     for d in range(D):
+        if skip[d]:
+            out[d] = np.inf
+            continue
         lo, hi, step, odd = _drain_bounds(mu, sd, d, points)
         if odd:
             out[d] = mu[d].max() if math.isfinite(lo) and math.isfinite(hi) and hi - lo <= 0.0 else np.nan
@@ -2743,14 +2746,16 @@ def _drain_start(x, gm, gs, count, a, b):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def finish_setup_into(e, e3, rem, points, mu, sd, args, power, groups):
-    """`finish_setup` written into the caller's buffers (mu, sd [D, n]; args and power; groups [D n, 5]): returns
-    (the arguments' number, the `_RAISED` ones' number, the groups' number); where args is shorter than the
+def finish_setup_into(e, e3, rem, points, mu, sd, args, power, groups, num, T, skip):
+    """`finish_setup` written into the caller's buffers (mu, sd [D, n]; args and power; groups [D n, 5]), but for
+    the depths d that cannot give `ratio_best(num, maxima, T)`'s answer (skip[d], `_drain_skips`): returns (the
+    arguments' number, the `_RAISED` ones' number, the groups' number); where args is shorter than the
     arguments, (their number, -1, the groups' number) and nothing in args or power."""
     finish_moments(e, e3, rem, mu, sd)
     D, n = mu.shape
+    _drain_skips(mu, sd, points, num, T, skip)
     x, gm, gs, count = np.empty((D, points)), np.empty(D * n), np.empty(D * n), np.empty(D * n)
-    g = _drain_groups(mu, sd, points, x, groups, gm, gs, count)
+    g = _drain_groups(mu, sd, points, x, groups, gm, gs, count, skip)
     k, kp = _drain_offsets(groups[:g])
     if k > args.shape[0] or kp > power.shape[0]:
         return k, -1, g
@@ -2759,12 +2764,33 @@ def finish_setup_into(e, e3, rem, points, mu, sd, args, power, groups):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def drain_best(t, groups, mu, sd, points, out, num, T):
-    """`drain_sums` into out, then `ratio_best(num, out, T)`: (the first best depth, its value); (-1, NaN) where a
-    sum is NaN (the caller's one-row form)."""
-    if _drain_sums_into(t, groups, mu, sd, points, out):
+def drain_best(t, groups, mu, sd, points, out, num, T, skip):
+    """`drain_sums` into out (inf where skip), then `ratio_best(num, out, T)`: (the first best depth, its value);
+    (-1, NaN) where a sum is NaN (the caller's one-row form)."""
+    if _drain_sums_into(t, groups, mu, sd, points, out, skip):
         return -1, np.nan
     return ratio_best(num, out, T)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _drain_skips(mu, sd, points, num, T, skip):
+    """skip[d]: whether depth d's ratio num / (S_d T[d]) is sure to fall below another depth's, whatever its maximum
+    S_d (then `ratio_best` cannot pick d, and its inf there gives 0 < that other's). Each maximum with a proper
+    grid from lo > 0 to hi is lo plus a trapezoid sum of values in [0, 1] (1 - F, F a product of CDFs in [0, 1]),
+    so lo <= S_d <= hi (1 + 1e-12) + (hi - lo) 1e-6 (rounding), and rounding keeps order: num / (lo T[d]) bounds
+    the ratio above, num / (that top x T[d]) below. Only for num, lo and T[d] positive and finite (else False)."""
+    D = mu.shape[0]
+    best = -1.0
+    up = np.empty(D)
+    for d in range(D):
+        lo, hi, step, odd = _drain_bounds(mu, sd, d, points)
+        up[d] = np.inf
+        if odd or not (0.0 < lo < np.inf and 0.0 < T[d] < np.inf and 0.0 < num < np.inf):
+            continue
+        up[d] = num / (lo * T[d])
+        best = max(best, num / ((hi * (1.0 + 1e-12) + (hi - lo) * 1e-6) * T[d]))
+    for d in range(D):
+        skip[d] = up[d] < best
 
 
 # ---- PaddingFit (kit.calibration) ------------------------------------------------------------------------------
