@@ -636,6 +636,16 @@ def test_the_compiled_drain_gives_the_numpy_form_to_the_bit(monkeypatch):
         cases.append((np.array([row, row]), np.array([(row < 0) * 1.0, (row < 0) * 0.5])))
     with np.errstate(all="ignore"):
         got = [drain.expected_maxes(mu, sd) for mu, sd in cases]
+    held = 0
+    for (mu, sd), g in zip(cases, got):   # the bounds `kernels._drain_skips` rules depths out by hold
+        for d in range(mu.shape[0]):
+            lo, hi, step, odd = kernels._drain_bounds(mu, sd, d, 256)
+            if not odd and lo > 0:
+                floor = kernels._drain_floor(mu[d], sd[d], lo, step, 256)
+                assert floor <= g[d] <= hi * (1.0 + 1e-12) + (hi - lo) * 1e-6
+                held += floor > lo
+    assert held
+    with np.errstate(all="ignore"):
         monkeypatch.setattr(search, "COMPILED", False)
         for (mu, sd), g in zip(cases, got):
             assert np.array_equal(g, drain.expected_maxes(mu, sd), equal_nan=True)

@@ -2775,10 +2775,12 @@ def drain_best(t, groups, mu, sd, points, out, num, T, skip):
 @njit(cache=True, nogil=True, error_model="numpy")
 def _drain_skips(mu, sd, points, num, T, skip):
     """skip[d]: whether depth d's ratio num / (S_d T[d]) is sure to fall below another depth's, whatever its maximum
-    S_d (then `ratio_best` cannot pick d, and its inf there gives 0 < that other's). Each maximum with a proper
-    grid from lo > 0 to hi is lo plus a trapezoid sum of values in [0, 1] (1 - F, F a product of CDFs in [0, 1]),
-    so lo <= S_d <= hi (1 + 1e-12) + (hi - lo) 1e-6 (rounding), and rounding keeps order: num / (lo T[d]) bounds
-    the ratio above, num / (that top x T[d]) below. Only for num, lo and T[d] positive and finite (else False)."""
+    S_d (then `ratio_best` cannot pick d, and its inf there gives 0 < that other's). A maximum with a proper grid
+    from lo > 0 to hi is lo plus a trapezoid sum of 1 - F in [0, 1] (F a product of CDFs in [0, 1]), so S_d <= hi
+    (1 + 1e-12) + (hi - lo) 1e-6 (rounding); and up to the largest mu of a row with sd > 0, where that row's CDF
+    (a tanh within 2^-49 of the true one at an argument <= 0) and so F are at most 0.5 + 2^-50, 1 - F >= 0.5 -
+    2^-50: S_d >= `_drain_floor`. Rounding keeps order: num / (floor T[d]) bounds the ratio above, num / (top
+    T[d]) below. Only for num, lo and T[d] positive and finite (else False)."""
     D = mu.shape[0]
     best = -1.0
     up = np.empty(D)
@@ -2787,10 +2789,27 @@ def _drain_skips(mu, sd, points, num, T, skip):
         up[d] = np.inf
         if odd or not (0.0 < lo < np.inf and 0.0 < T[d] < np.inf and 0.0 < num < np.inf):
             continue
-        up[d] = num / (lo * T[d])
+        up[d] = num / (_drain_floor(mu[d], sd[d], lo, step, points) * T[d])
         best = max(best, num / ((hi * (1.0 + 1e-12) + (hi - lo) * 1e-6) * T[d]))
     for d in range(D):
         skip[d] = up[d] < best
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _drain_floor(m, s, lo, step, points):
+    """A floor under a row's maximum (`_drain_skips`): (lo + 0.4999 (x_J - lo)) (1 - 1e-12), x_J a grid point
+    (`_drain_grid`'s value) at most the largest mu of the rows with sd > 0 (lo where none is)."""
+    top = -np.inf
+    for i in range(m.shape[0]):
+        if s[i] > 0.0 and m[i] > top:
+            top = m[i]
+    J = int(min(max((top - lo) / step - 1.0, 0.0), points - 2.0)) if top > lo else 0
+    x = float(J) * step + lo
+    while J > 0 and not x <= top:
+        J -= 1
+        x = float(J) * step + lo
+    gain = x - lo if J > 0 and x <= top else 0.0
+    return (lo + 0.4999 * gain) * (1.0 - 1e-12)
 
 
 # ---- PaddingFit (kit.calibration) ------------------------------------------------------------------------------
