@@ -3057,7 +3057,7 @@ def interp_points(m, xp, fp):
     for j in range(1, n):
         if not xp[j] > xp[j - 1]:
             return out, False
-    j = 0
+    j, at, slope = 0, -1, 0.0
     for i in range(m):
         x = float(i)
         while j + 1 < n and xp[j + 1] <= x:
@@ -3067,7 +3067,10 @@ def interp_points(m, xp, fp):
         elif j == n - 1 or xp[j] == x:
             out[i] = fp[j]
         else:
-            out[i] = _interp_step(x, xp[j], xp[j + 1], fp[j], fp[j + 1])
+            if at != j:   # (_interp_step's slope, once per step of the grid: the same division)
+                at, slope = j, (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j])
+            r = slope * (x - xp[j]) + fp[j]
+            out[i] = r if not math.isnan(r) else _interp_step(x, xp[j], xp[j + 1], fp[j], fp[j + 1])
     return out, True
 
 
