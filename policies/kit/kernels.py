@@ -2776,11 +2776,10 @@ def drain_best(t, groups, mu, sd, points, out, num, T, skip):
 def _drain_skips(mu, sd, points, num, T, skip):
     """skip[d]: whether depth d's ratio num / (S_d T[d]) is sure to fall below another depth's, whatever its maximum
     S_d (then `ratio_best` cannot pick d, and its inf there gives 0 < that other's). A maximum with a proper grid
-    from lo > 0 to hi is lo plus a trapezoid sum of 1 - F in [0, 1] (F a product of CDFs in [0, 1]), so S_d <= hi
-    (1 + 1e-12) + (hi - lo) 1e-6 (rounding); and up to the largest mu of a row with sd > 0, where that row's CDF
-    (a tanh within 2^-49 of the true one at an argument <= 0) and so F are at most 0.5 + 2^-50, 1 - F >= 0.5 -
-    2^-50: S_d >= `_drain_floor`. Rounding keeps order: num / (floor T[d]) bounds the ratio above, num / (top
-    T[d]) below. Only for num, lo and T[d] positive and finite (else False)."""
+    from lo > 0 to hi is lo plus a trapezoid sum of 1 - F in [0, 1] (F a product of CDFs in [0, 1]), so S_d <= top
+    = hi (1 + 1e-12) + (hi - lo) 1e-6 (rounding), and S_d >= `_drain_floor`. Rounding keeps order: num / (floor
+    T[d]) bounds the ratio above, num / (top T[d]) below. Only for num, lo and T[d] positive and finite (else
+    False)."""
     D = mu.shape[0]
     best = -1.0
     up = np.empty(D)
@@ -2797,19 +2796,30 @@ def _drain_skips(mu, sd, points, num, T, skip):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _drain_floor(m, s, lo, step, points):
-    """A floor under a row's maximum (`_drain_skips`): (lo + 0.4999 (x_J - lo)) (1 - 1e-12), x_J a grid point
-    (`_drain_grid`'s value) at most the largest mu of the rows with sd > 0 (lo where none is)."""
-    top = -np.inf
+    """A floor under a row's maximum (`_drain_skips`): lo + 0.9999 x the trapezoid sum's floor from lo to x_J, the
+    last grid point (`_drain_grid`'s value) at most the largest mean of the rows with sd > 0, then x (1 - 1e-12).
+    There that row's factor, and so F, is at most u = min(0.5, 2 max(e^(2 arg), 2^-50)) + 2^-50 (its CDF below
+    e^(2 arg) and 0.5, numpy's tanh within 2^-49 of the true one), rising along the grid: in 16 pieces of the
+    grid, each piece's 1 - F is at least 1 - u at its right end. lo where no row has sd > 0."""
+    top, ts = -np.inf, 0.0
     for i in range(m.shape[0]):
         if s[i] > 0.0 and m[i] > top:
-            top = m[i]
+            top, ts = m[i], s[i]
     J = int(min(max((top - lo) / step - 1.0, 0.0), points - 2.0)) if top > lo else 0
     x = float(J) * step + lo
     while J > 0 and not x <= top:
         J -= 1
         x = float(J) * step + lo
-    gain = x - lo if J > 0 and x <= top else 0.0
-    return (lo + 0.4999 * gain) * (1.0 - 1e-12)
+    total, xa, prev = 0.0, lo, 0
+    for c in range(1, 17):
+        j = c * J // 16
+        if j == prev:
+            continue
+        xb = float(j) * step + lo
+        u = min(0.5, 2.0 * max(math.exp(2.0 * _cdf_argument(xb, top, ts)) * (1.0 + 1e-12), 2.0 ** -50))
+        total += (xb - xa) * (1.0 - (u + 2.0 ** -50))
+        xa, prev = xb, j
+    return (lo + 0.9999 * total) * (1.0 - 1e-12)
 
 
 # ---- PaddingFit (kit.calibration) ------------------------------------------------------------------------------
