@@ -2777,9 +2777,9 @@ def _drain_skips(mu, sd, points, num, T, skip):
     """skip[d]: whether depth d's ratio num / (S_d T[d]) is sure to fall below another depth's, whatever its maximum
     S_d (then `ratio_best` cannot pick d, and its inf there gives 0 < that other's). A maximum with a proper grid
     from lo > 0 to hi is lo plus a trapezoid sum of 1 - F in [0, 1] (F a product of CDFs in [0, 1]), so S_d <= top
-    = hi (1 + 1e-12) + (hi - lo) 1e-6 (rounding), and S_d >= `_drain_floor`. Rounding keeps order: num / (floor
-    T[d]) bounds the ratio above, num / (top T[d]) below. Only for num, lo and T[d] positive and finite (else
-    False)."""
+    = min(hi (1 + 1e-12) + (hi - lo) 1e-6 (rounding), `_drain_top`), and S_d >= `_drain_floor`. Rounding keeps
+    order: num / (floor T[d]) bounds the ratio above, num / (top T[d]) below. Only for num, lo and T[d] positive
+    and finite (else False)."""
     D = mu.shape[0]
     best = -1.0
     up = np.empty(D)
@@ -2789,9 +2789,28 @@ def _drain_skips(mu, sd, points, num, T, skip):
         if odd or not (0.0 < lo < np.inf and 0.0 < T[d] < np.inf and 0.0 < num < np.inf):
             continue
         up[d] = num / (_drain_floor(mu[d], sd[d], lo, step, points) * T[d])
-        best = max(best, num / ((hi * (1.0 + 1e-12) + (hi - lo) * 1e-6) * T[d]))
+        top = min(hi * (1.0 + 1e-12) + (hi - lo) * 1e-6, _drain_top(mu[d], sd[d], lo, hi, step))
+        best = max(best, num / (top * T[d]))
     for d in range(D):
         skip[d] = up[d] < best
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _drain_top(m, s, lo, hi, step):
+    """A top over a row's maximum (`_drain_skips`; sd >= 0): from x_c = max(mu + c sd) on, every factor of F (the
+    rows' CDFs, their powers, the constant rows' cut) is within e^(-2 arg(c)) + 2^-49 of 1 per row (numpy's tanh
+    within 2^-49 of the true one, 1 - tanh(a) <= 2 e^(-2a)), so 1 - F <= beta = n (e^(-2 arg(c)) + 2^-48)
+    (rounding included) and the trapezoid sum is at most (x_c - lo) + step + (hi - x_c) beta: the least over c in
+    2.5, 3, 3.5, 4 of (max(x_c, lo) + 1.01 step + (hi - x_c) beta + (hi - lo) 1e-9) (1 + 1e-12)."""
+    n, top = m.shape[0], np.inf
+    for c in (2.5, 3.0, 3.5, 4.0):
+        xc = -np.inf
+        for i in range(n):
+            xc = max(xc, m[i] + c * s[i])
+        beta = n * (math.exp(-2.0 * _cdf_argument(c - 1e-6, 0.0, 1.0)) * (1.0 + 1e-12) + 2.0 ** -48)
+        xc = max(xc, lo)
+        top = min(top, (xc + 1.01 * step + (hi - xc) * beta + (hi - lo) * 1e-9) * (1.0 + 1e-12))
+    return top
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
