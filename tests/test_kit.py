@@ -127,7 +127,8 @@ def test_the_compiled_table_loops_are_their_numpy_form(monkeypatch):
 
 def _cost_calibration_run(seed):
     """CostCalibration.observe over random steps (draft_clip and draft_fixed on and off, steps that caught up, a
-    draft priced nearly alike per forward half the time): its state and fits after each step."""
+    draft priced nearly alike per forward half the time, a padding feature on most steps of the odd seeds): its
+    state and fits, and the padding fit's, after each step."""
     rng = np.random.default_rng(seed)
     out = []
     for clip, fixed in ((0.0, False), (3.0, False), (0.0, True), (3.0, True)):
@@ -140,8 +141,10 @@ def _cost_calibration_run(seed):
             view = SimpleNamespace(measured_verify_s=pv * float(rng.uniform(0.8, 1.5)), predicted_verify_s=pv,
                                    draft_forwards=fw, predicted_draft_s=pd,
                                    measured_draft_s=pd * float(rng.uniform(0.5, 3.0)) + fw * float(rng.uniform(0, 1e-4)))
-            cal.observe(view, caught_up=bool(rng.random() < 0.1))
-            out.append((cal._state.tobytes(), cal.params("draft"), cal.params("verify")))
+            pad = float(rng.uniform(0.0, 5e-3)) if seed % 2 and rng.random() < 0.8 else None
+            cal.observe(view, pad=pad, caught_up=bool(rng.random() < 0.1))
+            out.append((cal._state.tobytes(), cal.params("draft"), cal.params("verify"), cal.pad, cal._padding.fit,
+                        cal._padding._s.tobytes()))
     return out
 
 

@@ -2841,6 +2841,16 @@ def _drain_floor(m, s, lo, step, points):
     return (lo + 0.9999 * total) * (1.0 - 1e-12)
 
 
+@njit(cache=True, nogil=True)
+def padding_calibration_observe(ps, pad, pkeep, prev, sticky, cautious, s, pv, mv, draft, pd, forwards, md, keep,
+                                prior, clip, fixed, unidentified):
+    """`padding_update(ps, pv, pad, mv, pkeep, prev, sticky, cautious, 2.0)` then `calibration_observe(s, pv, mv,
+    draft, ...)` in one call (CostCalibration.observe with a padding feature): padding_update's returns."""
+    r = padding_update(ps, pv, pad, mv, pkeep, prev, sticky, cautious, 2.0)
+    calibration_observe(s, pv, mv, draft, pd, forwards, md, keep, prior, clip, fixed, unidentified)
+    return r
+
+
 # ---- PaddingFit (kit.calibration) ------------------------------------------------------------------------------
 # the state: s[0:6] the decayed X'X's upper triangle (x = predicted, 1, pad), s[6:9] X'y, s[9] y'y, s[10] the weight
 
