@@ -29,6 +29,15 @@ def test_ragged_sums_and_draft_positions_match_numpy(roofline):
     assert roofline.draft_positions(np.array([5, 6]), np.zeros(2, np.int64)) == (0.0, 0.0)
 
 
+def test_roofline_step_parts_are_its_verify_time_and_draft_positions(roofline):
+    rng = np.random.default_rng(1)
+    for n in (1, 3, 64, 300):
+        ctx, depths = rng.integers(0, 4000, n), rng.integers(0, 9, n) * (n != 3)
+        parts = roofline.step_parts(ctx, depths)
+        assert parts == (roofline.verify_time(ctx, depths), roofline.draft_positions(ctx, depths)[0])
+    assert roofline.step_parts(np.arange(3.0), np.zeros(3)) is None   # (other dtypes: the two calls)
+
+
 def test_commit_and_compact_match_numpy():
     from specdepth.engine import engine_rows
     rng = np.random.default_rng(1)

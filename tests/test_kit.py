@@ -131,7 +131,8 @@ def test_the_compiled_table_loops_are_their_numpy_form(monkeypatch):
 
 def _cost_calibration_run(seed):
     """CostCalibration.observe over random steps (draft_clip and draft_fixed on and off, steps that caught up, a
-    draft priced nearly alike per forward half the time): its state and fits after each step."""
+    draft priced nearly alike per forward half the time, a padding feature on most steps of the odd seeds): its
+    state and fits, and the padding fit's, after each step."""
     rng = np.random.default_rng(seed)
     out = []
     for clip, fixed in ((0.0, False), (3.0, False), (0.0, True), (3.0, True)):
@@ -144,8 +145,10 @@ def _cost_calibration_run(seed):
             view = SimpleNamespace(measured_verify_s=pv * float(rng.uniform(0.8, 1.5)), predicted_verify_s=pv,
                                    draft_forwards=fw, predicted_draft_s=pd,
                                    measured_draft_s=pd * float(rng.uniform(0.5, 3.0)) + fw * float(rng.uniform(0, 1e-4)))
-            cal.observe(view, caught_up=bool(rng.random() < 0.1))
-            out.append((cal._state.tobytes(), cal.params("draft"), cal.params("verify")))
+            pad = float(rng.uniform(0.0, 5e-3)) if seed % 2 and rng.random() < 0.8 else None
+            cal.observe(view, pad=pad, caught_up=bool(rng.random() < 0.1))
+            out.append((cal._state.tobytes(), cal.params("draft"), cal.params("verify"), cal.pad, cal._padding.fit,
+                        cal._padding._s.tobytes()))
     return out
 
 
@@ -640,12 +643,25 @@ def test_the_compiled_drain_gives_the_numpy_form_to_the_bit(monkeypatch):
         cases.append((np.array([row, row]), np.array([(row < 0) * 1.0, (row < 0) * 0.5])))
     with np.errstate(all="ignore"):
         got = [drain.expected_maxes(mu, sd) for mu, sd in cases]
+    held = 0
+    for (mu, sd), g in zip(cases, got):   # the bounds `kernels._drain_skips` rules depths out by hold
+        for d in range(mu.shape[0]):
+            lo, hi, step, odd = kernels._drain_bounds(mu, sd, d, 256)
+            if not odd and lo > 0:
+                floor = kernels._drain_floor(mu[d], sd[d], lo, step, 256)
+                assert floor <= g[d] <= min(hi * (1.0 + 1e-12) + (hi - lo) * 1e-6,
+                                            kernels._drain_top(mu[d], sd[d], lo, hi, step))
+                held += floor > lo
+    assert held
+    with np.errstate(all="ignore"):
         monkeypatch.setattr(search, "COMPILED", False)
         for (mu, sd), g in zip(cases, got):
             assert np.array_equal(g, drain.expected_maxes(mu, sd), equal_nan=True)
     # the premises: numpy's tanh is exactly 1 from the saturation point up, the pairwise sum is np.sum's
     u = np.concatenate([np.linspace(kernels.SATURATED, 1e3, 100_001), np.logspace(3, 300, 1000)])
-    assert (np.tanh(u) == 1.0).all()
+    assert (np.tanh(u) == 1.0).all() and (np.abs(np.tanh(np.linspace(-30, 30, 600_001))) <= 1.0).all()
+    v = np.concatenate([np.linspace(-25.0, 0.0, 200_001), -np.logspace(-8, 1.4, 10_000)])   # `_drain_start`'s
+    assert np.abs(np.tanh(v) - np.array([math.tanh(a) for a in v.tolist()])).max() <= 2.0 ** -50   # tanh within 2^-49
     for n in [0, 1, 7, 8, 9, 127, 128, 129, 255, 256, 1000]:
         v = rng.normal(0, 1, n) * 10 ** rng.uniform(-3, 3, n)
         assert kernels.pairwise(np.r_[7.0, v], 1, n) == v.sum()
@@ -661,7 +677,7 @@ def test_uniform_depth_drafts_where_drafts_are_cheap_and_not_where_they_are_dear
 
 
 def test_the_compiled_steps_to_finish_give_the_numpy_form_to_the_bit(monkeypatch):
-    from specdepth.policies.kit import search
+    from specdepth.policies.kit import drain, kernels, search
     rng = np.random.default_rng(8)
     cases = []
     for _ in range(200):
@@ -671,8 +687,16 @@ def test_the_compiled_steps_to_finish_give_the_numpy_form_to_the_bit(monkeypatch
         cases.append((e if len(cases) % 10 else np.asfortranarray(e), rng.integers(1, 500, n).astype(float)))
     cases.append((np.tile(cases[0][0], 2)[:, ::2], cases[0][1]))   # a strided view
     got = [search._steps_to_finish(e, rem, True) for e, rem in cases]
+    work, T = drain.FinishWork(), rng.uniform(0.01, 0.02, 10)   # the drain's answer in kept buffers (one for all)
+    best, skipped = [], 0
+    for e, rem in cases:
+        best.append(drain.finish_best(np.ascontiguousarray(e), rem, 3e4, T[:e.shape[0]], work))
+        skipped += int(work.skip.sum())   # (depths whose ratio is sure to lose: not computed)
+    assert skipped
     monkeypatch.setattr(search, "COMPILED", False)
     assert all(np.array_equal(g, search._steps_to_finish(e, rem, True)) for g, (e, rem) in zip(got, cases))
+    for b, (e, rem) in zip(best, cases):
+        assert b == kernels.ratio_best(3e4, search._steps_to_finish(e, rem, True), T[:e.shape[0]])
 
 
 def test_the_compiled_uniform_depth_gives_the_numpy_form_to_the_bit(monkeypatch):

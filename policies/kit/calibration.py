@@ -9,7 +9,8 @@ from . import kernels
 from .cost import Tables, every_row_deep
 
 COMPILED = True   # PaddingFit's and CostCalibration's updates compiled (kernels.padding_update,
-#                   kernels.calibration_observe); False: their Python form (equal)
+#                   kernels.calibration_observe, both: kernels.padding_calibration_observe); False: their Python
+#                   form (equal)
 
 
 _UPPER3 = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))   # a symmetric 3 x 3 matrix's upper triangle
@@ -127,16 +128,13 @@ class CostCalibration:
         if mv is None:
             return
         pv = view.predicted_verify_s
-        if pad is not None:
+        if pad is not None and not COMPILED:
             self._padding.update(pv, pad, mv)
         forwards = view.draft_forwards
         draft = bool(forwards and self._drafted_last and not caught_up)
         self._drafted_last = bool(forwards)
-        if COMPILED:   # both updates in one call, the same operations
-            pd, md = (view.predicted_draft_s, view.measured_draft_s) if draft else (0.0, 0.0)
-            kernels.calibration_observe(self._state, float(pv), float(mv), draft, float(pd), float(forwards or 0),
-                                        float(md), math.exp(-1.0 / self.memory), self.prior, self.draft_clip,
-                                        self.draft_fixed, self.UNIDENTIFIED)
+        if COMPILED:   # the updates in one call, the same operations
+            self._observe_compiled(view, pv, mv, pad, draft, forwards)
             return
         self.update("verify", pv, 1.0, mv)
         if draft:
@@ -145,6 +143,20 @@ class CostCalibration:
                 sd, cd = self.params("draft")
                 md = min(md, self.draft_clip * (sd * view.predicted_draft_s + cd * forwards))
             self.update("draft", view.predicted_draft_s, float(forwards), md)
+
+    def _observe_compiled(self, view, pv, mv, pad, draft, forwards) -> None:
+        """observe's updates in one compiled call: both phases' fits (`kernels.calibration_observe`), after
+        PaddingFit.update's where `pad` is given (`kernels.padding_calibration_observe`)."""
+        pd, md = (view.predicted_draft_s, view.measured_draft_s) if draft else (0.0, 0.0)
+        args = (self._state, float(pv), float(mv), draft, float(pd), float(forwards or 0), float(md),
+                math.exp(-1.0 / self.memory), self.prior, self.draft_clip, self.draft_fixed, self.UNIDENTIFIED)
+        if pad is None:
+            kernels.calibration_observe(*args)
+            return
+        p = self._padding
+        p.pad, scale, fixed, taken = kernels.padding_calibration_observe(
+            p._s, float(pad), math.exp(-1.0 / p.memory), float(p.pad), bool(p.sticky), bool(p.cautious), *args)
+        p.fit = (scale, fixed) if taken else None
 
     @property
     def pad(self) -> float:

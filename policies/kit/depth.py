@@ -14,6 +14,7 @@ from . import kernels, search
 from .acceptance import PositionFactors, expected_tokens, shrunk_rates
 from .calibration import CostCalibration
 from .cost import PolicyTime, StepCost, Tables
+from .drain import FinishWork, finish_best
 from .idle import CatchUpPadding, IdleReplan, catch_up_pays, catch_up_rows, may_probe, thin_evidence
 from .options import node
 from .search import draft_caps, fit_token_cap, uniform_depth
@@ -64,6 +65,7 @@ class CostAwareDepth:
         #                      the acceptance of each draft position at the level)
         self._pad = CatchUpPadding()
         self._top = None   # the largest draft lag, where the compiled plan read it (`depth`)
+        self._finish = FinishWork()   # the drain's buffers (`_fused_depth`)
 
     def _start(self, view) -> None:
         if self._pool is None:
@@ -226,14 +228,10 @@ def _fused_depth(d: CostAwareDepth, view, kmax: int) -> int | None:
         return None
     rem, n = args[-2], args[-2].size
     if d.drain and view.requests_left == 0:
-        buf, _ = _plan_buffer(args, kmax, 2 * n + (kmax + 1) * (n + 1))
-        level, trials, total, d._top, ok = kernels.drain_plan(*args, buf)
-        if not ok or level != level:   # (numpy's factors, or a NaN level: the blocks decide)
+        got = _drain_depth(d, args, kmax, n)
+        if got is None:
             return None
-        costs, rate, at = _plan_views(buf, args, kmax)
-        rates, remf, T = buf[at:at + n], buf[at + n:at + 2 * n], buf[at + 2 * n:at + 2 * n + kmax + 1]
-        e = buf[at + 2 * n + kmax + 1:].reshape(kmax + 1, n)
-        k, g = kernels.ratio_best(total, search._steps_to_finish(e, remf, True), T)
+        k, g, level, trials, costs, rate, rates = got
     else:
         buf, _ = _plan_buffer(args, kmax, 0)
         k, g, level, trials, d._top, ok = kernels.uniform_plan(*args, buf)
@@ -252,6 +250,25 @@ def _fused_depth(d: CostAwareDepth, view, kmax: int) -> int | None:
         ends = draft_caps(view, kmax) if rates is None else None
         k = d._probe(view, costs, kmax, level, trials, d._pos.factor(kmax), ends)
     return k
+
+
+def _drain_depth(d: CostAwareDepth, args: tuple, kmax: int, n: int):
+    """`_fused_depth` once no row is left to join: `kernels.drain_plan`, then the drain's expected maxima
+    (`search._steps_to_finish`; more than one row: `drain.finish_best`, in d's kept buffers) and
+    `kernels.ratio_best`. Returns (k, g, level, trials, the tables, the margin's acceptance, the rows' rates), or
+    None where the blocks decide (numpy's factors, a NaN level)."""
+    buf, _ = _plan_buffer(args, kmax, 2 * n + (kmax + 1) * (n + 1))
+    level, trials, total, d._top, ok = kernels.drain_plan(*args, buf)
+    if not ok or level != level:
+        return None
+    costs, rate, at = _plan_views(buf, args, kmax)
+    rates, remf, T = buf[at:at + n], buf[at + n:at + 2 * n], buf[at + 2 * n:at + 2 * n + kmax + 1]
+    e = buf[at + 2 * n + kmax + 1:].reshape(kmax + 1, n)
+    if n > 1:
+        k, g = finish_best(e, remf, total, T, d._finish)
+    else:
+        k, g = kernels.ratio_best(total, search._steps_to_finish(e, remf, True), T)
+    return k, g, level, trials, costs, rate, rates
 
 
 def _plan_buffer(args: tuple, kmax: int, more: int):

@@ -101,6 +101,50 @@ def finish_maxes(e: np.ndarray, rem: np.ndarray, points: int = 256) -> np.ndarra
     return _sums(mu, sd, points, args, power, groups)
 
 
+class FinishWork:
+    """`finish_best`'s buffers, kept across steps by their owner (a CostAwareDepth): the moments, e ** 3, the groups
+    and the maxima (re-allocated where the shape changes), the tanh arguments and exponents (grown where short)."""
+
+    def __init__(self):
+        self.shape = None
+        self.args = self.power = np.empty(0)
+
+    def fit(self, D: int, n: int) -> "FinishWork":
+        if self.shape != (D, n):
+            self.shape = (D, n)
+            self.mu, self.sd, self.e3 = np.empty((D, n)), np.empty((D, n)), np.empty((D, n))
+            self.groups, self.out, self.skip = np.empty((D * n, 5), np.int64), np.empty(D), np.empty(D, bool)
+        return self
+
+
+def finish_best(e: np.ndarray, rem: np.ndarray, num: float, T: np.ndarray, work: FinishWork,
+                points: int = 256) -> tuple[int, float]:
+    """kernels.ratio_best(num, finish_maxes(e, rem, points), T) (the same answer) in work's buffers: the moments,
+    groups and arguments in one kernel (`kernels.finish_setup_into`), numpy's tanh and power on the arguments, the
+    sums and the best depth in one (`kernels.drain_best`). The maxima of the depths whose ratio is sure to lose
+    whatever their value (`kernels._drain_skips`) are not computed. e [depths, rows] C-contiguous float64, more
+    than one row."""
+    w = work.fit(*e.shape)
+    np.power(e, 3, out=w.e3)   # (e ** 3's call)
+    fit = (e, w.e3, rem, points, w.mu, w.sd, w.args, w.power, w.groups, num, T, w.skip)
+    k, kp, g = kernels.finish_setup_into(*fit)
+    if kp < 0:   # the buffers grow (then hold the run's longest)
+        w.args, w.power = np.empty(2 * k), np.empty(2 * k)
+        k, kp, g = kernels.finish_setup_into(*fit[:6], w.args, w.power, *fit[8:])
+    args = w.args[:k]
+    np.tanh(args, out=args)
+    if kp:
+        base = args[:kp]
+        kernels.drain_bases(base)
+        np.power(base, w.power[:kp], out=base)
+    best, gain = kernels.drain_best(args, w.groups[:g], w.mu, w.sd, points, w.out, num, T, w.skip)
+    if best >= 0:
+        return best, gain
+    for d in np.flatnonzero(np.isnan(w.out)).tolist():   # degenerate grids: the one-row form
+        w.out[d] = expected_max(w.mu[d], w.sd[d], points, grouped=True)
+    return kernels.ratio_best(num, w.out, T)
+
+
 def _sums(mu, sd, points, args, power, groups):
     """The end of `_compiled` from drain_setup's returns: numpy's tanh and power, then kernels.drain_sums."""
     np.tanh(args, out=args)

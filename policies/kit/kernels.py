@@ -575,8 +575,8 @@ def finish_moments(e, e3, rem, mu, sd):
 # numpy's tanh and power (vector code whose last bits differ from libm's) run between these kernels on the
 # gathered arguments. A CDF argument above SATURATED has tanh exactly 1, so its CDF, its power and its factor in
 # the product are exactly 1: the arguments rise along the grid, and each group's are cut where they pass it.
-SATURATED = 22.0
-Z_SATURATED = 7.639154673522217   # about the z where (z + 0.044715 z^3) x 0.7978845608028654 reaches SATURATED
+SATURATED = 19.5   # (tanh(19.5) = 1 - 2.3e-17: 1.0 correctly rounded; numpy's too, tests/test_kit.py checks)
+Z_SATURATED = 7.268554499657057   # about the z where (z + 0.044715 z^3) x 0.7978845608028654 reaches SATURATED
 _CDF, _RAISED, _SQUARED = 0, 1, 2   # a group's factor: its CDF; its CDF ** count (numpy's power); its CDF squared
 
 
@@ -586,17 +586,27 @@ def drain_setup(mu, sd, points):
     with a proper grid (`_drain_bounds`), `drain._row_groups`' distinct (mu, sd) pairs (ascending) among the rows
     with sd > 0 and mu + 6 sd > lo, and per group the tanh arguments of its grid points below saturation. Returns
     (the arguments, the groups raised by numpy's power first; those groups' exponents, one per argument; the
-    groups [G, 4]: row d, offset in the arguments, size, factor kind (`_drain_row_groups`))."""
+    groups [G, 5]: row d, offset in the arguments, size, factor kind (`_drain_row_groups`), first grid point
+    (`_drain_start`))."""
     D, n = mu.shape
-    x = np.empty((D, points))
-    groups = np.empty((D * n, 4), np.int64)
+    x, groups = np.empty((D, points)), np.empty((D * n, 5), np.int64)
     gm, gs, count = np.empty(D * n), np.empty(D * n), np.empty(D * n)
+    g = _drain_groups(mu, sd, points, x, groups, gm, gs, count, np.zeros(D, np.bool_))
+    return _drain_arguments(x, groups[:g], gm, gs, count)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _drain_groups(mu, sd, points, x, groups, gm, gs, count, skip):
+    """drain_setup's grids (x [D, points]) and groups (groups [D n, 5] and their pairs and counts gm, gs, count, at
+    least D n long), each group's arguments from its row's `_drain_start` to its saturation, none for the rows d
+    with skip[d]: returns the number of groups."""
+    D, n = mu.shape
     perm = np.arange(n)   # the columns, the last row's near ones first in their (mu, sd) order: the next sort's start
     m, s, ids, rest = np.empty(n), np.empty(n), np.empty(n, np.int64), np.empty(n, np.int64)
     g = 0
     for d in range(D):
         lo, hi, step, odd = _drain_bounds(mu, sd, d, points)
-        if odd:
+        if odd or skip[d]:
             continue
         _drain_grid(x[d], lo, hi, step)
         k, r = 0, 0
@@ -610,8 +620,12 @@ def drain_setup(mu, sd, points):
                 r += 1
         _sort_pairs(m, s, ids, k)
         perm[:k], perm[k:] = ids[:k], rest[:r]
+        first = g
         g = _drain_row_groups(groups, gm, gs, count, g, d, m[:k], s[:k], x[d], lo, step)
-    return _drain_arguments(x, groups[:g], gm, gs, count)
+        start = _drain_start(x[d], gm, gs, count, first, g)
+        for q in range(first, g):
+            groups[q, 2], groups[q, 4] = max(groups[q, 2] - start, 0), start
+    return g
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -723,23 +737,38 @@ def _saturation(x, m, s, lo, step):
 def _drain_arguments(x, groups, gm, gs, count):
     """drain_setup's returns: the groups' offsets (the `_RAISED` groups first), their tanh arguments, the
     exponents of the `_RAISED` ones."""
-    k = 0
+    k, kp = _drain_offsets(groups)
+    args, power = np.empty(k), np.empty(kp)
+    _drain_fill(x, groups, gm, gs, count, args, power)
+    return args, power, groups
+
+
+@njit(cache=True, nogil=True)
+def _drain_offsets(groups):
+    """Sets the groups' offsets in the arguments (the `_RAISED` groups first); returns (the arguments' number,
+    the `_RAISED` groups' arguments' number)."""
+    k, kp = 0, 0
     for raised in (True, False):
         for q in range(groups.shape[0]):
             if (groups[q, 3] == _RAISED) == raised:
                 groups[q, 1] = k
                 k += groups[q, 2]
-    args, power = np.empty(k), np.empty(k)
-    kp = 0
+        if raised:
+            kp = k
+    return k, kp
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _drain_fill(x, groups, gm, gs, count, args, power):
+    """The groups' tanh arguments (`_cdf_argument`) at their offsets in args, and the `_RAISED` ones' exponents
+    (their counts) at the same places in power."""
     for q in range(groups.shape[0]):
         o, size = groups[q, 1], groups[q, 2]
-        xq, aq, mq, sq = x[groups[q, 0]], args[o:o + size], gm[q], gs[q]
+        xq, aq, mq, sq = x[groups[q, 0], groups[q, 4]:], args[o:o + size], gm[q], gs[q]
         for i in range(size):
             aq[i] = _cdf_argument(xq[i], mq, sq)
         if groups[q, 3] == _RAISED:
             power[o:o + size] = count[q]
-            kp += size
-    return args, power[:kp], groups
 
 
 @njit(cache=True, nogil=True)
@@ -756,12 +785,21 @@ def drain_sums(t, groups, mu, sd, points):
     ones are 1): from t = tanh(argument), (t + 1) x 0.5 (`_CDF`), its square (`_SQUARED`), or t itself (`_RAISED`:
     numpy's power of the CDF), times (x >= the largest mu of the rows with sd <= 0) where row d has any. The other
     rows: NaN, but the largest mu where lo and hi are finite and hi <= lo. Returns (the sums, whether any is NaN)."""
+    out = np.empty(mu.shape[0])
+    return out, _drain_sums_into(t, groups, mu, sd, points, out, np.zeros(mu.shape[0], np.bool_))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _drain_sums_into(t, groups, mu, sd, points, out, skip):
+    """drain_sums written into out, inf for the rows d with skip[d]; returns whether any is NaN."""
     D, n = mu.shape
-    out = np.empty(D)
     x, F, terms = np.empty(points), np.empty(points), np.empty(points - 1)
     stack, vals = np.empty((3, 64), np.int64), np.empty(64)   # pairwise_into's
     g, again = 0, False
     for d in range(D):
+        if skip[d]:
+            out[d] = np.inf
+            continue
         lo, hi, step, odd = _drain_bounds(mu, sd, d, points)
         if odd:
             out[d] = mu[d].max() if math.isfinite(lo) and math.isfinite(hi) and hi - lo <= 0.0 else np.nan
@@ -769,9 +807,12 @@ def drain_sums(t, groups, mu, sd, points):
             continue
         _drain_grid(x, lo, hi, step)
         F[:] = 1.0
+        start = 0
         while g < groups.shape[0] and groups[g, 0] == d:
-            _drain_factor(F, t[groups[g, 1]:groups[g, 1] + groups[g, 2]], groups[g, 3])
+            start = groups[g, 4]
+            _drain_factor(F[start:], t[groups[g, 1]:groups[g, 1] + groups[g, 2]], groups[g, 3])
             g += 1
+        F[:start] = 0.0   # (1 - F is 1.0 there: `_drain_start`)
         cut, top = False, -math.inf
         for r in range(n):
             if not sd[d, r] > 0.0:
@@ -783,7 +824,7 @@ def drain_sums(t, groups, mu, sd, points):
             terms[i] = (x[i + 1] - x[i]) * ((1.0 - F[i + 1]) + (1.0 - F[i])) / 2.0
         out[d] = lo + (0.0 + pairwise_into(terms, 0, points - 1, stack, vals))
         again |= math.isnan(out[d])
-    return out, again
+    return again
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -3018,6 +3059,136 @@ def tie_bands(a, tol):
     return out, True
 
 
+# ---- the drain's kept buffers and its answer (drain.finish_best) ----------------------------------------------
+
+LN2 = math.log(2.0)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _drain_start(x, gm, gs, count, a, b):
+    """The first grid point of a row (its groups a..b) where 1 - F may be below 1. Before it every product F is at
+    most 2^-56 for any tanh within 2^-49 of the true one (numpy's is: tests/test_kit.py), each factor's CDF being
+    at most 2 max(e^(2 arg), 2^-50) (the tanh form's CDF is e^(2 arg) / (1 + e^(2 arg))), raised to its count; so
+    1 - F is 1.0 exactly there (`drain_sums` sets F there to 0), and no argument there is computed."""
+    top, floor = -56.0 * LN2, -50.0 * LN2
+    for i in range(x.shape[0]):
+        L = 0.0   # the log of the product's bound
+        for q in range(a, b):
+            u = 2.0 * _cdf_argument(x[i], gm[q], gs[q])
+            v = LN2 + (u if u > floor else floor)
+            if v < 0.0:
+                L += count[q] * v
+        if not L <= top:
+            return i
+    return x.shape[0]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def finish_setup_into(e, e3, rem, points, mu, sd, args, power, groups, num, T, skip):
+    """`finish_setup` written into the caller's buffers (mu, sd [D, n]; args and power; groups [D n, 5]), but for
+    the depths d that cannot give `ratio_best(num, maxima, T)`'s answer (skip[d], `_drain_skips`): returns (the
+    arguments' number, the `_RAISED` ones' number, the groups' number); where args is shorter than the
+    arguments, (their number, -1, the groups' number) and nothing in args or power."""
+    finish_moments(e, e3, rem, mu, sd)
+    D, n = mu.shape
+    _drain_skips(mu, sd, points, num, T, skip)
+    x, gm, gs, count = np.empty((D, points)), np.empty(D * n), np.empty(D * n), np.empty(D * n)
+    g = _drain_groups(mu, sd, points, x, groups, gm, gs, count, skip)
+    k, kp = _drain_offsets(groups[:g])
+    if k > args.shape[0] or kp > power.shape[0]:
+        return k, -1, g
+    _drain_fill(x, groups[:g], gm, gs, count, args, power)
+    return k, kp, g
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def drain_best(t, groups, mu, sd, points, out, num, T, skip):
+    """`drain_sums` into out (inf where skip), then `ratio_best(num, out, T)`: (the first best depth, its value);
+    (-1, NaN) where a sum is NaN (the caller's one-row form)."""
+    if _drain_sums_into(t, groups, mu, sd, points, out, skip):
+        return -1, np.nan
+    return ratio_best(num, out, T)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _drain_skips(mu, sd, points, num, T, skip):
+    """skip[d]: whether depth d's ratio num / (S_d T[d]) is sure to fall below another depth's, whatever its maximum
+    S_d (then `ratio_best` cannot pick d, and its inf there gives 0 < that other's). A maximum with a proper grid
+    from lo > 0 to hi is lo plus a trapezoid sum of 1 - F in [0, 1] (F a product of CDFs in [0, 1]), so S_d <= top
+    = min(hi (1 + 1e-12) + (hi - lo) 1e-6 (rounding), `_drain_top`), and S_d >= `_drain_floor`. Rounding keeps
+    order: num / (floor T[d]) bounds the ratio above, num / (top T[d]) below. Only for num, lo and T[d] positive
+    and finite (else False)."""
+    D = mu.shape[0]
+    best = -1.0
+    up = np.empty(D)
+    for d in range(D):
+        lo, hi, step, odd = _drain_bounds(mu, sd, d, points)
+        up[d] = np.inf
+        if odd or not (0.0 < lo < np.inf and 0.0 < T[d] < np.inf and 0.0 < num < np.inf):
+            continue
+        up[d] = num / (_drain_floor(mu[d], sd[d], lo, step, points) * T[d])
+        top = min(hi * (1.0 + 1e-12) + (hi - lo) * 1e-6, _drain_top(mu[d], sd[d], lo, hi, step))
+        best = max(best, num / (top * T[d]))
+    for d in range(D):
+        skip[d] = up[d] < best
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _drain_top(m, s, lo, hi, step):
+    """A top over a row's maximum (`_drain_skips`; sd >= 0): from x_c = max(mu + c sd) on, every factor of F (the
+    rows' CDFs, their powers, the constant rows' cut) is within e^(-2 arg(c)) + 2^-49 of 1 per row (numpy's tanh
+    within 2^-49 of the true one, 1 - tanh(a) <= 2 e^(-2a)), so 1 - F <= beta = n (e^(-2 arg(c)) + 2^-48)
+    (rounding included) and the trapezoid sum is at most (x_c - lo) + step + (hi - x_c) beta: the least over c in
+    2.5, 3, 3.5, 4 of (max(x_c, lo) + 1.01 step + (hi - x_c) beta + (hi - lo) 1e-9) (1 + 1e-12)."""
+    n, top = m.shape[0], np.inf
+    for c in (2.5, 3.0, 3.5, 4.0):
+        xc = -np.inf
+        for i in range(n):
+            xc = max(xc, m[i] + c * s[i])
+        beta = n * (math.exp(-2.0 * _cdf_argument(c - 1e-6, 0.0, 1.0)) * (1.0 + 1e-12) + 2.0 ** -48)
+        xc = max(xc, lo)
+        top = min(top, (xc + 1.01 * step + (hi - xc) * beta + (hi - lo) * 1e-9) * (1.0 + 1e-12))
+    return top
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _drain_floor(m, s, lo, step, points):
+    """A floor under a row's maximum (`_drain_skips`): lo + 0.9999 x the trapezoid sum's floor from lo to x_J, the
+    last grid point (`_drain_grid`'s value) at most the largest mean of the rows with sd > 0, then x (1 - 1e-12).
+    There that row's factor, and so F, is at most u = min(0.5, 2 max(e^(2 arg), 2^-50)) + 2^-50 (its CDF below
+    e^(2 arg) and 0.5, numpy's tanh within 2^-49 of the true one), rising along the grid: in 16 pieces of the
+    grid, each piece's 1 - F is at least 1 - u at its right end. lo where no row has sd > 0."""
+    top, ts = -np.inf, 0.0
+    for i in range(m.shape[0]):
+        if s[i] > 0.0 and m[i] > top:
+            top, ts = m[i], s[i]
+    J = int(min(max((top - lo) / step - 1.0, 0.0), points - 2.0)) if top > lo else 0
+    x = float(J) * step + lo
+    while J > 0 and not x <= top:
+        J -= 1
+        x = float(J) * step + lo
+    total, xa, prev = 0.0, lo, 0
+    for c in range(1, 17):
+        j = c * J // 16
+        if j == prev:
+            continue
+        xb = float(j) * step + lo
+        u = min(0.5, 2.0 * max(math.exp(2.0 * _cdf_argument(xb, top, ts)) * (1.0 + 1e-12), 2.0 ** -50))
+        total += (xb - xa) * (1.0 - (u + 2.0 ** -50))
+        xa, prev = xb, j
+    return (lo + 0.9999 * total) * (1.0 - 1e-12)
+
+
+@njit(cache=True, nogil=True)
+def padding_calibration_observe(ps, pad, pkeep, prev, sticky, cautious, s, pv, mv, draft, pd, forwards, md, keep,
+                                prior, clip, fixed, unidentified):
+    """`padding_update(ps, pv, pad, mv, pkeep, prev, sticky, cautious, 2.0)` then `calibration_observe(s, pv, mv,
+    draft, ...)` in one call (CostCalibration.observe with a padding feature): padding_update's returns."""
+    r = padding_update(ps, pv, pad, mv, pkeep, prev, sticky, cautious, 2.0)
+    calibration_observe(s, pv, mv, draft, pd, forwards, md, keep, prior, clip, fixed, unidentified)
+    return r
+
+
 # ---- PaddingFit (kit.calibration) ------------------------------------------------------------------------------
 # the state: s[0:6] the decayed X'X's upper triangle (x = predicted, 1, pad), s[6:9] X'y, s[9] y'y, s[10] the weight
 
@@ -3263,7 +3434,7 @@ def interp_points(m, xp, fp):
     for j in range(1, n):
         if not xp[j] > xp[j - 1]:
             return out, False
-    j = 0
+    j, at, slope = 0, -1, 0.0
     for i in range(m):
         x = float(i)
         while j + 1 < n and xp[j + 1] <= x:
@@ -3273,7 +3444,10 @@ def interp_points(m, xp, fp):
         elif j == n - 1 or xp[j] == x:
             out[i] = fp[j]
         else:
-            out[i] = _interp_step(x, xp[j], xp[j + 1], fp[j], fp[j + 1])
+            if at != j:   # (_interp_step's slope, once per step of the grid: the same division)
+                at, slope = j, (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j])
+            r = slope * (x - xp[j]) + fp[j]
+            out[i] = r if not math.isnan(r) else _interp_step(x, xp[j], xp[j + 1], fp[j], fp[j + 1])
     return out, True
 
 

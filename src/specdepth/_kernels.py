@@ -393,6 +393,15 @@ def roofline_positions(ctx, depths, a, b, w, kv, inv_f, inv_b, oh, ca):
 
 
 @njit(cache=True, nogil=True)
+def roofline_step_parts(ctx, depths, tt, dt):
+    """(roofline_verify(ctx, depths, *tt), roofline_positions(ctx, depths, *dt)[0]) in one call: a step's predicted
+    verify and draft seconds (RooflineCost.step_parts), each term list as a float array."""
+    v = roofline_verify(ctx, depths, tt[0], tt[1], tt[2], tt[3], tt[4], tt[5], tt[6], tt[7])
+    d = roofline_positions(ctx, depths, dt[0], dt[1], dt[2], dt[3], dt[4], dt[5], dt[6], dt[7])[0]
+    return v, d
+
+
+@njit(cache=True, nogil=True)
 def roofline_verify_table(ctx, totals, a, b, w, kv, inv_f, inv_b, oh, ca):
     """CostModel.verify_times priced by the roofline in one pass (n > 0 rows): per total x, q = x / n + 1 tokens a
     row, t = n q, flops a t + b (q c + n q (q + 1) 0.5), c the contexts' sum (the same arithmetic, element by

@@ -310,6 +310,12 @@ class RooflineCost(CostModel):
                               self._inv_b, self._oh["target"], self._ca["target"])
         self._draft_terms = (self._df[0], self._df[1], self._w["draft"], self._kv["draft"], self._inv_f["draft"],
                              self._inv_b, self._oh["draft"], self._ca["draft"])
+        # step_parts' one pass: where verify_time and draft_positions are this class's, the terms as arrays
+        cls = type(self)
+        self._parts = (self._moe["target"] is None and self._moe["draft"] is None
+                       and cls.verify_time is RooflineCost.verify_time
+                       and cls.draft_positions is RooflineCost.draft_positions)
+        self._terms = np.array(self._target_terms, float), np.array(self._draft_terms, float)
 
     def _time(self, which, tokens, flops, ctx_tokens, seqs):
         moe = self._moe[which]
@@ -369,6 +375,14 @@ class RooflineCost(CostModel):
         if self._moe["draft"] is None and m.ndim == 1:   # the base class's table, in one compiled pass
             return _k.roofline_draft_table(float(context), m, *self._draft_terms)
         return super().draft_times(context, rows)
+
+    def step_parts(self, ctx, depths):
+        """(verify_time(ctx, depths), draft_positions(ctx, depths)[0]): a step's predicted verify and draft seconds
+        in one compiled pass (the same values), for int64 arrays of one shape; None elsewhere (call those two)."""
+        if (self._parts and type(ctx) is np.ndarray and type(depths) is np.ndarray and ctx.dtype == np.int64
+                and depths.dtype == np.int64 and ctx.shape == depths.shape and ctx.ndim == 1):
+            return _k.roofline_step_parts(ctx, depths, *self._terms)
+        return None
 
     def draft_positions(self, ctx, depths):
         if ctx.dtype == np.int64 and depths.dtype == np.int64 and self._moe["draft"] is None:

@@ -92,7 +92,8 @@ class StepView:
     """
 
     __slots__ = ("_rows", "_s", "_budget", "_max_depth", "_max_tokens", "_cost", "_prior", "_hptr", "_pred",
-                 "_true_cost", "_clock", "_lag", "_expected", "_rank_table", "_ids", "_ctx", "_rem", "_ones")
+                 "_true_cost", "_clock", "_lag", "_expected", "_rank_table", "_ids", "_ctx", "_rem", "_ones",
+                 "_parts")
 
     def __init__(self, rows, token_budget: int, max_depth: int, max_num_batched_tokens: int, cost,
                  prior: float = 0.7, true_cost=None, clock=None, lag=None, expected=None, rank_table=None):
@@ -108,6 +109,7 @@ class StepView:
         self._pred = None
         self._ids = self._ctx = self._rem = None   # this step's request_ids, context_lens, remaining (`bind` resets)
         self._ones = None   # draft_lag's ones where the executor has no lag (read-only; kept while the size holds)
+        self._parts = getattr(cost, "step_parts", None)   # both predictions in one call, where the cost model has it
 
     def bind(self, step, hptr: int) -> None:
         """The engine shows the view the step it is running (a `specdepth.engine.Step`). The rows' ids, prompts,
@@ -215,13 +217,18 @@ class StepView:
 
     def _predicted(self, which: int):
         """view.cost's seconds for this step's shapes (0: the draft forwards, 1: the verify), each computed once,
-        when first read (a step that drafted nothing has no draft forward: 0 s, no cost-model call)."""
+        when first read (a step that drafted nothing has no draft forward: 0 s); both at the first read where the cost
+        model prices them in one call (`step_parts`, RooflineCost's)."""
         s = self._s
         if s.row_accepted is None:   # (not verified yet)
             return None
         pred = self._pred
         if pred is None:
             pred = self._pred = [None, None]
+            if self._parts is not None and s.trees is None:
+                both = self._parts(self.context_lens, s.row_drafted)
+                if both is not None:
+                    pred[1], pred[0] = float(both[0]), float(both[1])
         t = pred[which]
         if t is None:
             ctx, d = self.context_lens, s.row_drafted
