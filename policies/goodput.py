@@ -211,7 +211,7 @@ def _nodes(estimate, calibration, draining):
     """The validated `estimate`, `calibration` and `draining` nodes."""
     e = node(estimate, "policy.estimate", ESTIMATE)
     k = "policy.estimate."
-    est = SimpleNamespace(prior_strength=as_float(e.prior_strength, k + "prior_strength", min=0),
+    est = SimpleNamespace(prior_strength=as_float(e.prior_strength, k + "prior_strength", min=0, min_open=True),
                           pool_memory=as_float(e.pool_memory, k + "pool_memory", min=0, min_open=True),
                           calibration_prior=as_float(e.calibration_prior, k + "calibration_prior", min=0,
                                                      min_open=True),

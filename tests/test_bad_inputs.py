@@ -156,6 +156,7 @@ ROWS = [
     ("4", "policy=goodput policy.estimate=often", "policy.estimate must be a mapping"),
     ("4", "policy=goodput policy.estimate.tie_tolerance=0.8", "policy.estimate.tie_tolerance must be <= 0.5"),
     ("4", "policy=goodput policy.estimate.position_prior=0", "policy.estimate.position_prior must be > 0"),
+    ("4", "policy=goodput policy.estimate.prior_strength=0", "policy.estimate.prior_strength must be > 0"),
     ("4", "policy=goodput policy.calibration.draft_clip=0.5", "policy.calibration.draft_clip must be 0 (off) or >= 1"),
     ("4", "policy=goodput policy.calibration.draft_clip=-1", "policy.calibration.draft_clip must be >= 0"),
     ("4", "policy=confidence policy.extend=-1", "policy.extend"),
