@@ -447,8 +447,15 @@ class TreePrice:
 
     def _tables(self, nodes: float, q: float) -> tuple[np.ndarray, np.ndarray]:
         """verify[x]: x nodes a row; draft[q]: one forward of q tokens a row; grown to cover the arguments."""
-        n, c = self.n, np.full(self.n, self.cbar)
-        X = math.ceil(nodes) + 1
+        n, X, Q = self.n, math.ceil(nodes) + 1, math.ceil(q) + 1
+        if self._verify.size >= X + 1 and self._draft.size >= Q + 1:
+            return self._verify, self._draft
+        c = np.full(n, self.cbar)
+        if hasattr(self.cost, "tree_tables"):   # a CostModel: both tables in one call, the same values
+            X, Q = max(X, self._verify.size - 1), max(Q, self._draft.size - 1)
+            self._verify, self._draft = self.cost.tree_tables(c, X, Q)
+            self._memo = {}
+            return self._verify, self._draft
         if self._verify.size < X + 1:
             xs = np.arange(X + 1, dtype=float)
             if hasattr(self.cost, "verify_times"):
@@ -456,7 +463,6 @@ class TreePrice:
             else:
                 self._verify = np.array([self.cost.verify_time(c, np.full(n, x)) for x in xs])
             self._memo = {}
-        Q = math.ceil(q) + 1
         if self._draft.size < Q + 1:
             qs = range(self._draft.size, Q + 1)
             if hasattr(self.cost, "draft_forward_times"):   # a CostModel: the same values in one call
