@@ -1,3 +1,5 @@
+import operator
+
 import numpy as np
 
 from specdepth.errors import as_bool, as_choice, as_float, as_int
@@ -59,6 +61,7 @@ class TreeGoodput(Policy):
         self._trees = {}
         self._geometric = (None, None)
         self._rounded = (None, None, None, None)   # _plan_table's key, its table, the arrays keyed by id, prior
+        self._planned = None   # the last plan's rows and their by_object groups
 
     def table(self, view) -> np.ndarray:
         """The per-rank table the plan values trees by."""
@@ -101,7 +104,9 @@ class TreeGoodput(Policy):
             return np.zeros(n, np.int64)
         if len(self._trees) > 4096:
             self._trees.clear()
-        return plan_rows(plan, draft_caps(view, D), self._trees)
+        groups = []
+        self._planned = (plan_rows(plan, draft_caps(view, D), self._trees, groups), groups)
+        return self._planned[0]
 
     def observe(self, view, accepted):
         if self.cost == "calibrated":
@@ -109,7 +114,11 @@ class TreeGoodput(Policy):
         trees = view.trees
         if trees is None:   # a chain step (every row's tree a chain, or nothing drafted)
             return self._table.observe_chains(view.drafted, accepted)
-        groups = by_object(trees, view.batch_size)   # the rows' Tree objects, for both
+        p = self._planned   # the rows' Tree objects, for both: as planned where these are the planned objects
+        if p is not None and len(trees) == len(p[0]) and all(map(operator.is_, trees, p[0])):
+            groups = p[1]
+        else:
+            groups = by_object(trees, view.batch_size)
         if self._use_confidence:
             self._conf.observe_groups(groups, view.node_confidences)
         self._table.observe_groups(groups, accepted)

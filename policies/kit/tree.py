@@ -288,9 +288,14 @@ class RankEstimate:
                                                for a in ("parent", "depth", "rank"))
             self._packed = (par, dep, rnk, np.append(noff, par.size))
         par, dep, rnk, noff = self._packed
-        hits, trials, keep = np.zeros(self.ranks), np.zeros(self.ranks), np.zeros(len(self._groups), bool)
-        if kernels.expected_counts(par, dep, rnk, noff, self._cnt, self._coff, self.table, self.ranks, hits, trials,
-                                   keep) < keep.size:
+        R = self.ranks
+        hits, trials, keep = np.zeros(R), np.zeros(R), np.zeros(len(self._groups), bool)
+        if self.hits.shape == self.trials.shape == self.prior.shape == (R,):   # `table`'s compiled form, uncached
+            table = kernels.rank_table(self.hits, self.trials, self.prior, self.strength, np.empty(R))
+        else:
+            table = self.table
+        kept = kernels.expected_counts(par, dep, rnk, noff, self._cnt, self._coff, table, R, hits, trials, keep)
+        if kept < keep.size:
             self._groups = {k: g for (k, g), kp in zip(self._groups.items(), keep.tolist()) if kp}
             self._repack()
         self.hits, self.trials = hits, trials
@@ -344,6 +349,7 @@ class RankConfidence:
         self._decay: dict = {}   # np.exp(-(seen / memory)) by seen
         self._rows = np.zeros(0, np.int64)   # np.arange(n) for the last n
         self._bins = (np.zeros(self.ranks + 1), np.zeros(self.ranks + 1, np.int64))   # kernels.rank_bins' scratch
+        self._steps = [np.arange(self.ranks - k) for k in range(self.ranks)]   # np.arange(ranks - k) by k
 
     def observe(self, trees, confidences: np.ndarray) -> None:
         """Add one tree step's nodes: the rows' trees (a Tree for all, or one per row) and their confidences."""
@@ -403,7 +409,7 @@ class RankConfidence:
             if k == 0:
                 return np.asarray(fallback, float)[:self.ranks]
             if k < self.ranks:
-                out[k:] = left * h * (1.0 - h) ** np.arange(self.ranks - k)
+                out[k:] = left * h * (1.0 - h) ** self._steps[k]
             return out
         drafted = self.counts > 0
         k = self.ranks if drafted.all() else int(np.argmin(drafted))   # the ranks 0..k-1 drafted
@@ -662,10 +668,11 @@ def plan_trees(table, price: TreePrice, n: int, max_nodes: int, max_depth: int, 
     return best
 
 
-def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None) -> list:
+def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None, groups: list | None = None) -> list:
     """Each row's Tree for a TreePlan: round(f n) rows (those with the most room, `caps`: each row's depth cap,
     e.g. kit.draft_caps) get one node more, and a row's tree is cut at its cap. `cache`: Trees by shape, kept
-    by the caller so that equal trees are the same object across steps."""
+    by the caller so that equal trees are the same object across steps. `groups` (a list, optional): set to
+    specdepth.tree.by_object's groups of the rows returned."""
     n = caps.size
     base = math.floor(plan.nodes)
     extra = int(round((plan.nodes - base) * n))
@@ -674,22 +681,35 @@ def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None) -> li
         if not extra:
             lo, hi, _ = kernels.int_stats(caps)
             if lo >= plan.depth or lo == hi:   # every row the same tree
-                return [_cached_tree(plan.order, base, min(int(lo), plan.depth), cache)] * n
+                return _grouped([_cached_tree(plan.order, base, min(int(lo), plan.depth), cache)] * n, groups)
         out = np.empty((3, n), np.int64)
         G = kernels.row_plan(caps, base, extra, plan.depth, out)   # the numpy form's pairs, below
         trees = [_cached_tree(plan.order, c, dc, cache) for c, dc in zip(out[0, :G].tolist(), out[1, :G].tolist())]
-        return [trees[0]] * n if G == 1 else [trees[g] for g in out[2].tolist()]
+        if G == 1:
+            return _grouped([trees[0]] * n, groups)
+        return _grouped([trees[g] for g in out[2].tolist()], groups, trees, out[2])
     counts = np.full(n, base, np.int64)
     if extra:
         counts[np.argsort(-caps, kind="stable")[:extra]] += 1
     d = np.minimum(caps.astype(np.int64), plan.depth)
     if n and not extra and d.min() == d.max():   # every row the same tree
-        return [_cached_tree(plan.order, base, int(d[0]), cache)] * n
+        return _grouped([_cached_tree(plan.order, base, int(d[0]), cache)] * n, groups)
     pairs = list(zip(counts.tolist(), d.tolist()))
     trees = dict.fromkeys(pairs)   # each (nodes, depth cap) once, in first-row order
     for c, dc in trees:
         trees[c, dc] = _cached_tree(plan.order, c, dc, cache)
-    return [trees[p] for p in pairs]
+    return _grouped([trees[p] for p in pairs], groups)
+
+
+def _grouped(rws: list, groups: list | None, trees: list | None = None, grp: np.ndarray | None = None) -> list:
+    """rws, with `groups` (where given) set to by_object(rws)'s groups: from `trees` (the distinct pairs' Trees in
+    first-row order) and grp (each row's pair) where those Trees are distinct objects."""
+    if groups is not None:
+        if trees is not None and len(set(map(id, trees))) == len(trees):
+            groups[:] = [(t, np.flatnonzero(grp == g)) for g, t in enumerate(trees)]
+        else:
+            groups[:] = by_object(rws, len(rws))
+    return rws
 
 
 def _cached_tree(order: Order, c: int, d: int, cache: dict) -> Tree:
