@@ -434,15 +434,16 @@ def test_compiled_plan_rows_are_the_numpy_rows(monkeypatch):
         n = int(rng.integers(1, 90))
         caps = rng.integers(0, 14, n) if rng.random() < 0.7 else np.full(n, int(rng.integers(0, 14)))
         plan = K.TreePlan(int(rng.integers(1, 13)), float(rng.integers(0, 39 * 8) / 8), 0.0, 0.0, order)
-        cache, groups, slow_groups = {}, [], []
-        got = K.plan_rows(plan, caps, cache, groups)
+        cache, pairs, slow_pairs = {}, [], []
+        got = K.plan_rows(plan, caps, cache, pairs)
         monkeypatch.setattr(K, "COMPILED", False)
-        want = K.plan_rows(plan, caps, cache, slow_groups)
+        want = K.plan_rows(plan, caps, cache, slow_pairs)
+        gs_numpy = K.pair_groups(*pairs)
         monkeypatch.setattr(K, "COMPILED", True)
         assert len(got) == n and all(a is b for a, b in zip(got, want))
-        # `groups`: by_object's groups of the rows returned (the same objects and rows)
-        for gs in (groups, slow_groups):
-            ref = T.by_object(got, n)
+        # pair_groups of `pairs`: by_object's groups of the rows returned (the same objects and rows)
+        ref = T.by_object(got, n)
+        for gs in (K.pair_groups(*pairs), K.pair_groups(*slow_pairs), gs_numpy):
             assert len(gs) == len(ref) and all(t is u for (t, _), (u, _) in zip(gs, ref))
             assert all(np.array_equal(np.arange(n)[i], np.arange(n)[j]) for (_, i), (_, j) in zip(gs, ref))
         fresh = {}

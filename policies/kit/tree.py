@@ -187,7 +187,7 @@ class RankEstimate:
         if COMPILED and np.ndim(prior) == 1 and self.hits.shape == self.trials.shape == (R,):
             t = np.asarray(prior, float)[:R]
             if t.size == R:
-                self.prior, table, out = np.empty(R), np.empty(R), np.empty(R)
+                self.prior, table, out = np.empty((3, R))   # rows of one buffer
                 kernels.started_table(t, self.hits, self.trials, self.strength, float(scale), self.prior, table, out)
                 self._start = self._tab = None   # their keys made when next asked
                 return out
@@ -401,6 +401,11 @@ class RankConfidence:
         if self._tab is None or self._tab[0] != key:
             self._tab = (key, self._table(fallback))
         return self._tab[1].copy()
+
+    def table_now(self, fallback: np.ndarray) -> np.ndarray:
+        """`table`, computed now (no cache: for a caller that keeps it while sums and counts hold); a new array or
+        fallback's first ranks."""
+        return self._table(fallback)
 
     def _table(self, fallback: np.ndarray) -> np.ndarray:
         if COMPILED and self.sums.shape == self.counts.shape == (self.ranks,):   # the numpy form's arithmetic
@@ -668,11 +673,12 @@ def plan_trees(table, price: TreePrice, n: int, max_nodes: int, max_depth: int, 
     return best
 
 
-def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None, groups: list | None = None) -> list:
+def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None, pairs: list | None = None) -> list:
     """Each row's Tree for a TreePlan: round(f n) rows (those with the most room, `caps`: each row's depth cap,
     e.g. kit.draft_caps) get one node more, and a row's tree is cut at its cap. `cache`: Trees by shape, kept
-    by the caller so that equal trees are the same object across steps. `groups` (a list, optional): set to
-    specdepth.tree.by_object's groups of the rows returned."""
+    by the caller so that equal trees are the same object across steps. `pairs` (a list, optional): set to
+    [Trees, index]: the distinct (nodes, depth cap) pairs' Trees in first-row order and each row's among them
+    (int64 [n]; None: every row the first), for `pair_groups`."""
     n = caps.size
     base = math.floor(plan.nodes)
     extra = int(round((plan.nodes - base) * n))
@@ -681,35 +687,49 @@ def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None, group
         if not extra:
             lo, hi, _ = kernels.int_stats(caps)
             if lo >= plan.depth or lo == hi:   # every row the same tree
-                return _grouped([_cached_tree(plan.order, base, min(int(lo), plan.depth), cache)] * n, groups)
+                return _paired([_cached_tree(plan.order, base, min(int(lo), plan.depth), cache)], n, pairs)
         out = np.empty((3, n), np.int64)
         G = kernels.row_plan(caps, base, extra, plan.depth, out)   # the numpy form's pairs, below
         trees = [_cached_tree(plan.order, c, dc, cache) for c, dc in zip(out[0, :G].tolist(), out[1, :G].tolist())]
-        if G == 1:
-            return _grouped([trees[0]] * n, groups)
-        return _grouped([trees[g] for g in out[2].tolist()], groups, trees, out[2])
+        return _paired(trees, n, pairs, out[2] if G > 1 else None)
     counts = np.full(n, base, np.int64)
     if extra:
         counts[np.argsort(-caps, kind="stable")[:extra]] += 1
     d = np.minimum(caps.astype(np.int64), plan.depth)
     if n and not extra and d.min() == d.max():   # every row the same tree
-        return _grouped([_cached_tree(plan.order, base, int(d[0]), cache)] * n, groups)
-    pairs = list(zip(counts.tolist(), d.tolist()))
-    trees = dict.fromkeys(pairs)   # each (nodes, depth cap) once, in first-row order
+        return _paired([_cached_tree(plan.order, base, int(d[0]), cache)], n, pairs)
+    each = list(zip(counts.tolist(), d.tolist()))
+    trees = dict.fromkeys(each)   # each (nodes, depth cap) once, in first-row order
     for c, dc in trees:
         trees[c, dc] = _cached_tree(plan.order, c, dc, cache)
-    return _grouped([trees[p] for p in pairs], groups)
+    at = {p: i for i, p in enumerate(trees)}
+    return _paired(list(trees.values()), n, pairs, np.array([at[p] for p in each], np.int64))
 
 
-def _grouped(rws: list, groups: list | None, trees: list | None = None, grp: np.ndarray | None = None) -> list:
-    """rws, with `groups` (where given) set to by_object(rws)'s groups: from `trees` (the distinct pairs' Trees in
-    first-row order) and grp (each row's pair) where those Trees are distinct objects."""
-    if groups is not None:
-        if trees is not None and len(set(map(id, trees))) == len(trees):
-            groups[:] = [(t, np.flatnonzero(grp == g)) for g, t in enumerate(trees)]
-        else:
-            groups[:] = by_object(rws, len(rws))
-    return rws
+def _paired(trees: list, n: int, pairs: list | None, index: np.ndarray | None = None) -> list:
+    """The rows' Trees (row i: trees[index[i]]; index None: trees[0] for all), with `pairs` set to [trees, index]
+    where given."""
+    if pairs is not None:
+        pairs[:] = [trees, index]
+    return [trees[0]] * n if index is None else [trees[g] for g in index.tolist()]
+
+
+def pair_groups(trees: list, index: np.ndarray | None) -> list:
+    """specdepth.tree.by_object's groups of the rows [trees[i] for i in index] (plan_rows' `pairs`; index None:
+    every row trees[0]): (Tree, rows) in first-row order, rows an index array (a slice for all)."""
+    if index is not None and index.size == 0:
+        return []
+    if index is None or len(trees) == 1:
+        return [(trees[0], slice(None))]
+    if not COMPILED or len(set(map(id, trees))) < len(trees) or index.dtype != np.int64:
+        return by_object([trees[g] for g in index.tolist()], index.size)
+    n, G = index.size, len(trees)
+    if int(index.min()) < 0 or int(index.max()) >= G:
+        raise ValueError(f"pair_groups: an index outside 0..{G - 1}")
+    out = np.empty(n + G + 1, np.int64)
+    kernels.group_rows(index, G, out)
+    at = out[n:].tolist()
+    return [(t, out[at[g]:at[g + 1]]) for g, t in enumerate(trees)]
 
 
 def _cached_tree(order: Order, c: int, d: int, cache: dict) -> Tree:
