@@ -187,7 +187,7 @@ class RankEstimate:
         if COMPILED and np.ndim(prior) == 1 and self.hits.shape == self.trials.shape == (R,):
             t = np.asarray(prior, float)[:R]
             if t.size == R:
-                self.prior, table, out = np.empty((3, R))   # rows of one buffer
+                self.prior, table, out = np.empty(R), np.empty(R), np.empty(R)
                 kernels.started_table(t, self.hits, self.trials, self.strength, float(scale), self.prior, table, out)
                 self._start = self._tab = None   # their keys made when next asked
                 return out
@@ -413,8 +413,8 @@ class RankConfidence:
             k, left, h = kernels.confidence_head(self.sums, self.counts, out)
             if k == 0:
                 return np.asarray(fallback, float)[:self.ranks]
-            if k < self.ranks:
-                out[k:] = left * h * (1.0 - h) ** self._steps[k]
+            if k < self.ranks:   # left * h * (1.0 - h) ** np.arange(ranks - k), into out[k:]
+                np.multiply(left * h, (1.0 - h) ** self._steps[k], out=out[k:])
             return out
         drafted = self.counts > 0
         k = self.ranks if drafted.all() else int(np.argmin(drafted))   # the ranks 0..k-1 drafted

@@ -325,6 +325,7 @@ class RooflineCost(CostModel):
                        and cls.verify_time is RooflineCost.verify_time
                        and cls.draft_positions is RooflineCost.draft_positions)
         self._terms = np.array(self._target_terms, float), np.array(self._draft_terms, float)
+        self._tree_rows = {}   # tree_tables' query rows by (queries, rows)
 
     def _time(self, which, tokens, flops, ctx_tokens, seqs):
         moe = self._moe[which]
@@ -386,8 +387,13 @@ class RooflineCost(CostModel):
                 and cls.draft_forward is CostModel.draft_forward and cls._time is me._time
                 and c.dtype == np.float64 and c.ndim == 1 and c.shape[0] and X >= 0 and Q >= 0
                 and hasattr(np, "vecdot")):   # both tables' arithmetic in one compiled pass, after the same sums
-            rows = np.empty((Q, c.shape[0]))
-            rows[:] = np.arange(1, Q + 1)[:, None]
+            rows = self._tree_rows.get((Q, c.shape[0]))   # row j: j + 1 each (kept per shape, read-only)
+            if rows is None:
+                if len(self._tree_rows) >= 16:
+                    self._tree_rows.clear()
+                rows = self._tree_rows[Q, c.shape[0]] = np.empty((Q, c.shape[0]))
+                rows[:] = np.arange(1, Q + 1)[:, None]
+                rows.flags.writeable = False
             out = np.empty(X + Q + 2)
             _k.roofline_tree_tables(float(c.sum()), c.shape[0], X, np.vecdot(rows, c), self._terms[0],
                                     self._terms[1], out)
