@@ -453,6 +453,14 @@ def test_compiled_plan_rows_are_the_numpy_rows(monkeypatch):
         assert [t.parent.tolist() for t in slow] == [t.parent.tolist() for t in got]
 
 
+def test_pair_groups_checks_its_index():
+    """pair_groups raises a clear ValueError for an index outside its Trees (the compiled loop reads nothing)."""
+    a, b = T.chain(1), T.chain(2)
+    assert [i.tolist() for _, i in K.pair_groups([a, b], np.array([0, 1, 0]))] == [[0, 2], [1]]
+    with pytest.raises(ValueError, match="outside"):
+        K.pair_groups([a, b], np.array([0, 2, 1]))
+
+
 def test_compiled_confidence_means_and_hazards_are_numpys(monkeypatch):
     """RankConfidence.observe and table (kernels.rank_bins, rank_means_add, confidence_head) and RankEstimate.start's
     hazards (kernels.hazards) give what their numpy forms give, to the bit (NaN entries, zeros, tables past 1)."""

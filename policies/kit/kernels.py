@@ -2651,10 +2651,13 @@ def started_table(t, hits, trials, strength, scale, prior, table, rounded):
 
 @njit(cache=True, nogil=True)
 def group_rows(grp, G, out):
-    """The rows of each group g in 0..G - 1 (grp[i]: row i's group; every entry in 0..G - 1) in row order, end to
+    """The rows of each group g in 0..G - 1 (grp[i]: row i's group) in row order, end to
     end into out[:n], and where each group starts into out[n:n + G + 1] (np.flatnonzero(grp == g) is
-    out[start[g]:start[g + 1]])."""
+    out[start[g]:start[g + 1]]). Returns False, writing nothing, where an entry is outside 0..G - 1."""
     n = grp.shape[0]
+    for i in range(n):
+        if grp[i] < 0 or grp[i] >= G:
+            return False
     for g in range(G + 1):
         out[n + g] = 0
     for i in range(n):
@@ -2666,6 +2669,7 @@ def group_rows(grp, G, out):
         g = grp[i]
         out[at[g]] = i
         at[g] += 1
+    return True
 
 
 # ---- ConfidenceCalibration (kit.acceptance) ------------------------------------------------------------------

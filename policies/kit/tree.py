@@ -715,8 +715,9 @@ def _paired(trees: list, n: int, pairs: list | None, index: np.ndarray | None = 
 
 
 def pair_groups(trees: list, index: np.ndarray | None) -> list:
-    """specdepth.tree.by_object's groups of the rows [trees[i] for i in index] (plan_rows' `pairs`; index None:
-    every row trees[0]): (Tree, rows) in first-row order, rows an index array (a slice for all)."""
+    """specdepth.tree.by_object's groups of the rows [trees[i] for i in index] (plan_rows' `pairs`: trees in
+    first-row order; index None: every row trees[0]): (Tree, rows) in trees' order, rows an index array (a slice
+    for all)."""
     if index is not None and index.size == 0:
         return []
     if index is None or len(trees) == 1:
@@ -724,10 +725,9 @@ def pair_groups(trees: list, index: np.ndarray | None) -> list:
     if not COMPILED or len(set(map(id, trees))) < len(trees) or index.dtype != np.int64:
         return by_object([trees[g] for g in index.tolist()], index.size)
     n, G = index.size, len(trees)
-    if int(index.min()) < 0 or int(index.max()) >= G:
-        raise ValueError(f"pair_groups: an index outside 0..{G - 1}")
     out = np.empty(n + G + 1, np.int64)
-    kernels.group_rows(index, G, out)
+    if not kernels.group_rows(index, G, out):
+        raise ValueError(f"pair_groups: an index outside 0..{G - 1}")
     at = out[n:].tolist()
     return [(t, out[at[g]:at[g + 1]]) for g, t in enumerate(trees)]
 
