@@ -1,3 +1,5 @@
+import operator
+
 import numpy as np
 
 from specdepth.errors import as_bool, as_choice, as_float, as_int
@@ -5,7 +7,7 @@ from specdepth.policy import Policy
 from specdepth.tree import by_object
 
 from .kit import CostCalibration, RankEstimate, TreePrice, draft_caps, plan_rows, plan_trees
-from .kit.tree import RankConfidence
+from .kit.tree import RankConfidence, pair_groups
 from .kit.options import node
 
 ESTIMATE = {"ranks": 8, "prior_strength": 50.0, "memory": 5000.0, "every": 0.02, "confidence": True}
@@ -59,6 +61,7 @@ class TreeGoodput(Policy):
         self._trees = {}
         self._geometric = (None, None)
         self._rounded = (None, None, None, None)   # _plan_table's key, its table, the arrays keyed by id, prior
+        self._planned = None   # the last plan's rows and plan_rows' pairs
 
     def table(self, view) -> np.ndarray:
         """The per-rank table the plan values trees by."""
@@ -73,7 +76,7 @@ class TreeGoodput(Policy):
             return a
         if self._geometric[0] != (a, R):   # computed once per prior
             self._geometric = ((a, R), a * (1.0 - a) ** np.arange(R))
-        return self._conf.table(self._geometric[1])
+        return self._conf.table_now(self._geometric[1])
 
     def _plan_table(self, view) -> np.ndarray:
         """`table` rounded to 0.005 (the same trees, and cached orders, while it holds); kept while its inputs
@@ -101,7 +104,9 @@ class TreeGoodput(Policy):
             return np.zeros(n, np.int64)
         if len(self._trees) > 4096:
             self._trees.clear()
-        return plan_rows(plan, draft_caps(view, D), self._trees)
+        pairs = []
+        self._planned = (plan_rows(plan, draft_caps(view, D), self._trees, pairs), pairs)
+        return self._planned[0]
 
     def observe(self, view, accepted):
         if self.cost == "calibrated":
@@ -109,7 +114,11 @@ class TreeGoodput(Policy):
         trees = view.trees
         if trees is None:   # a chain step (every row's tree a chain, or nothing drafted)
             return self._table.observe_chains(view.drafted, accepted)
-        groups = by_object(trees, view.batch_size)   # the rows' Tree objects, for both
+        p = self._planned   # the rows' Tree objects, for both: as planned where these are the planned objects
+        if p is not None and len(trees) == len(p[0]) and all(map(operator.is_, trees, p[0])):
+            groups = pair_groups(*p[1])
+        else:
+            groups = by_object(trees, view.batch_size)
         if self._use_confidence:
             self._conf.observe_groups(groups, view.node_confidences)
         self._table.observe_groups(groups, accepted)

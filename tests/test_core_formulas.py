@@ -99,6 +99,12 @@ def test_step_time_tables_equal_the_per_shape_calls(compose, hw, model, extra):
             want = [cost.draft_forward(c, np.full(n, q, np.int64))[0] for q in qs]
             assert cost.draft_forward_times(c, qs).tolist() == want
             assert cost.verify_times(c, xs).tolist() == _per_point(cost, CostModel.verify_times, c, xs)
+            # tree_tables (TreePrice's two tables in one call) is those calls' values, to the bit
+            v, d = cost.tree_tables(c, 12, 19)
+            assert v.tolist() == cost.verify_times(c, np.arange(13, dtype=float) * n).tolist()
+            assert d.tolist() == [0.0] + want[1:20]   # draft[0]: no forward
+            base = CostModel.tree_tables(cost, c, 12, 19)
+            assert base[0].tolist() == v.tolist() and base[1].tolist() == d.tolist()
         # draft_level_times (a draft tree's level forwards) is draft_forward per level, to the bit
         q = rng.integers(0, 4, (n, 6)) * (rng.random((n, 6)) < 0.7)
         q[:, 0] = 1

@@ -434,17 +434,31 @@ def test_compiled_plan_rows_are_the_numpy_rows(monkeypatch):
         n = int(rng.integers(1, 90))
         caps = rng.integers(0, 14, n) if rng.random() < 0.7 else np.full(n, int(rng.integers(0, 14)))
         plan = K.TreePlan(int(rng.integers(1, 13)), float(rng.integers(0, 39 * 8) / 8), 0.0, 0.0, order)
-        cache = {}
-        got = K.plan_rows(plan, caps, cache)
+        cache, pairs, slow_pairs = {}, [], []
+        got = K.plan_rows(plan, caps, cache, pairs)
         monkeypatch.setattr(K, "COMPILED", False)
-        want = K.plan_rows(plan, caps, cache)
+        want = K.plan_rows(plan, caps, cache, slow_pairs)
+        gs_numpy = K.pair_groups(*pairs)
         monkeypatch.setattr(K, "COMPILED", True)
         assert len(got) == n and all(a is b for a, b in zip(got, want))
+        # pair_groups of `pairs`: by_object's groups of the rows returned (the same objects and rows)
+        ref = T.by_object(got, n)
+        for gs in (K.pair_groups(*pairs), K.pair_groups(*slow_pairs), gs_numpy):
+            assert len(gs) == len(ref) and all(t is u for (t, _), (u, _) in zip(gs, ref))
+            assert all(np.array_equal(np.arange(n)[i], np.arange(n)[j]) for (_, i), (_, j) in zip(gs, ref))
         fresh = {}
         monkeypatch.setattr(K, "COMPILED", False)
         slow = K.plan_rows(plan, caps, fresh)
         monkeypatch.setattr(K, "COMPILED", True)
         assert [t.parent.tolist() for t in slow] == [t.parent.tolist() for t in got]
+
+
+def test_pair_groups_checks_its_index():
+    """pair_groups raises a clear ValueError for an index outside its Trees (the compiled loop reads nothing)."""
+    a, b = T.chain(1), T.chain(2)
+    assert [i.tolist() for _, i in K.pair_groups([a, b], np.array([0, 1, 0]))] == [[0, 2], [1]]
+    with pytest.raises(ValueError, match="outside"):
+        K.pair_groups([a, b], np.array([0, 2, 1]))
 
 
 def test_compiled_confidence_means_and_hazards_are_numpys(monkeypatch):

@@ -2646,6 +2646,32 @@ def started_table(t, hits, trials, strength, scale, prior, table, rounded):
         rounded[r] = np.rint(table[r] * scale) / scale
 
 
+# ---- kit.tree's plan rows grouped (kit.tree.pair_groups) -------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def group_rows(grp, G, out):
+    """The rows of each group g in 0..G - 1 (grp[i]: row i's group) in row order, end to
+    end into out[:n], and where each group starts into out[n:n + G + 1] (np.flatnonzero(grp == g) is
+    out[start[g]:start[g + 1]]). Returns False, writing nothing, where an entry is outside 0..G - 1."""
+    n = grp.shape[0]
+    for i in range(n):
+        if grp[i] < 0 or grp[i] >= G:
+            return False
+    for g in range(G + 1):
+        out[n + g] = 0
+    for i in range(n):
+        out[n + grp[i] + 1] += 1
+    for g in range(G):
+        out[n + g + 1] += out[n + g]
+    at = out[n:n + G].copy()   # each group's next free slot
+    for i in range(n):
+        g = grp[i]
+        out[at[g]] = i
+        at[g] += 1
+    return True
+
+
 # ---- ConfidenceCalibration (kit.acceptance) ------------------------------------------------------------------
 
 

@@ -288,9 +288,14 @@ class RankEstimate:
                                                for a in ("parent", "depth", "rank"))
             self._packed = (par, dep, rnk, np.append(noff, par.size))
         par, dep, rnk, noff = self._packed
-        hits, trials, keep = np.zeros(self.ranks), np.zeros(self.ranks), np.zeros(len(self._groups), bool)
-        if kernels.expected_counts(par, dep, rnk, noff, self._cnt, self._coff, self.table, self.ranks, hits, trials,
-                                   keep) < keep.size:
+        R = self.ranks
+        hits, trials, keep = np.zeros(R), np.zeros(R), np.zeros(len(self._groups), bool)
+        if self.hits.shape == self.trials.shape == self.prior.shape == (R,):   # `table`'s compiled form, uncached
+            table = kernels.rank_table(self.hits, self.trials, self.prior, self.strength, np.empty(R))
+        else:
+            table = self.table
+        kept = kernels.expected_counts(par, dep, rnk, noff, self._cnt, self._coff, table, R, hits, trials, keep)
+        if kept < keep.size:
             self._groups = {k: g for (k, g), kp in zip(self._groups.items(), keep.tolist()) if kp}
             self._repack()
         self.hits, self.trials = hits, trials
@@ -344,6 +349,7 @@ class RankConfidence:
         self._decay: dict = {}   # np.exp(-(seen / memory)) by seen
         self._rows = np.zeros(0, np.int64)   # np.arange(n) for the last n
         self._bins = (np.zeros(self.ranks + 1), np.zeros(self.ranks + 1, np.int64))   # kernels.rank_bins' scratch
+        self._steps = [np.arange(self.ranks - k) for k in range(self.ranks)]   # np.arange(ranks - k) by k
 
     def observe(self, trees, confidences: np.ndarray) -> None:
         """Add one tree step's nodes: the rows' trees (a Tree for all, or one per row) and their confidences."""
@@ -396,14 +402,19 @@ class RankConfidence:
             self._tab = (key, self._table(fallback))
         return self._tab[1].copy()
 
+    def table_now(self, fallback: np.ndarray) -> np.ndarray:
+        """`table`, computed now (no cache: for a caller that keeps it while sums and counts hold); a new array or
+        fallback's first ranks."""
+        return self._table(fallback)
+
     def _table(self, fallback: np.ndarray) -> np.ndarray:
         if COMPILED and self.sums.shape == self.counts.shape == (self.ranks,):   # the numpy form's arithmetic
             out = np.empty(self.ranks)
             k, left, h = kernels.confidence_head(self.sums, self.counts, out)
             if k == 0:
                 return np.asarray(fallback, float)[:self.ranks]
-            if k < self.ranks:
-                out[k:] = left * h * (1.0 - h) ** np.arange(self.ranks - k)
+            if k < self.ranks:   # left * h * (1.0 - h) ** np.arange(ranks - k), into out[k:]
+                np.multiply(left * h, (1.0 - h) ** self._steps[k], out=out[k:])
             return out
         drafted = self.counts > 0
         k = self.ranks if drafted.all() else int(np.argmin(drafted))   # the ranks 0..k-1 drafted
@@ -447,8 +458,15 @@ class TreePrice:
 
     def _tables(self, nodes: float, q: float) -> tuple[np.ndarray, np.ndarray]:
         """verify[x]: x nodes a row; draft[q]: one forward of q tokens a row; grown to cover the arguments."""
-        n, c = self.n, np.full(self.n, self.cbar)
-        X = math.ceil(nodes) + 1
+        n, X, Q = self.n, math.ceil(nodes) + 1, math.ceil(q) + 1
+        if self._verify.size >= X + 1 and self._draft.size >= Q + 1:
+            return self._verify, self._draft
+        c = np.full(n, self.cbar)
+        if hasattr(self.cost, "tree_tables"):   # a CostModel: both tables in one call, the same values
+            X, Q = max(X, self._verify.size - 1), max(Q, self._draft.size - 1)
+            self._verify, self._draft = self.cost.tree_tables(c, X, Q)
+            self._memo = {}
+            return self._verify, self._draft
         if self._verify.size < X + 1:
             xs = np.arange(X + 1, dtype=float)
             if hasattr(self.cost, "verify_times"):
@@ -456,7 +474,6 @@ class TreePrice:
             else:
                 self._verify = np.array([self.cost.verify_time(c, np.full(n, x)) for x in xs])
             self._memo = {}
-        Q = math.ceil(q) + 1
         if self._draft.size < Q + 1:
             qs = range(self._draft.size, Q + 1)
             if hasattr(self.cost, "draft_forward_times"):   # a CostModel: the same values in one call
@@ -656,10 +673,12 @@ def plan_trees(table, price: TreePrice, n: int, max_nodes: int, max_depth: int, 
     return best
 
 
-def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None) -> list:
+def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None, pairs: list | None = None) -> list:
     """Each row's Tree for a TreePlan: round(f n) rows (those with the most room, `caps`: each row's depth cap,
     e.g. kit.draft_caps) get one node more, and a row's tree is cut at its cap. `cache`: Trees by shape, kept
-    by the caller so that equal trees are the same object across steps."""
+    by the caller so that equal trees are the same object across steps. `pairs` (a list, optional): set to
+    [Trees, index]: the distinct (nodes, depth cap) pairs' Trees in first-row order and each row's among them
+    (int64 [n]; None: every row the first), for `pair_groups`."""
     n = caps.size
     base = math.floor(plan.nodes)
     extra = int(round((plan.nodes - base) * n))
@@ -668,22 +687,49 @@ def plan_rows(plan: TreePlan, caps: np.ndarray, cache: dict | None = None) -> li
         if not extra:
             lo, hi, _ = kernels.int_stats(caps)
             if lo >= plan.depth or lo == hi:   # every row the same tree
-                return [_cached_tree(plan.order, base, min(int(lo), plan.depth), cache)] * n
+                return _paired([_cached_tree(plan.order, base, min(int(lo), plan.depth), cache)], n, pairs)
         out = np.empty((3, n), np.int64)
         G = kernels.row_plan(caps, base, extra, plan.depth, out)   # the numpy form's pairs, below
         trees = [_cached_tree(plan.order, c, dc, cache) for c, dc in zip(out[0, :G].tolist(), out[1, :G].tolist())]
-        return [trees[0]] * n if G == 1 else [trees[g] for g in out[2].tolist()]
+        return _paired(trees, n, pairs, out[2] if G > 1 else None)
     counts = np.full(n, base, np.int64)
     if extra:
         counts[np.argsort(-caps, kind="stable")[:extra]] += 1
     d = np.minimum(caps.astype(np.int64), plan.depth)
     if n and not extra and d.min() == d.max():   # every row the same tree
-        return [_cached_tree(plan.order, base, int(d[0]), cache)] * n
-    pairs = list(zip(counts.tolist(), d.tolist()))
-    trees = dict.fromkeys(pairs)   # each (nodes, depth cap) once, in first-row order
+        return _paired([_cached_tree(plan.order, base, int(d[0]), cache)], n, pairs)
+    each = list(zip(counts.tolist(), d.tolist()))
+    trees = dict.fromkeys(each)   # each (nodes, depth cap) once, in first-row order
     for c, dc in trees:
         trees[c, dc] = _cached_tree(plan.order, c, dc, cache)
-    return [trees[p] for p in pairs]
+    at = {p: i for i, p in enumerate(trees)}
+    return _paired(list(trees.values()), n, pairs, np.array([at[p] for p in each], np.int64))
+
+
+def _paired(trees: list, n: int, pairs: list | None, index: np.ndarray | None = None) -> list:
+    """The rows' Trees (row i: trees[index[i]]; index None: trees[0] for all), with `pairs` set to [trees, index]
+    where given."""
+    if pairs is not None:
+        pairs[:] = [trees, index]
+    return [trees[0]] * n if index is None else [trees[g] for g in index.tolist()]
+
+
+def pair_groups(trees: list, index: np.ndarray | None) -> list:
+    """specdepth.tree.by_object's groups of the rows [trees[i] for i in index] (plan_rows' `pairs`: trees in
+    first-row order; index None: every row trees[0]): (Tree, rows) in trees' order, rows an index array (a slice
+    for all)."""
+    if index is not None and index.size == 0:
+        return []
+    if index is None or len(trees) == 1:
+        return [(trees[0], slice(None))]
+    if not COMPILED or len(set(map(id, trees))) < len(trees) or index.dtype != np.int64:
+        return by_object([trees[g] for g in index.tolist()], index.size)
+    n, G = index.size, len(trees)
+    out = np.empty(n + G + 1, np.int64)
+    if not kernels.group_rows(index, G, out):
+        raise ValueError(f"pair_groups: an index outside 0..{G - 1}")
+    at = out[n:].tolist()
+    return [(t, out[at[g]:at[g + 1]]) for g, t in enumerate(trees)]
 
 
 def _cached_tree(order: Order, c: int, d: int, cache: dict) -> Tree:

@@ -462,6 +462,27 @@ def roofline_tree_levels(ctx, q, a, b, w, kv, inv_f, inv_b, oh, ca):
 
 
 @njit(cache=True, nogil=True)
+def roofline_tree_tables(csum, n, nodes, dots, tt, dt, out):
+    """RooflineCost.tree_tables' two tables into out [nodes + 1 + dots.size + 1]: roofline_verify_table_at(csum,
+    float(n), x n for x in 0..nodes, *tt), then 0.0 and roofline_draft_forward_table(1..Q, n, dots, csum, *dt)
+    (dots[j]: np.vecdot of q = j + 1 a row with the contexts; csum: their float sum): the same arithmetic."""
+    nf = float(n)
+    for x in range(nodes + 1):
+        q = (float(x) * nf) / nf + 1.0
+        t = nf * q
+        f = tt[0] * t + tt[1] * (q * csum + nf * q * (q + 1.0) * 0.5)
+        out[x] = _roofline_seconds(f, t, csum, tt[2], tt[3], tt[4], tt[5], tt[6], tt[7])
+    out[nodes + 1] = 0.0
+    for j in range(dots.shape[0]):
+        q = j + 1
+        t = float(q * n)
+        pairs = dots[j] + float(q * (q + 1) * n) * 0.5
+        out[nodes + 2 + j] = _roofline_seconds(dt[0] * t + dt[1] * pairs, t, csum, dt[2], dt[3], dt[4], dt[5], dt[6],
+                                               dt[7])
+    return out
+
+
+@njit(cache=True, nogil=True)
 def roofline_draft_table(context, rows, a, b, w, kv, inv_f, inv_b, oh, ca):
     """CostModel.draft_times priced by the roofline in one pass: m rows at `context` each, c = m x context, flops
     a m + b (c + m); 0 seconds for m = 0."""

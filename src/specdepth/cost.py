@@ -238,6 +238,15 @@ class CostModel:
             out.append(self.draft_forward(ctx[m] + lvl, q[m, lvl])[0])
         return np.array(out, float)
 
+    def tree_tables(self, ctx: np.ndarray, nodes: int, queries: int) -> tuple[np.ndarray, np.ndarray]:
+        """A draft tree step's two price tables in one call (policies.kit.TreePrice): verify[x] = verify_times(ctx,
+        x n) for x in 0..nodes (x drafts a row) and draft[q] = draft_forward_times(ctx, [q]) for q in 1..queries,
+        draft[0] = 0.0 (no forward); the same values as those calls."""
+        n = np.asarray(ctx).shape[0]
+        verify = np.asarray(self.verify_times(ctx, np.arange(int(nodes) + 1, dtype=float) * n), float)
+        more = np.asarray(self.draft_forward_times(ctx, np.arange(1, int(queries) + 1)), float)
+        return verify, np.concatenate([np.zeros(1), more])
+
     def _times(self, which: str, tokens: np.ndarray, flops: np.ndarray, ctx_tokens: np.ndarray,
                seqs: np.ndarray) -> np.ndarray:
         """`_time` of each forward of arrays of them."""
@@ -316,6 +325,7 @@ class RooflineCost(CostModel):
                        and cls.verify_time is RooflineCost.verify_time
                        and cls.draft_positions is RooflineCost.draft_positions)
         self._terms = np.array(self._target_terms, float), np.array(self._draft_terms, float)
+        self._tree_rows = {}   # tree_tables' query rows by (queries, rows)
 
     def _time(self, which, tokens, flops, ctx_tokens, seqs):
         moe = self._moe[which]
@@ -369,6 +379,26 @@ class RooflineCost(CostModel):
             return _k.roofline_draft_forward_table(q, c.shape[0], np.vecdot(rows, c), float(c.sum()),
                                                    *self._draft_terms)
         return super().draft_forward_times(ctx, qs)
+
+    def tree_tables(self, ctx, nodes, queries):
+        c, X, Q, cls, me = np.asarray(ctx), int(nodes), int(queries), type(self), RooflineCost
+        if (cls.verify_times is me.verify_times and cls.draft_forward_times is me.draft_forward_times
+                and self._moe["target"] is None and self._moe["draft"] is None
+                and cls.draft_forward is CostModel.draft_forward and cls._time is me._time
+                and c.dtype == np.float64 and c.ndim == 1 and c.shape[0] and X >= 0 and Q >= 0
+                and hasattr(np, "vecdot")):   # both tables' arithmetic in one compiled pass, after the same sums
+            rows = self._tree_rows.get((Q, c.shape[0]))   # row j: j + 1 each (kept per shape, read-only)
+            if rows is None:
+                if len(self._tree_rows) >= 16:
+                    self._tree_rows.clear()
+                rows = self._tree_rows[Q, c.shape[0]] = np.empty((Q, c.shape[0]))
+                rows[:] = np.arange(1, Q + 1)[:, None]
+                rows.flags.writeable = False
+            out = np.empty(X + Q + 2)
+            _k.roofline_tree_tables(float(c.sum()), c.shape[0], X, np.vecdot(rows, c), self._terms[0],
+                                    self._terms[1], out)
+            return out[:X + 1], out[X + 1:]
+        return super().tree_tables(ctx, nodes, queries)
 
     def draft_times(self, context, rows):
         m = np.asarray(rows, float)
