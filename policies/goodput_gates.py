@@ -262,19 +262,18 @@ class Drafting:
         rows = self._rows
         if rows is None:
             rows = self._rows = self._compiled_rows(view)
-        if rows:   # one compiled pass on the kept rows (`kernels.drafting_keep_rows`: the same operations)
-            r = self.ratio
-            f = 0.0 if position + 1 < rows[2].size else float(positions.factor(position + 2)[-1])
+        if rows:   # one compiled pass (`kernels.drafting_keep`: the same operations; s updated in place)
+            fs, r = self.factors, self.ratio
+            f = 0.0 if fs is not None and position + 1 < fs.size else float(positions.factor(position + 2)[-1])
             keep = np.empty(self.s.size, np.bool_)
-            grow, gv, dt = kernels.drafting_keep_rows(keep, confidence, position, f, view.drafted,
-                                                      *((0.0, 1.0, False) if r is None else (r[0], r[1], True)),
-                                                      *rows)
+            E, T = (0.0, 1.0) if r is None else r
+            grow, gv, dt = kernels.drafting_keep(keep, confidence, position, f, view.drafted, E, T, *rows)
             if grow > 0:
                 r[0] += gv
                 r[1] += dt
             if grow >= 0:
                 return keep
-            self._rows = False   # conf not the batch's length: the numpy form decides
+            self._rows = False   # a row vector not the batch's length: the numpy form decides
         fs, j = self.factors, position + 1
         f = float(fs[j] if fs is not None and j < fs.size else positions.factor(j + 1)[-1])
         drafting = ~np.isnan(confidence)
@@ -295,22 +294,17 @@ class Drafting:
         return keep_by_margin(view, position, idx, v, self.costs, self.G, self.ratio if past else None)
 
     def _compiled_rows(self, view):
-        """`kernels.drafting_keep_rows`' arguments after the ratio, fixed through the step's drafting: the rows
-        (s, cal, a, w; view.depths, planned, remaining) packed once (`kernels.drafting_pack`; s is then the packed
-        row, updated in place), the factors and the tables; read at its first keep, where it runs this step's keeps
-        (float64 tables, the draft's past the rows, int64 remaining, every row vector the batch's length); else
-        False."""
-        c, w, r, n = self.costs, self.w, self.ratio, self.s.size
-        if not (search.COMPILED and c.draft.dtype == c.verify.dtype == np.float64 and c.draft.size > n
+        """`kernels.drafting_keep`'s arguments fixed through the step's drafting (the state s, the rows' values,
+        view.depths, remaining and the tables), read at its first keep, where it runs this step's keeps (float64
+        tables, the draft's past the rows, int64 remaining); else False."""
+        c, w, r = self.costs, self.w, self.ratio
+        if not (search.COMPILED and c.draft.dtype == c.verify.dtype == np.float64 and c.draft.size > self.s.size
                 and (self.remaining is None or self.remaining.dtype == np.int64)):
             return False
-        F, I, depths = np.empty((4, n)), np.empty((3, n), np.int64), view.depths
-        if not kernels.drafting_pack(F, I, self.s, self.cal, self.a, self.a if w is None else w, w is not None, depths,
-                                     depths if r is None else self.planned,
-                                     view.remaining if self.remaining is None else self.remaining):
-            return False
-        self.s = F[0]
-        return (F, I, _NO_FACTORS if self.factors is None else self.factors, c.draft, c.verify,
+        depths = view.depths
+        return (self.s, self.cal, depths, self.a, _NO_FACTORS if self.factors is None else self.factors,
+                self.a if w is None else w, w is not None, depths if r is None else self.planned, r is not None,
+                view.remaining if self.remaining is None else self.remaining, c.draft, c.verify,
                 search._NO_PAD if c.pad is None else c.pad, float(self.G))
 
 

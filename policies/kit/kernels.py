@@ -2504,62 +2504,6 @@ def _evidence_status(drafted, accepted, conf, table, cols, exps, estimate):
     return 0, d, direct
 
 
-# ---- goodput's keep_drafting on kept rows: the step's row vectors packed once (`Drafting._compiled_rows`)
-
-
-@njit(cache=True, nogil=True)
-def drafting_pack(F, I, s, cal, a, w, has_w, depths, planned, remaining):
-    """`drafting_keep_rows`' kept rows, written once a step: F (4 x n floats) = s, cal, a and w (1 where not
-    `has_w`: v x 1 is v), I (3 x n ints) = depths, planned, remaining. Returns whether every vector is n long
-    (else nothing written)."""
-    n = s.shape[0]
-    if not (F.shape[0] >= 4 and I.shape[0] >= 3 and F.shape[1] == I.shape[1] == n and cal.shape[0] == n
-            and a.shape[0] == n and depths.shape[0] == n and planned.shape[0] == n and remaining.shape[0] == n
-            and (w.shape[0] == n or not has_w)):
-        return False
-    for i in range(n):
-        F[0, i], F[1, i], F[2, i] = s[i], cal[i], a[i]
-        F[3, i] = w[i] if has_w else 1.0
-        I[0, i], I[1, i], I[2, i] = depths[i], planned[i], remaining[i]
-    return True
-
-
-@njit(cache=True, nogil=True)
-def drafting_keep_rows(keep, conf, position, f, drafted, E, T, has_ratio, F, I, fs, draft, verify, pad, G):
-    """`drafting_keep` on the rows `drafting_pack` kept (s = F[0], updated in place; cal, a, w = F[1:4]; depths,
-    planned, remaining = I): the same operations (w x: where w was not given, x 1, exact). Returns as
-    `drafting_keep` (-1, nothing written: conf not n long)."""
-    n = F.shape[1]
-    if conf.shape[0] != n:
-        return -1, 0.0, 0.0
-    s, cal, a, w = F[0], F[1], F[2], F[3]
-    depths, planned, remaining = I[0], I[1], I[2]
-    j1 = position + 1
-    if j1 < fs.shape[0]:
-        f = fs[j1]
-    has_pad = pad.shape[0] > 0
-    padp = pad[min(j1, pad.shape[0] - 1)] if has_pad else 0.0
-    idx = np.empty(n, np.int64)
-    m = _drafting_rows(keep, conf, s, cal, depths, j1, idx)
-    if m == 0:
-        return 0, 0.0, 0.0
-    v = np.empty(m)
-    past = has_ratio
-    for j in range(m):
-        i = idx[j]
-        v[j] = s[i] * minimum(a[i] * f, 0.999) * w[i]
-        past = past and planned[i] <= j1
-    x = 0
-    for i in range(drafted.shape[0]):
-        x += drafted[i]
-    if m > 1:
-        got, gv, dt = keep_margin(keep, idx[:m], v, remaining, x, draft, verify, padp, has_pad, G, E, T, past)
-        return 1 if got and past else 0, gv, dt
-    ok, dt = keep_one(v[0], x, draft, verify, padp, has_pad, E / T if past else G)
-    keep[idx[0]] = ok
-    return 1 if ok and past else 0, v[0], dt
-
-
 # ---- the kit's per-step blocks: ConfidenceCalibration, PerRequest, shrunk_rates, expected_tokens, PositionFactors,
 # tie_bands, PaddingFit, the cost tables and the idle rules ----------------------------------------------------------
 
