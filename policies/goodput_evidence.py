@@ -170,7 +170,7 @@ class Evidence:
                     estimate, *args)
                 if status == 0:
                     self.dbar = dbar
-                    self._add_counts(np.float64(keep), *counts)   # (keep: np.exp's type, as below)
+                    self._add_counts(keep, *counts)   # (keep: np.exp's value as a float: the same products)
                     return self.positions.refreshed(args[5] if ok else None)
                 if status == 2 and only_drafted:
                     return

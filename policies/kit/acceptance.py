@@ -34,6 +34,7 @@ class PositionFactors:
         self.first_acc = np.zeros(0)   # paired: position 0's accepted tokens over the row-steps drafted past p
         self.first_exp = np.zeros(0)   # ... and their estimates
         self._cache = None   # (the two sums' arrays, the factors); reset where the sums change in place
+        self._args = None    # `compiled_args`' checked sums and settings
 
     def factor(self, k: int) -> np.ndarray:
         """f_p for positions 0..k-1 (1 where nothing was verified yet)."""
@@ -133,12 +134,16 @@ class PositionFactors:
         if self.accepted.size < k:
             self._grow(k)
         a, e, fa, fe = self.accepted, self.expected, self.first_acc, self.first_exp
-        if not (a.dtype == e.dtype == fa.dtype == fe.dtype == np.float64
-                and a.shape == e.shape == fa.shape == fe.shape):
-            return None
+        kept = self._args   # (the sums and settings it last checked, the arguments before and after the buffer)
+        if kept is None or kept[0] is not a or kept[1] is not e or kept[2] is not fa or kept[3] is not fe or \
+                kept[4] != (self.paired, self.prior, self.optimism):
+            if not (a.dtype == e.dtype == fa.dtype == fe.dtype == np.float64
+                    and a.shape == e.shape == fa.shape == fe.shape):
+                return None
+            kept = self._args = (a, e, fa, fe, (self.paired, self.prior, self.optimism),
+                                 (bool(self.paired), a, e, fa, fe), (float(self.prior), float(self.optimism)))
         c = self._cache
-        return (bool(self.paired), a, e, fa, fe, np.empty(32 if c is None else max(c[2].size, 32)),
-                float(self.prior), float(self.optimism))
+        return (*kept[5], np.empty(32 if c is None else max(c[2].size, 32)), *kept[6])
 
     def refreshed(self, f) -> None:
         """After a compiled forget and add (`compiled_args`): `f`, the factors of the new sums (None: unknown)."""

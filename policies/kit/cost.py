@@ -199,11 +199,10 @@ def pad_extra(costs, drafted: np.ndarray, view=None) -> float:
     if fast and predicted is not None:
         ctx = view.context_lens
         if ctx.dtype == np.int64 and ctx.shape == drafted.shape:   # the shapes below, in one compiled loop
-            shapes = np.empty((2, n), np.int64)
-            flat, k, top = kernels.pad_shape(drafted, ctx, shapes)
+            flat, k, top = kernels.pad_shape(drafted, ctx)
             if flat:
                 return 0.0
-            return float(_padded_verify(view.cost, shapes, n, top, k) - predicted)
+            return float(_padded_verify(view.cost, n, top, k) - predicted)
     if fast:   # min, max and sum in one loop (the same integers)
         dmin, k, dsum = kernels.int_stats(drafted)
         k = max(int(k), 0)
@@ -228,9 +227,9 @@ def pad_extra(costs, drafted: np.ndarray, view=None) -> float:
 _PADDED = {}   # `_padded_verify`'s seconds: (id(cost), rows, context, drafts) -> (the cost model, seconds)
 
 
-def _padded_verify(cost, shapes, n: int, top: int, k: int) -> float:
-    """float(cost.verify_time(shapes[0], shapes[1])), the verify of n rows each at context `top` with `k` drafts
-    (the rows of `shapes`), kept per cost model and shape: a cost model is pure (docs/plugins.md), and a steady
+def _padded_verify(cost, n: int, top: int, k: int) -> float:
+    """float(cost.verify_time(np.full(n, top), np.full(n, k))) (int64), the verify of n rows each at context `top`
+    with `k` drafts, kept per cost model and shape: a cost model is pure (docs/plugins.md), and a steady
     batch pads to the same shape step after step. (Each entry holds its cost model: an id is not reused while
     its entry lives.)"""
     key = (id(cost), n, top, k)
@@ -238,7 +237,7 @@ def _padded_verify(cost, shapes, n: int, top: int, k: int) -> float:
     if hit is None or hit[0] is not cost:
         if len(_PADDED) >= 4096:
             _PADDED.clear()
-        hit = _PADDED[key] = (cost, float(cost.verify_time(shapes[0], shapes[1])))
+        hit = _PADDED[key] = (cost, float(cost.verify_time(np.full(n, top, np.int64), np.full(n, k, np.int64))))
     return hit[1]
 
 

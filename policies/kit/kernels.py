@@ -2471,21 +2471,14 @@ def evidence_observe(drafted, accepted, conf, table, cols, exps, estimate, paire
 
 
 @njit(cache=True, nogil=True)
-def pad_shape(drafted, ctx, out):
+def pad_shape(drafted, ctx):
     """`cost.pad_extra`'s shapes after verification (n rows, n > 0): k, the deepest row's drafts (at least 0), and
     top, the longest context (`int_stats` of each); whether nothing pads (one row, or every row at context top
-    and k drafts); else out[0] = top and out[1] = k at every row (the padded verify's shapes, as np.full).
-    Returns (nothing pads, k, top)."""
+    and k drafts; else the padded verify's shapes are top and k at every row). Returns (nothing pads, k, top)."""
     dmin, k, _ = int_stats(drafted)
     cmin, top, _ = int_stats(ctx)
     k = max(k, 0)
-    n = drafted.shape[0]
-    if n == 1 or (cmin == top and dmin == k):
-        return True, k, top
-    for i in range(n):
-        out[0, i] = top
-        out[1, i] = k
-    return False, k, top
+    return drafted.shape[0] == 1 or (cmin == top and dmin == k), k, top
 
 
 @njit(cache=True, nogil=True)
