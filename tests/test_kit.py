@@ -250,7 +250,7 @@ def test_cost_aware_depths_compiled_plan_is_its_blocks(monkeypatch):
 
 
 def test_the_compiled_table_interpolation_and_roofline_tables_are_numpys(monkeypatch):
-    """StepCost's np.interp of a grid (`kernels.interp_points`: NaN and infinite values included) and RooflineCost's
+    """StepCost's np.interp of a grid (`kernels.interp_into`: NaN and infinite values included) and RooflineCost's
     compiled verify_time, verify_times, draft_times and row_verify_times (and kit.row_cost through it) against the
     numpy and base-class forms, to the bit."""
     from specdepth.app import build

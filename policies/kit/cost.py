@@ -61,7 +61,6 @@ class StepCost:
     """
 
     pad = None   # None: no padded-verify term (CostCalibration.correct may add one)
-    vpad = None   # the padded-context verify per depth (`_vpad`), or None
     model = ctx = mean = None   # the last update's cost model, contexts and float(ctx.mean()) (None: not computed)
 
     def __init__(self, cache: int = 512, pad_context: bool = False):
@@ -69,8 +68,9 @@ class StepCost:
         self.cache = cache
         self.pad_context = pad_context
         self._tables = {}
-        self._vkey = self._vval = None   # `_vpad`'s last key and table
-        self._depths = (None, None)   # `_vpad`'s drafts per depth: ((rows, kmax), n x arange(kmax + 1))
+        self._von = False   # whether this step has a vpad (`_vpad`)
+        self._vkey = self._vat = self._vval = None   # `_vpad`'s last key, its arguments and table (None: not built)
+        self._depths = (None, None)   # `_vtable`'s drafts per depth: ((rows, kmax), n x arange(kmax + 1))
 
     def update(self, view, kmax: int, cost=None) -> "StepCost":
         """Tables for this step's batch from `cost` (default view.cost)."""
@@ -79,7 +79,7 @@ class StepCost:
         n = ctx.size
         cbar, top, exact = _mean_context(ctx)
         self.model, self.ctx, self.mean = cost, ctx, cbar if exact else None
-        self.vpad = self._vpad(cost, ctx, kmax, top) if self.pad_context else None
+        self._von = self.pad_context and self._vpad(cost, ctx, kmax, top)
         key = (n, kmax, int(math.log1p(cbar) * 50.0), id(cost))
         if key == self.key:
             return self
@@ -115,35 +115,47 @@ class StepCost:
             dt = np.array([cost.draft_time(np.full(int(m), cbar)) if m else 0.0 for m in ms])
         return verify, (_interp(n + 1, ms, dt) if ms.size != n + 1 else dt), pad
 
-    def _vpad(self, cost, ctx: np.ndarray, kmax: int, top=None):
-        """vpad[p]: the verify with every row p deep at the batch's longest context, as an engine that pads ragged
-        forwards runs it (the query and the KV to the longest row); None for a cost that pads already. `top`:
-        ctx.max() where the caller has it."""
-        if getattr(cost, "pad_ragged", False) or ctx.size == 0:
+    @property
+    def vpad(self):
+        """vpad[p] (see the class), or None: built at its first read after the key of `_vpad` changed, from the
+        arguments of the step that changed it (the same table as built then)."""
+        if not self._von:
             return None
+        if self._vval is None:
+            self._vval = self._vtable(*self._vat)
+        return self._vval
+
+    def _vpad(self, cost, ctx: np.ndarray, kmax: int, top=None) -> bool:
+        """Whether this step has a vpad: the verify with every row p deep at the batch's longest context, as an engine
+        that pads ragged forwards runs it (the query and the KV to the longest row); not for a cost that pads
+        already. Kept per (rows, kmax, 2 % of the longest context, cost model) while that holds. `top`: ctx.max()
+        where the caller has it."""
+        if getattr(cost, "pad_ragged", False) or ctx.size == 0:
+            return False
         n, cmax = ctx.size, int(ctx.max() if top is None else top)
         key = (n, kmax, int(math.log1p(cmax) * 50.0), id(cost))
-        if self._vkey == key:
-            return self._vval
+        if self._vkey != key:
+            self._vkey, self._vat, self._vval = key, (cost, n, cmax, kmax), None
+        return True
+
+    def _vtable(self, cost, n: int, cmax: int, kmax: int) -> np.ndarray:
+        """`vpad`'s table: n rows at context cmax, every row p deep for p = 0..kmax."""
         full = np.full(n, cmax, np.int64)
-        if hasattr(cost, "verify_times"):
-            shape, totals = self._depths
-            if shape != (n, kmax):   # (kept: the same drafts per depth while the batch's shape holds)
-                totals = n * np.arange(kmax + 1, dtype=float)
-                totals.flags.writeable = False
-                self._depths = (n, kmax), totals
-            v = cost.verify_times(full, totals)
-        else:
-            v = np.array([cost.verify_time(full, np.full(n, p, np.int64)) for p in range(kmax + 1)])
-        self._vkey, self._vval = key, v
-        return v
+        if not hasattr(cost, "verify_times"):
+            return np.array([cost.verify_time(full, np.full(n, p, np.int64)) for p in range(kmax + 1)])
+        shape, totals = self._depths
+        if shape != (n, kmax):   # (kept: the same drafts per depth while the batch's shape holds)
+            totals = n * np.arange(kmax + 1, dtype=float)
+            totals.flags.writeable = False
+            self._depths = (n, kmax), totals
+        return cost.verify_times(full, totals)
 
 
 def _interp(m: int, xp: np.ndarray, fp) -> np.ndarray:
-    """np.interp(np.arange(m), xp, fp) (compiled for float64 values: `kernels.interp_points`)."""
+    """np.interp(np.arange(m), xp, fp) (compiled for float64 values: `kernels.interp_into`)."""
     if COMPILED and kernels.floats(xp, fp, nonempty=True) and xp.size == fp.size:
-        out, ok = kernels.interp_points(int(m), xp, fp)
-        if ok:
+        out = np.empty(int(m))
+        if kernels.interp_into(xp, fp, out):
             return out
     return np.interp(np.arange(m), xp, fp)
 

@@ -3444,15 +3444,22 @@ def corrected(verify, draft, state, timed, idle, extra, v, d, pad):
 
 @njit(cache=True, nogil=True)
 def interp_points(m, xp, fp):
-    """np.interp(np.arange(m), xp, fp) for an ascending xp: per point its step j (xp[j] <= x < xp[j + 1], as
-    numpy's search finds it), fp[0] below, fp[-1] from the last point on, fp[j] at a grid point, else numpy's slope
-    form (dy / dx) x (x - xp[j]) + fp[j], and its NaN fallbacks. Returns (values, False) where xp does not ascend
-    (the numpy form)."""
-    n = xp.shape[0]
+    """np.interp(np.arange(m), xp, fp) for an ascending xp (`interp_into` into a new array). Returns (values, False)
+    where xp does not ascend (the numpy form)."""
     out = np.empty(m)
+    return out, interp_into(xp, fp, out)
+
+
+@njit(cache=True, nogil=True)
+def interp_into(xp, fp, out):
+    """np.interp(np.arange(out.size), xp, fp) into out, for an ascending xp: per point its step j (xp[j] <= x <
+    xp[j + 1], as numpy's search finds it), fp[0] below, fp[-1] from the last point on, fp[j] at a grid point, else
+    numpy's slope form (dy / dx) x (x - xp[j]) + fp[j], and its NaN fallbacks. Returns False where xp does not
+    ascend (nothing written: the numpy form)."""
+    n, m = xp.shape[0], out.shape[0]
     for j in range(1, n):
         if not xp[j] > xp[j - 1]:
-            return out, False
+            return False
     j, at, slope = 0, -1, 0.0
     for i in range(m):
         x = float(i)
@@ -3467,7 +3474,7 @@ def interp_points(m, xp, fp):
                 at, slope = j, (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j])
             r = slope * (x - xp[j]) + fp[j]
             out[i] = r if not math.isnan(r) else _interp_step(x, xp[j], xp[j + 1], fp[j], fp[j + 1])
-    return out, True
+    return True
 
 
 @njit(cache=True, nogil=True)
