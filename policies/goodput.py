@@ -148,8 +148,8 @@ class Goodput(Policy):
         its weights in an array kept while the batch size holds)."""
         d, e, c, scaled = self.draining, r.est, self._costs, self.cost == "calibrated"
         args = lambda: (e.a, self._pool.dbar, e.rows.drafted, self.est.prior_strength, e.rem,   # noqa: E731
-                        self._row_cost(c.model, c.ctx, c.mean) * (self._calib.verify_scale() if scaled else 1.0),
-                        float(r.costs.verify[0]))
+                        self._row_cost(c.model, c.ctx, c.mean, c.key[2])
+                        * (self._calib.verify_scale() if scaled else 1.0), float(r.costs.verify[0]))
         out = vars(self).get("_weights")
         if out is None or out.shape[1] != e.S.shape[0]:
             out = self._weights = np.empty((2, e.S.shape[0]))

@@ -70,12 +70,13 @@ class RowCost:
     def __init__(self, size: int = 512):
         self.size, self._cache = size, {}
 
-    def __call__(self, cost, ctx: np.ndarray, mean: float | None = None) -> float:
-        """`mean`: float(ctx.mean()) where the caller has it (StepCost.mean)."""
+    def __call__(self, cost, ctx: np.ndarray, mean: float | None = None, bucket: int | None = None) -> float:
+        """`mean`: float(ctx.mean()) where the caller has it (StepCost.mean), `bucket`: int(math.log1p(mean) x 50)
+        where it has that too (StepCost.key[2]; read only with `mean`)."""
         if mean is None:
             mean, ok = kernels.int_mean(ctx) if search.COMPILED and ctx.dtype == np.int64 else (0.0, False)
-            mean = mean if ok else float(ctx.mean())   # (the same value, compiled)
-        key = (ctx.size, int(math.log1p(mean) * 50.0), id(cost))
+            mean, bucket = mean if ok else float(ctx.mean()), None   # (the same value, compiled)
+        key = (ctx.size, int(math.log1p(mean) * 50.0) if bucket is None else bucket, id(cost))
         c1 = self._cache.get(key)
         if c1 is None:
             if len(self._cache) >= self.size:

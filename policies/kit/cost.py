@@ -77,7 +77,11 @@ class StepCost:
         cost = view.cost if cost is None else cost
         ctx = view.context_lens
         n = ctx.size
-        cbar, top, exact = _mean_context(ctx)
+        if COMPILED and n and ctx.dtype == np.int64 and ctx.ndim == 1:   # `_mean_context`, inline
+            lo, top, total = kernels.int_stats(ctx)
+            cbar, exact = float(total) / n, n <= 4096 and -_EXACT < lo and top < _EXACT
+        else:
+            cbar, top, exact = _mean_context(ctx)
         self.model, self.ctx, self.mean = cost, ctx, cbar if exact else None
         self._von = self.pad_context and self._vpad(cost, ctx, kmax, top)
         key = (n, kmax, int(math.log1p(cbar) * 50.0), id(cost))

@@ -364,20 +364,13 @@ class RooflineCost(CostModel):
         return super().verify_times(ctx, totals)
 
     def row_verify_times(self, context, n):
-        """The base class's two verifies with its numpy sums and dot products (the same calls on the same arrays) and
-        the roofline's arithmetic without the calls between: the same values."""
+        """The base class's two verifies with its numpy dot products (the same calls on the same arrays), their
+        sums and arithmetic in one compiled pass (`_kernels.roofline_flat_verify`): the same values."""
         if not (self._flat and n >= 1):
             return super().row_verify_times(context, n)
         c, q = np.full(n, float(context)), np.ones(n)   # (q: the base class's depths + 1)
-        full = self._flat_verify(n, float(c.sum()), float(np.dot(q, c)))
-        return full, (self._flat_verify(n - 1, float(c[1:].sum()), float(np.dot(q[:n - 1], c[1:]))) if n > 1 else 0.0)
-
-    def _flat_verify(self, n: int, c: float, dot: float) -> float:
-        """target_forward's seconds for n rows of one token each over float contexts summing to c, whose dot product
-        with the query (all ones) is `dot`: _sums' tokens float(n) and pairs dot + float(2 n) x 0.5, exactly."""
-        t = float(n)
-        a, b, w, kv, inv_f, inv_b, oh, ca = self._target_terms
-        return _k.roofline_seconds(a * t + b * (dot + float(2 * n) * 0.5), t, c, w, kv, inv_f, inv_b, oh, ca)
+        return _k.roofline_flat_verify(n, c, float(np.dot(q, c)), float(np.dot(q[:n - 1], c[1:])) if n > 1 else 0.0,
+                                       *self._target_terms)
 
     def draft_level_times(self, ctx, q):
         if (self._moe["draft"] is None and type(self).draft_forward is CostModel.draft_forward
