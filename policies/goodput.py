@@ -150,9 +150,9 @@ class Goodput(Policy):
         args = lambda: (e.a, self._pool.dbar, e.rows.drafted, self.est.prior_strength, e.rem,   # noqa: E731
                         self._row_cost(c.model, c.ctx, c.mean, c.key[2])
                         * (self._calib.verify_scale() if scaled else 1.0), float(r.costs.verify[0]))
-        out = vars(self).get("_weights")
-        if out is None or out.shape[1] != e.S.shape[0]:
-            out = self._weights = np.empty((2, e.S.shape[0]))
+        out, n = vars(self).get("_weights"), e.S.shape[0]
+        if out is None or out[0].shape[0] != n:
+            out = self._weights = (np.empty(n), np.empty(n))
         return drain_weights(view, self._stream, d.tail, d.after, self.drain, e.S, e.S0, self._pool.dbar, args,
                              e.slot, e.spread, e.mode, out)
 
