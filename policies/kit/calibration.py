@@ -22,6 +22,9 @@ _AT3 = ((0, 1, 2), (1, 3, 4), (2, 4, 5))                      # where entry (a, 
 _PHASE = {"draft": 0, "verify": 1}   # a phase's place in CostCalibration's state
 
 
+_NO_PAD = np.empty(0)   # `correct`'s pad array without a policy time (nothing written to it)
+
+
 class CostCalibration:
     """Online correction of the cost model from what the steps really cost (the view's measured_* and
     predicted_* fields, read in observe). Per phase, measured = scale x predicted + fixed x count, with
@@ -184,7 +187,7 @@ class CostCalibration:
             P = (X1 - 1) // max(n1 - 1, 1) + 1 if timed else 0   # (PolicyTime.apply's pad size)
             kept = self._kept if keep else None
             if kept is None or kept[0].verify.size != X1 or kept[0].draft.size != n1 or kept[1].size != P:
-                kept = (Tables(np.empty(X1), np.empty(n1)), np.empty(P))
+                kept = (Tables(np.empty(X1), np.empty(n1)), np.empty(P) if P else _NO_PAD)
                 if keep:
                     self._kept = kept
             t, pad = kept
