@@ -135,21 +135,23 @@ class Goodput(Policy):
         return est
 
     def _price(self, view, K):
-        """The step-time tables: the view's cost model, calibrated (cost=calibrated), as is, or the clock's."""
+        """The step-time tables: the view's cost model, calibrated (cost=calibrated; with the policy time, in one call
+        into arrays the calibration keeps), as is, or the clock's."""
         costs = self._costs.update(view, K, view.true_cost if self.cost == "clock" else None)
         if self.cost == "calibrated":
-            costs = self._calib.correct(costs)
+            return self._calib.correct(costs, self._ptime if self.policy_time else None, keep=True)
         return self._ptime.apply(costs) if self.policy_time else costs
 
     def _weigh(self, view, r) -> SimpleNamespace:
         """What each row's token is worth this step (`goodput_weights.drain_weights`; time_weights' arguments past S,
-        where it needs them: c1, one more row's verify seconds, calibrated)."""
-        d, e, scaled = self.draining, r.est, self.cost == "calibrated"
+        where it needs them: c1, one more row's verify seconds at the priced cost model and contexts, calibrated;
+        its weights written into the estimate's kept arrays, `goodput_evidence.Kept.weights`)."""
+        d, e, c, scaled = self.draining, r.est, self._costs, self.cost == "calibrated"
         args = lambda: (e.a, self._pool.dbar, e.rows.drafted, self.est.prior_strength, e.rem,   # noqa: E731
-                        self._row_cost(view.true_cost if self.cost == "clock" else view.cost, view.context_lens)
+                        self._row_cost(c.model, c.ctx, c.mean, c.key[2])
                         * (self._calib.verify_scale() if scaled else 1.0), float(r.costs.verify[0]))
         return drain_weights(view, self._stream, d.tail, d.after, self.drain, e.S, e.S0, self._pool.dbar, args,
-                             e.slot, e.spread, e.mode)
+                             e.slot, e.spread, e.mode, self._kept.weights)
 
     def _search(self, view, r):
         """The plan and its goodput, from the last plan's (Dinkelbach)."""

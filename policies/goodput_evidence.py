@@ -251,16 +251,17 @@ def row_estimates(rows, pool: Evidence, cal: np.ndarray, estimator: str, k: floa
 
 class Kept:
     """The arrays `estimates` writes each step (a, cal, survivals S0 and S, row caps, slot weights, the mixture's
-    grid, `time_weights`' spread), kept while the batch's shape (n rows, K positions) holds, and the namespace that
-    holds them (`est`)."""
+    grid, `time_weights`' spread) and `time_weights` its chances and weights (`weights`), kept while the batch's
+    shape (n rows, K positions) holds, and the namespace that holds the estimates (`est`)."""
 
-    __slots__ = ("n", "K", "a", "cal", "S0", "S", "rowcap", "slot", "w", "est", "spread")
+    __slots__ = ("n", "K", "a", "cal", "S0", "S", "rowcap", "slot", "w", "est", "spread", "weights")
 
     def __init__(self, n: int, K: int):
         self.n, self.K = n, K
         self.a, self.cal, self.rowcap, self.slot = np.empty(n), np.empty(n), np.empty(n, np.int64), np.empty(n)
         self.S0, self.S, self.w = np.empty((n, K)), np.empty((n, K)), np.empty(_MIX_GRID.size)
         self.spread = (np.empty(n), np.empty(n))
+        self.weights = (np.empty(n), np.empty(n))   # time_weights' chances and weights (`out`)
         self.est = SimpleNamespace(a=self.a, cal=self.cal, S0=self.S0, S=self.S, rowcap=self.rowcap,
                                    slot=self.slot if n >= 2 else None, spread=None)
 

@@ -70,19 +70,22 @@ class RowCost:
     def __init__(self, size: int = 512):
         self.size, self._cache = size, {}
 
-    def __call__(self, cost, ctx: np.ndarray) -> float:
-        mean, ok = kernels.int_mean(ctx) if search.COMPILED and ctx.dtype == np.int64 else (0.0, False)
-        mean = mean if ok else float(ctx.mean())   # (the same value, compiled)
-        key = (ctx.size, int(math.log1p(mean) * 50.0), id(cost))
+    def __call__(self, cost, ctx: np.ndarray, mean: float | None = None, bucket: int | None = None) -> float:
+        """`mean`: float(ctx.mean()) where the caller has it (StepCost.mean), `bucket`: int(math.log1p(mean) x 50)
+        where it has that too (StepCost.key[2]; read only with `mean`)."""
+        if mean is None:
+            mean, ok = kernels.int_mean(ctx) if search.COMPILED and ctx.dtype == np.int64 else (0.0, False)
+            mean, bucket = mean if ok else float(ctx.mean()), None   # (the same value, compiled)
+        key = (ctx.size, int(math.log1p(mean) * 50.0) if bucket is None else bucket, id(cost))
         c1 = self._cache.get(key)
         if c1 is None:
             if len(self._cache) >= self.size:
                 self._cache.clear()
-            c1 = self._cache[key] = row_cost(cost, ctx)
+            c1 = self._cache[key] = row_cost(cost, ctx, mean)
         return c1
 
 
-def time_weights(S, a, dbar, drafted, prior_strength, remaining, c1, verify0, spread=None):
+def time_weights(S, a, dbar, drafted, prior_strength, remaining, c1, verify0, spread=None, out=None):
     """Draining: a row's token is worth the seconds it saves. The batch's verify costs T(n) = c0 + c1 n (c1: one
     more row, `RowCost` x the calibration's scale; c0 = verify0 - n c1, fixed costs included). A row that finishes
     sooner leaves the batch 1 / e_i steps earlier per token (e_i its expected tokens per step), saving c1; the row
@@ -90,13 +93,18 @@ def time_weights(S, a, dbar, drafted, prior_strength, remaining, c1, verify0, sp
     the gap to the slowest row's expected steps in standard deviations (outcomes' variance e (e - 1), and the
     estimate's binomial error over the row's `drafted` tokens + `prior_strength`). Returns (weights, the least
     chance of a row to end the run, the fixed share c0 / verify0 of a step). `spread`: `kernels.time_spread`'s
-    (e, exponent), computed already."""
+    (e, exponent), computed already. `out` (compiled): two float arrays of n, the chances and the weights (the
+    weights returned are the second)."""
     n, K = S.shape
     d = K if dbar is None else min(dbar, K)
     c0 = max(verify0 - n * c1, 0.0)
     if search.COMPILED and S.dtype == a.dtype == np.float64:   # the same operations, compiled around np.exp
         e, u = spread or kernels.time_spread(S, a, int(d), float(d - int(d)), drafted, prior_strength, remaining)
-        w, p_min = kernels.time_scale(np.exp(u), e, c1, c0)
+        if out is None or out[0].shape[0] != n or out[1].shape[0] != n:
+            w, p_min = kernels.time_scale(np.exp(u), e, c1, c0)
+        else:
+            w = out[1]
+            p_min = kernels.time_scale_into(np.exp(u, out=out[0]), e, c1, c0, w)
         return w, p_min, c0 / max(verify0, 1e-300)
     e = tokens_per_step(S, dbar)
     dS = ((np.arange(K) + 1.0) * S)[:, :max(int(math.ceil(d)), 1)].sum(axis=1) / a   # de / da
@@ -118,21 +126,21 @@ def timed(view, stream: Stream, tail: str, after: int, drain: bool) -> tuple[boo
 
 
 def drain_weights(view, stream: Stream, tail: str, after: int, drain: bool, S, S0, dbar, time_args, slot=None,
-                  spread=None, mode=None):
+                  spread=None, mode=None, out=None):
     """The step's weights: draining (`drain`, no request left to join; `after` > 0, also once the batch shrank below
     its largest size and no request joined for that many steps), `time_weights`; a stream's tail (`tail`) drained
     always, never, or (balanced) where the batch was full until its last admission, else each token at the mean of
     the drain's weight and 1; while requests may still join, `slot_weights` (`slot`, `spread`, `mode`: `timed`'s,
-    computed already). One row: None. Returns a namespace: w, drained, p_min and fixed (`time_weights`', where
-    drained)."""
-    out = SimpleNamespace(w=None, drained=False, p_min=0.0, fixed=1.0)
+    computed already; `out`: `time_weights`'). One row: None. Returns a namespace: w, drained, p_min and fixed
+    (`time_weights`', where drained)."""
+    out_w, out = out, SimpleNamespace(w=None, drained=False, p_min=0.0, fixed=1.0)
     drained, by_time = mode or timed(view, stream, tail, after, drain)
     if S0.shape[0] < 2:
         return out
     if not by_time:
         out.w = slot_weights(S0, dbar) if slot is None else slot
         return out
-    w, out.p_min, out.fixed = time_weights(S, *time_args(), spread=spread)
+    w, out.p_min, out.fixed = time_weights(S, *time_args(), spread=spread, out=out_w)
     if drained and not stream.closed and tail == "balanced" and not stream.saturated:
         w = 0.5 * (w + 1.0)   # a latency-bound stream's tail: as much its requests' latency as the run's end
     out.w, out.drained = w, True

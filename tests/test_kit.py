@@ -109,6 +109,16 @@ def _tables_run(seed):
             cal.update("draft", float(rng.uniform(1e-3, 2e-3)), 2.0, float(rng.uniform(1e-3, 5e-3)))
         t = cal.correct(costs)
         out.append((t.verify.tobytes(), t.draft.tobytes()))
+        pt = kit.PolicyTime(memory=2.0)   # correct with a policy time: policy_time.apply(correct(costs)), kept or not
+        for _ in range(int(rng.integers(0, 3))):
+            pt.observe(SimpleNamespace(measured_policy_s=float(rng.uniform(1e-5, 1e-4)),
+                                       draft_forwards=int(rng.integers(0, 2))))
+        want = pt.apply(cal.correct(costs))
+        for keep in (False, True, True):
+            t = cal.correct(costs, pt, keep=keep)
+            out.append((t.verify.tobytes(), t.draft.tobytes(), None if t.pad is None else t.pad.tobytes()))
+            assert out[-1] == (want.verify.tobytes(), want.draft.tobytes(),
+                               None if want.pad is None else want.pad.tobytes())
         lag, mask = rng.integers(0, 5, n), rng.random(n) < 0.5
         feed = SimpleNamespace(draft_forward=lambda c, q: np.array([1e-4 * q.sum() + 1e-7 * c.sum()]))
         out.append(kit.catch_up_s(SimpleNamespace(draft_lag=lag, context_lens=ctx, cost=feed), mask))
@@ -240,8 +250,9 @@ def test_cost_aware_depths_compiled_plan_is_its_blocks(monkeypatch):
 
 
 def test_the_compiled_table_interpolation_and_roofline_tables_are_numpys(monkeypatch):
-    """StepCost's np.interp of a grid (`kernels.interp_points`: NaN and infinite values included) and RooflineCost's
-    compiled verify_time, verify_times and draft_times against the numpy and base-class forms, to the bit."""
+    """StepCost's np.interp of a grid (`kernels.interp_into`: NaN and infinite values included) and RooflineCost's
+    compiled verify_time, verify_times, draft_times and row_verify_times (and kit.row_cost through it) against the
+    numpy and base-class forms, to the bit."""
     from specdepth.app import build
     from specdepth.cost import CostModel
     from specdepth.policies.kit import cost as kcost
@@ -264,6 +275,13 @@ def test_the_compiled_table_interpolation_and_roofline_tables_are_numpys(monkeyp
         xs, ms, cbar = np.array(kcost._grid(int(rng.integers(0, 3000)))), np.array(kcost._grid(n)), float(ctx.mean())
         assert cm.verify_times(ctx, xs).tobytes() == CostModel.verify_times(cm, ctx, xs).tobytes()
         assert cm.draft_times(cbar, ms).tobytes() == CostModel.draft_times(cm, cbar, ms).tobytes()
+        mean = cbar if rng.random() < 0.5 else float(rng.uniform(0, 1e6))   # row_verify_times: the base class's
+        assert cm.row_verify_times(mean, n) == CostModel.row_verify_times(cm, mean, n)
+        assert kcost.row_cost(cm, ctx) == kcost.row_cost(SimpleNamespace(verify_time=cm.verify_time), ctx)
+        k = int(rng.integers(1, 9))   # StepCost's mean and padded-context verify: ctx.mean() and verify_times'
+        sc = kcost.StepCost(pad_context=True).update(SimpleNamespace(cost=cm, context_lens=ctx), k)
+        assert sc.mean == cbar and sc.model is cm and sc.ctx is ctx
+        assert sc.vpad.tobytes() == cm.verify_times(np.full(n, ctx.max()), n * np.arange(k + 1.0)).tobytes()
 
 
 def test_cost_aware_policys_finish_is_the_caps_and_the_token_cap():

@@ -282,6 +282,9 @@ def test_the_fused_estimate_chain_is_its_blocks(monkeypatch):
             e, u = kept.est.spread
             got += [kept.slot, gw.time_weights(S, a, dbar, rows.drafted, 8.0, view.remaining, 1e-4, 0.02,
                                                spread=(e, u))[0]]
+            out = (np.empty(n), np.empty(n))   # the weights into kept arrays: the same
+            tw = gw.time_weights(S, a, dbar, rows.drafted, 8.0, view.remaining, 1e-4, 0.02, spread=(e, u), out=out)
+            assert tw[0] is out[1] and _same(tw[0], got[-1])
             assert _same(e, kg.tokens_per_step(S, int(d), float(d - int(d))))
         assert all(_same(x, y) for x, y in zip(got, want)) and p._mix == q._mix
 

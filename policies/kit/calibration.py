@@ -22,6 +22,9 @@ _AT3 = ((0, 1, 2), (1, 3, 4), (2, 4, 5))                      # where entry (a, 
 _PHASE = {"draft": 0, "verify": 1}   # a phase's place in CostCalibration's state
 
 
+_NO_PAD = np.empty(0)   # `correct`'s pad array without a policy time (nothing written to it)
+
+
 class CostCalibration:
     """Online correction of the cost model from what the steps really cost (the view's measured_* and
     predicted_* fields, read in observe). Per phase, measured = scale x predicted + fixed x count, with
@@ -67,6 +70,7 @@ class CostCalibration:
         self._state[12] = self._state[14] = 1.0
         self._padding = PaddingFit(self.memory, self.sticky, self.cautious)   # the verify with observe's `pad`
         self._drafted_last = True   # whether the last step observed drafted (a run's first draft resumes nothing)
+        self._kept = None   # `correct`'s tables and its pad array, where kept
 
     def update(self, phase: str, predicted: float, count: float, measured: float) -> None:
         keep = math.exp(-1.0 / self.memory)
@@ -166,20 +170,37 @@ class CostCalibration:
     def verify_scale(self) -> float:
         """The verify's scale: how many seconds one predicted second of verify really costs (the padded fit's
         where it is taken)."""
-        return self._padding.fit[0] if self.pad else self.params("verify")[0]
+        return self._padding.fit[0] if self._padding.pad else float(self._state[14])   # (params("verify")[0])
 
     def params(self, phase: str) -> tuple[float, float]:
         """(scale, fixed seconds per step or per draft position) of a phase."""
         i = 12 + 2 * _PHASE[phase]
         return tuple(self._state[i:i + 2].tolist())
 
-    def correct(self, costs) -> "Tables":
-        """Corrected StepCost tables: verify[x] (x drafts, one forward) and draft[m] (one forward of m rows)."""
+    def correct(self, costs, policy_time=None, keep: bool = False) -> "Tables":
+        """Corrected StepCost tables: verify[x] (x drafts, one forward) and draft[m] (one forward of m rows).
+        `policy_time` (a PolicyTime): its seconds priced in too, as policy_time.apply(correct(costs)). `keep`: the
+        tables written into arrays this object keeps (while their sizes hold), each call overwriting the last's."""
+        if COMPILED and not self._padding.pad and kernels.floats(costs.verify, costs.draft, nonempty=True):
+            timed, idle, extra = (False, 0.0, 0.0) if policy_time is None else policy_time.terms()
+            X1, n1 = costs.verify.size, costs.draft.size
+            P = (X1 - 1) // max(n1 - 1, 1) + 1 if timed else 0   # (PolicyTime.apply's pad size)
+            kept = self._kept if keep else None
+            if kept is None or kept[0].verify.size != X1 or kept[0].draft.size != n1 or kept[1].size != P:
+                kept = (Tables(np.empty(X1), np.empty(n1)), np.empty(P) if P else _NO_PAD)
+                if keep:
+                    self._kept = kept
+            t, pad = kept
+            kernels.corrected(costs.verify, costs.draft, self._state, timed, float(idle), float(extra), t.verify,
+                              t.draft, pad)   # one loop each, the same operations
+            t.pad = pad if timed else None
+            return t
+        tables = self._correct(costs)
+        return tables if policy_time is None else policy_time.apply(tables)
+
+    def _correct(self, costs) -> "Tables":
+        """`correct` without a policy time, in numpy."""
         (sv, cv), (sd, cd) = self.params("verify"), self.params("draft")
-        if COMPILED and not self.pad and kernels.floats(costs.verify, costs.draft, nonempty=True):   # one loop
-            v, d = np.empty(costs.verify.size), np.empty(costs.draft.size)
-            kernels.corrected(costs.verify, float(sv), float(cv), costs.draft, float(sd), float(cd), v, d)
-            return Tables(v, d)
         d = sd * costs.draft + cd
         d[0] = 0.0
         if not self.pad:

@@ -61,98 +61,136 @@ class StepCost:
     """
 
     pad = None   # None: no padded-verify term (CostCalibration.correct may add one)
-    vpad = None   # the padded-context verify per depth (`_vpad`), or None
+    model = ctx = mean = None   # the last update's cost model, contexts and float(ctx.mean()) (None: not computed)
 
     def __init__(self, cache: int = 512, pad_context: bool = False):
         self.key = None
         self.cache = cache
         self.pad_context = pad_context
         self._tables = {}
-        self._vkey = self._vval = None   # `_vpad`'s last key and table
+        self._von = False   # whether this step has a vpad (`_vpad`)
+        self._vkey = self._vat = self._vval = None   # `_vpad`'s last key, its arguments and table (None: not built)
+        self._depths = (None, None)   # `_vtable`'s drafts per depth: ((rows, kmax), n x arange(kmax + 1))
 
     def update(self, view, kmax: int, cost=None) -> "StepCost":
         """Tables for this step's batch from `cost` (default view.cost)."""
         cost = view.cost if cost is None else cost
         ctx = view.context_lens
         n = ctx.size
-        cbar, top = _mean_context(ctx)
-        self.vpad = self._vpad(cost, ctx, kmax, top) if self.pad_context else None
+        if COMPILED and n and ctx.dtype == np.int64 and ctx.ndim == 1:   # `_mean_context`, inline
+            lo, top, total = kernels.int_stats(ctx)
+            cbar, exact = float(total) / n, n <= 4096 and -_EXACT < lo and top < _EXACT
+        else:
+            cbar, top, exact = _mean_context(ctx)
+        self.model, self.ctx, self.mean = cost, ctx, cbar if exact else None
+        self._von = self.pad_context and self._vpad(cost, ctx, kmax, top)
         key = (n, kmax, int(math.log1p(cbar) * 50.0), id(cost))
         if key == self.key:
             return self
         self.key = key
         hit = self._tables.get(key)
-        if hit is not None:
-            self.verify, self.draft, self.pad = hit
-            return self
-        if len(self._tables) >= self.cache:
-            self._tables.clear()
+        if hit is None:
+            if len(self._tables) >= self.cache:
+                self._tables.clear()
+            hit = self._tables[key] = self._build(cost, ctx, kmax, cbar)
+        self.verify, self.draft, self.pad = hit
+        return self
+
+    @staticmethod
+    def _build(cost, ctx: np.ndarray, kmax: int, cbar: float) -> tuple:
+        """(verify, draft, pad) for contexts ctx (mean cbar) and drafts up to kmax a row (see the class)."""
+        n = ctx.size
         X = n * kmax
         ms = _grid(n)
-        self.pad = None
+        pad = None
         if getattr(cost, "pad_ragged", False):   # padded: the deepest row's depth p sets the verify
             V = np.array([cost.verify_time(ctx, np.full(n, p, np.int64)) for p in range(kmax + 1)])
-            self.verify, self.pad = np.full(X + 1, V[0]), np.diff(V)
+            verify, pad = np.full(X + 1, V[0]), np.diff(V)
         else:
             xs = _grid(X)
             if hasattr(cost, "verify_times"):   # a CostModel: the whole table in one call
                 vt = cost.verify_times(ctx, xs)
             else:
                 vt = np.array([cost.verify_time(ctx, np.full(n, x / n)) for x in xs])
-            self.verify = _interp(X + 1, xs, vt) if xs.size != X + 1 else vt
+            verify = _interp(X + 1, xs, vt) if xs.size != X + 1 else vt
         if hasattr(cost, "draft_times"):
             dt = cost.draft_times(cbar, ms)
         else:
             dt = np.array([cost.draft_time(np.full(int(m), cbar)) if m else 0.0 for m in ms])
-        self.draft = _interp(n + 1, ms, dt) if ms.size != n + 1 else dt
-        self._tables[key] = (self.verify, self.draft, self.pad)
-        return self
+        return verify, (_interp(n + 1, ms, dt) if ms.size != n + 1 else dt), pad
 
-    def _vpad(self, cost, ctx: np.ndarray, kmax: int, top=None):
-        """vpad[p]: the verify with every row p deep at the batch's longest context, as an engine that pads ragged
-        forwards runs it (the query and the KV to the longest row); None for a cost that pads already. `top`:
-        ctx.max() where the caller has it."""
-        if getattr(cost, "pad_ragged", False) or ctx.size == 0:
+    @property
+    def vpad(self):
+        """vpad[p] (see the class), or None: built at its first read after the key of `_vpad` changed, from the
+        arguments of the step that changed it (the same table as built then)."""
+        if not self._von:
             return None
+        if self._vval is None:
+            self._vval = self._vtable(*self._vat)
+        return self._vval
+
+    def _vpad(self, cost, ctx: np.ndarray, kmax: int, top=None) -> bool:
+        """Whether this step has a vpad: the verify with every row p deep at the batch's longest context, as an engine
+        that pads ragged forwards runs it (the query and the KV to the longest row); not for a cost that pads
+        already. Kept per (rows, kmax, 2 % of the longest context, cost model) while that holds. `top`: ctx.max()
+        where the caller has it."""
+        if getattr(cost, "pad_ragged", False) or ctx.size == 0:
+            return False
         n, cmax = ctx.size, int(ctx.max() if top is None else top)
         key = (n, kmax, int(math.log1p(cmax) * 50.0), id(cost))
-        if self._vkey == key:
-            return self._vval
+        if self._vkey != key:
+            self._vkey, self._vat, self._vval = key, (cost, n, cmax, kmax), None
+        return True
+
+    def _vtable(self, cost, n: int, cmax: int, kmax: int) -> np.ndarray:
+        """`vpad`'s table: n rows at context cmax, every row p deep for p = 0..kmax."""
         full = np.full(n, cmax, np.int64)
-        if hasattr(cost, "verify_times"):
-            v = cost.verify_times(full, n * np.arange(kmax + 1, dtype=float))
-        else:
-            v = np.array([cost.verify_time(full, np.full(n, p, np.int64)) for p in range(kmax + 1)])
-        self._vkey, self._vval = key, v
-        return v
+        if not hasattr(cost, "verify_times"):
+            return np.array([cost.verify_time(full, np.full(n, p, np.int64)) for p in range(kmax + 1)])
+        shape, totals = self._depths
+        if shape != (n, kmax):   # (kept: the same drafts per depth while the batch's shape holds)
+            totals = n * np.arange(kmax + 1, dtype=float)
+            totals.flags.writeable = False
+            self._depths = (n, kmax), totals
+        return cost.verify_times(full, totals)
 
 
 def _interp(m: int, xp: np.ndarray, fp) -> np.ndarray:
-    """np.interp(np.arange(m), xp, fp) (compiled for float64 values: `kernels.interp_points`)."""
+    """np.interp(np.arange(m), xp, fp) (compiled for float64 values: `kernels.interp_into`)."""
     if COMPILED and kernels.floats(xp, fp, nonempty=True) and xp.size == fp.size:
-        out, ok = kernels.interp_points(int(m), xp, fp)
-        if ok:
+        out = np.empty(int(m))
+        if kernels.interp_into(xp, fp, out):
             return out
     return np.interp(np.arange(m), xp, fp)
 
 
-def _mean_context(ctx: np.ndarray) -> tuple[float, int | None]:
-    """The contexts' mean (0 for none) and, where computed with it (one compiled loop: the same integer sum), their
-    max, else None."""
+def _mean_context(ctx: np.ndarray) -> tuple[float, int | None, bool]:
+    """The contexts' mean (0 for none), their max where computed with it (one compiled loop: the same integer sum),
+    else None, and whether the mean is float(ctx.mean()) to the bit (at most 4096 values below 2^40: numpy's float
+    sum of them is the exact integer sum; False in the numpy form)."""
     n = ctx.size
     if COMPILED and n and ctx.dtype == np.int64 and ctx.ndim == 1:
-        _, top, total = kernels.int_stats(ctx)
-        return float(total) / n, top
-    return (float(ctx.sum()) / n if n else 0.0), None
+        lo, top, total = kernels.int_stats(ctx)
+        return float(total) / n, top, n <= 4096 and -_EXACT < lo and top < _EXACT
+    return (float(ctx.sum()) / n if n else 0.0), None, False
 
 
-def row_cost(cost, ctx: np.ndarray) -> float:
+_EXACT = 2 ** 40   # (`_mean_context`: integers whose float sums are exact)
+
+
+def row_cost(cost, ctx: np.ndarray, mean: float | None = None) -> float:
     """Seconds one more row at the batch's mean context adds to a verify without drafts (`cost`: a cost model
-    such as view.cost; 0 for an empty batch)."""
+    such as view.cost; 0 for an empty batch): max(verify of n rows - verify of n - 1 rows, 0), both at the mean
+    (`cost.row_verify_times` where it has it). `mean`: float(ctx.mean()) where the caller has it."""
     n = ctx.size
     if n == 0:
         return 0.0
-    c = np.full(n, float(ctx.mean()))
+    mean = float(ctx.mean()) if mean is None else mean
+    rows = getattr(cost, "row_verify_times", None)
+    if rows is not None:
+        full, one_less = rows(mean, n)
+        return max(float(full) - float(one_less), 0.0)
+    c = np.full(n, mean)
     one_less = float(cost.verify_time(c[1:], np.zeros(n - 1))) if n > 1 else 0.0
     return max(float(cost.verify_time(c, np.zeros(n))) - one_less, 0.0)
 

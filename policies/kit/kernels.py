@@ -1391,17 +1391,27 @@ def time_spread(S, a, lo, frac, drafted, prior_strength, remaining):
 @njit(cache=True, nogil=True)
 def time_scale(p, e, c1, c0):
     """`goodput_weights.time_weights` past its exp: w = (c1 + c0 p / sum(p)) / e over max(max(w), 1e-300), and
-    min(p) (NaN propagates as in ndarray.min)."""
+    min(p) (NaN propagates as in ndarray.min); `time_scale_into` into a new array."""
+    w = np.empty(p.shape[0])
+    return w, time_scale_into(p, e, c1, c0, w)
+
+
+@njit(cache=True, nogil=True)
+def time_scale_into(p, e, c1, c0, w):
+    """`time_scale` into w (as long as p): each weight, then w[i] / max(max(w), 1e-300) as numpy's array division
+    divides; returns min(p)."""
     n = p.shape[0]
     ps = pairwise(p, 0, n)
-    w = np.empty(n)
     low = p[0]
     for i in range(n):
         w[i] = (c1 + c0 * p[i] / ps) / e[i]
         if not math.isnan(low) and (p[i] < low or math.isnan(p[i])):
             low = p[i]
     top = _top(w)
-    return w / (1e-300 if 1e-300 > top else top), low
+    top = 1e-300 if 1e-300 > top else top
+    for i in range(n):
+        w[i] = w[i] / top
+    return low
 
 
 @njit(cache=True, nogil=True)
@@ -3432,27 +3442,43 @@ def padded_tables(verify, n, flat, pad):
 
 
 @njit(cache=True, nogil=True)
-def corrected(verify, sv, cv, draft, sd, cd, v, d):
+def corrected(verify, draft, state, timed, idle, extra, v, d, pad):
     """`CostCalibration.correct`'s unpadded tables into v and d: sv x verify + cv and sd x draft + cd with draft[0]
-    = 0."""
+    = 0, the fits (scale, fixed) read from CostCalibration's state (draft at 12-13, verify at 14-15); `timed`:
+    then `PolicyTime.apply`'s, verify + idle and pad (its size: one more than the tables' positions) zeros with
+    pad[0] = 0.0 + extra."""
+    sv, cv, sd, cd = state[14], state[15], state[12], state[13]
     for i in range(verify.shape[0]):
         v[i] = sv * verify[i] + cv
     for i in range(draft.shape[0]):
         d[i] = sd * draft[i] + cd
     d[0] = 0.0
+    if timed:
+        for i in range(verify.shape[0]):
+            v[i] = v[i] + idle
+        for p in range(pad.shape[0]):
+            pad[p] = 0.0
+        pad[0] += extra
 
 
 @njit(cache=True, nogil=True)
 def interp_points(m, xp, fp):
-    """np.interp(np.arange(m), xp, fp) for an ascending xp: per point its step j (xp[j] <= x < xp[j + 1], as
-    numpy's search finds it), fp[0] below, fp[-1] from the last point on, fp[j] at a grid point, else numpy's slope
-    form (dy / dx) x (x - xp[j]) + fp[j], and its NaN fallbacks. Returns (values, False) where xp does not ascend
-    (the numpy form)."""
-    n = xp.shape[0]
+    """np.interp(np.arange(m), xp, fp) for an ascending xp (`interp_into` into a new array). Returns (values, False)
+    where xp does not ascend (the numpy form)."""
     out = np.empty(m)
+    return out, interp_into(xp, fp, out)
+
+
+@njit(cache=True, nogil=True)
+def interp_into(xp, fp, out):
+    """np.interp(np.arange(out.size), xp, fp) into out, for an ascending xp: per point its step j (xp[j] <= x <
+    xp[j + 1], as numpy's search finds it), fp[0] below, fp[-1] from the last point on, fp[j] at a grid point, else
+    numpy's slope form (dy / dx) x (x - xp[j]) + fp[j], and its NaN fallbacks. Returns False where xp does not
+    ascend (nothing written: the numpy form)."""
+    n, m = xp.shape[0], out.shape[0]
     for j in range(1, n):
         if not xp[j] > xp[j - 1]:
-            return out, False
+            return False
     j, at, slope = 0, -1, 0.0
     for i in range(m):
         x = float(i)
@@ -3467,7 +3493,7 @@ def interp_points(m, xp, fp):
                 at, slope = j, (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j])
             r = slope * (x - xp[j]) + fp[j]
             out[i] = r if not math.isnan(r) else _interp_step(x, xp[j], xp[j + 1], fp[j], fp[j + 1])
-    return out, True
+    return True
 
 
 @njit(cache=True, nogil=True)

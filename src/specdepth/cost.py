@@ -253,6 +253,14 @@ class CostModel:
         return np.array([self._time(which, *a) for a in zip(tokens.tolist(), flops.tolist(), ctx_tokens.tolist(),
                                                              seqs.tolist())], dtype=float).reshape(tokens.shape)
 
+    def row_verify_times(self, context: float, n: int) -> tuple[float, float]:
+        """(verify_time(c, np.zeros(n)), verify_time(c[1:], np.zeros(n - 1))) for c = np.full(n, context): a verify
+        without drafts of n >= 1 rows at one context, and of one row less (0.0 where n is 1): what one more row
+        adds to a verify (policies' `kit.row_cost`)."""
+        c = np.full(n, float(context))
+        one_less = float(self.verify_time(c[1:], np.zeros(n - 1))) if n > 1 else 0.0
+        return float(self.verify_time(c, np.zeros(n))), one_less
+
     def draft_time(self, ctx: np.ndarray) -> float:
         """Seconds of one draft forward (one token for each sequence in `ctx`)."""
         return self.draft_forward(np.asarray(ctx))[0] if len(ctx) else 0.0
@@ -326,6 +334,9 @@ class RooflineCost(CostModel):
                        and cls.draft_positions is RooflineCost.draft_positions)
         self._terms = np.array(self._target_terms, float), np.array(self._draft_terms, float)
         self._tree_rows = {}   # tree_tables' query rows by (queries, rows)
+        # row_verify_times' arithmetic: where verify_time, target_forward and _time are this class's (no MoE target)
+        self._flat = (self._moe["target"] is None and cls.verify_time is RooflineCost.verify_time
+                      and cls.target_forward is RooflineCost.target_forward and cls._time is RooflineCost._time)
 
     def _time(self, which, tokens, flops, ctx_tokens, seqs):
         moe = self._moe[which]
@@ -361,6 +372,15 @@ class RooflineCost(CostModel):
                 and ctx.shape[0] and x.ndim == 1):   # a float context vector (TreePrice's): the same, compiled
             return _k.roofline_verify_table_at(float(np.sum(ctx)), float(ctx.shape[0]), x, *self._target_terms)
         return super().verify_times(ctx, totals)
+
+    def row_verify_times(self, context, n):
+        """The base class's two verifies with its numpy dot products (the same calls on the same arrays), their
+        sums and arithmetic in one compiled pass (`_kernels.roofline_flat_verify`): the same values."""
+        if not (self._flat and n >= 1):
+            return super().row_verify_times(context, n)
+        c, q = np.full(n, float(context)), np.ones(n)   # (q: the base class's depths + 1)
+        return _k.roofline_flat_verify(n, c, float(np.dot(q, c)), float(np.dot(q[:n - 1], c[1:])) if n > 1 else 0.0,
+                                       *self._target_terms)
 
     def draft_level_times(self, ctx, q):
         if (self._moe["draft"] is None and type(self).draft_forward is CostModel.draft_forward

@@ -377,6 +377,8 @@ class Engine:
                 c.target_forward(ctx)
                 c.draft_forward(ctx)
             c.draft_times(8.0, np.array([1, 2]))
+            if hasattr(c, "row_verify_times"):   # (optional: goodput's row cost)
+                c.row_verify_times(8.0, 2)
         except Exception:   # a user's cost model without these methods: it fails where a policy calls one, not here
             return
 
