@@ -1727,11 +1727,7 @@ def chosen_search(S, key, rk, vk, work, chain, G, ver, dr, pad, has_pad, base, d
             break
         for j in range(m):
             depths[cur[j]] += 1
-        count += 1
-        e += c[m]
-        tdraft += dm
-        x += m
-        prev = m
+        count, e, tdraft, x, prev = count + 1, e + c[m], tdraft + dm, x + m, m
     return count, e, ver[x] + tdraft
 
 
