@@ -340,3 +340,4 @@ def test_the_search_with_its_extension_is_its_blocks(monkeypatch):
         assert np.array_equal(depths, d) and G == g and E == E2 and np.array_equal(out, out2)
         assert (late, any_, late_out, any_out) == (bool(((d > 0) & (lag > 2)).any()), bool(d.any()),
                                                    bool(((out > 0) & (lag > 2)).any()), bool(out.any()))
+        assert x.full == bool(d.all())

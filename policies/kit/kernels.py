@@ -1590,18 +1590,23 @@ def goodput_estimates(w, grid, due, c, table, cols, z, kb, k, cap, confidence, t
 
 
 @njit(cache=True, nogil=True)
-def plan_extend(S, w, remaining, G0, ver, dr, pad, has_pad, lag, extend, cap, planned, out):
-    """`goodput_gates.plan_positions` (`weighted_plan`) into planned, and what the gates and the extension read of
+def plan_extend(S, w, remaining, G0, ver, dr, pad, has_pad, lag, extend, cap, two):
+    """`goodput_gates.plan_positions` (`weighted_plan`) into two[0], and what the gates and the extension read of
     it: whether a row that drafts lags (`any_late`), whether any drafts, the plan's value (`plan_value`), its
-    extended depths (`extend_depths`, into out) and the same two questions of them. Returns (G, True, late, drafts,
-    E, late extended, extended drafts), or (0, False, ...) where S x w or the key hold NaN."""
+    extended depths (`extend_depths`, into two[1]), the same two questions of them, and whether every row drafts
+    (planned.all()). Returns (G, True, late, drafts, E, late extended, extended drafts, all draft), or
+    (0, False, ...) where S x w or the key hold NaN."""
     d, G, ok = weighted_plan(S, w, remaining, G0, ver, dr, pad, has_pad)
     if not ok:
-        return 0.0, False, False, False, 0.0, False, False
-    planned[:] = d
+        return 0.0, False, False, False, 0.0, False, False, False
+    two[0, :] = d
     E = plan_value(S, w, True, d)
-    out[:] = extend_depths(d, extend, cap)
-    return G, True, any_late(d, lag), any_nonzero(d), E, any_late(out, lag), any_nonzero(out)
+    out = two[1]
+    full = True
+    for i in range(d.shape[0]):
+        out[i] = min(d[i] + extend, cap[i]) if d[i] > 0 else 0   # (`extend_depths`)
+        full = full and d[i] != 0
+    return G, True, any_late(d, lag), any_nonzero(d), E, any_late(out, lag), any_nonzero(out), full
 
 
 # ---- goodput's position search over the rows it reads (`weighted_plan`): column 0 ranked in full, each later
