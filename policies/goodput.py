@@ -81,8 +81,7 @@ class Goodput(Policy):
         self._step, self._kept = Step(G0=0.0), None
 
     def plan(self, view):
-        if self._pool.accepted is None:   # (the rate's prior, at the first plan)
-            self._pool.start(view.acceptance_prior)
+        self._pool.start(view.acceptance_prior)
         n = view.batch_size
         K = min(self.max_depth, view.max_depth, (view.max_num_batched_tokens - n) // n)
         if K <= 0:
@@ -169,8 +168,7 @@ class Goodput(Policy):
             depths, G = gates.catch_up(view, depths, S, costs, G, r.weights, self._pool, self.est.calibration_prior,
                                        price, r.est.lag)
         judged = self._pool.verified >= self.est.calibration_prior + n
-        full = r.ext.full if r.ext is not None and depths is r.ext.planned else None   # (depths.all())
-        if gates.ends_later(depths, S, costs, G, r.weights, r.est.rem, self._stream.closed, judged, full):
+        if gates.ends_later(depths, S, costs, G, r.weights, r.est.rem, self._stream.closed, judged, r.ext):
             return np.zeros(n, np.int64), float(n if w is None else w.sum()) / float(costs.verify[0]), False
         if self.probe and not gates.flags(depths, r.ext)[0]:
             probed = gates.probe_step(view, r.est, costs, G, w, self._pool, self.est.calibration_prior, self.probe,

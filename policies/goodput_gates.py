@@ -178,17 +178,17 @@ def catch_up(view, depths, S, costs, G, weights, evidence, calibration_prior, pr
     return plan_positions(S, costs, G, view.remaining, w)
 
 
-def ends_later(depths, S, costs, G, weights, remaining, closed, judged, full=None) -> bool:
+def ends_later(depths, S, costs, G, weights, remaining, closed, judged, ext: Extension | None = None) -> bool:
     """The makespan gate: in a closed batch's drain, a plan that drafts every row, kept to the run's end, is
     expected to end the run later than no drafts. Judged only once `judged` (as many drafts as rows verified) and
     where every row may end the run (`weights.p_min` >= MAY_END). Row i's steps are about normal, mean r_i / e_i
     and variance r_i v_i / e_i^3 (e_i, v_i: its tokens a step's mean and variance), and the run ends at their
     expected maximum (`kit.expected_max`); a step's fixed share f of its time follows the run's end, the rest the
-    rows' mean steps, for the plan (its predicted seconds: its value / G) and for no drafts alike. `full`: whether
-    every row drafts (depths.all()), where known."""
+    rows' mean steps, for the plan (its predicted seconds: its value / G) and for no drafts alike. `ext`: the
+    search's `Extension`, which says whether every row drafts where `depths` is its plan."""
     n = depths.size
     if not (closed and weights.drained and n > 1 and weights.p_min >= MAY_END and judged
-            and (depths.all() if full is None else full)):
+            and (ext.full if ext is not None and depths is ext.planned else depths.all())):
         return False
     K = S.shape[1]
     j = np.arange(K)
