@@ -72,6 +72,19 @@ def test_tie_bands_and_the_estimates_are_the_numpy_forms(monkeypatch):
             assert _same(got[0], want[0]) and _same(got[1], want[1])
 
 
+def test_the_rounded_order_is_argsorts():
+    """kernels.rounded_order (row_estimates' counting sort of its 1e4 multiples) orders as np.argsort, and
+    tie_means on it gives tie_bands' values."""
+    rng = np.random.default_rng(14)
+    for n in list(range(0, 70)) + [200, 1000]:
+        q = rng.choice(rng.integers(10, 9991, max(1, n // 3)), n)
+        order = kg.rounded_order(q)
+        assert np.array_equal(np.sort(order), np.arange(n)) and np.array_equal(q[order], np.sort(q))
+        if n >= 2:
+            a = q / 1e4
+            assert _same(kg.tie_means(a, order, 0.01), kit.tie_bands(a, 0.01))
+
+
 def test_the_estimates_weights_and_values_are_the_numpy_forms(monkeypatch):
     rng = np.random.default_rng(2)
     for _ in range(200):

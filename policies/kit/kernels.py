@@ -1160,16 +1160,23 @@ def nested_search(S, key, order, ranked, K, G, ver, dr, pad, has_pad, n, base):
 def row_estimates(num, den, cal, kb, k, cap, confidence, tol):
     """`goodput_evidence.row_estimates` per row: confidence, (num + kb) / (den + k) x min(cal, cap) (num, den: the
     conf_sum and drafted), else counts, (num + kb) / (num + den + k) (num, den: accepted, rejected); clipped to
-    [1e-3, 0.999], rounded to 4 decimals and tied (`tie_bands`). Returns (a, False) on NaN."""
+    [1e-3, 0.999], rounded to 4 decimals and tied (`tie_bands`; a's order as its 1e4 multiples', by
+    `rounded_order`). Returns (a, False) on NaN."""
     n = num.shape[0]
-    a = np.empty(n)
+    a, q = np.empty(n), np.empty(n, np.int64)
+    counted = True
     for i in range(n):
         x = (num[i] + kb) / ((den[i] if confidence else num[i] + den[i]) + k)
         if confidence:
             x = x * minimum(cal[i], cap)
         x = minimum(maximum(x, 1e-3), 0.999) if x == x else x
-        a[i] = round_to(x, 1e4)
-    return tie_bands(a, tol)
+        r = np.rint(x * 1e4)   # (`round_to(x, 1e4)`, its integer kept)
+        a[i] = r / 1e4
+        counted = counted and 0.0 <= r < 16384.0
+        q[i] = np.int64(r) if counted else 0
+    if not counted or tol <= 0.0 or n < 2:
+        return tie_bands(a, tol)
+    return tie_means(a, rounded_order(q), tol), True
 
 
 @njit(cache=True, nogil=True)
@@ -1734,6 +1741,30 @@ def chosen_search(S, key, rk, vk, work, chain, G, ver, dr, pad, has_pad, base, d
             depths[cur[j]] += 1
         count, e, tdraft, x, prev = count + 1, e + c[m], tdraft + dm, x + m, m
     return count, e, ver[x] + tdraft
+
+
+# ---- goodput's rounded estimates in order (`row_estimates`' ties): a counting sort of their 1e4 multiples ------
+
+
+@njit(cache=True, nogil=True)
+def rounded_order(q):
+    """np.argsort's ascending order of integers q in [0, 2^14) up to the order of equal ones (`tie_means` reads
+    only the values' order): a least-significant-digit counting sort, two passes of 7 bits."""
+    n = q.shape[0]
+    tmp, out, cnt = np.empty(n, np.int64), np.empty(n, np.int64), np.zeros(129, np.int64)
+    for shift in (0, 7):
+        src, dst = (np.arange(n), tmp) if shift == 0 else (tmp, out)
+        cnt[:] = 0
+        for i in range(n):
+            cnt[((q[i] >> shift) & 127) + 1] += 1
+        for b in range(128):
+            cnt[b + 1] += cnt[b]
+        for j in range(n):
+            i = src[j]
+            d = (q[i] >> shift) & 127
+            dst[cnt[d]] = i
+            cnt[d] += 1
+    return out
 
 
 # ---- kit.tree's plan search and tree_confidence's means (np.interp's rule over an arange grid, np.sum's pairwise
@@ -3167,7 +3198,13 @@ def tie_bands(a, tol):
     for i in range(n):
         if a[i] != a[i] or a[i] == 0.0:
             return a, False
-    order = np.argsort(a)
+    return tie_means(a, np.argsort(a), tol), True
+
+
+@njit(cache=True, nogil=True)
+def tie_means(a, order, tol):
+    """`tie_bands`' values past its early outs, with a's ascending order given (`order`)."""
+    n = a.shape[0]
     inv = np.empty(n, np.int64)
     u, cnt = np.empty(n), np.zeros(n)
     m = -1
@@ -3180,7 +3217,7 @@ def tie_bands(a, tol):
         inv[order[i]] = m
     m += 1
     if m == 1:
-        return a, True
+        return a
     band = bands(u[:m], tol)
     nb = band.max() + 1
     num, den = np.zeros(nb), np.zeros(nb)
@@ -3191,7 +3228,7 @@ def tie_bands(a, tol):
     for i in range(n):
         b = band[inv[i]]
         out[i] = num[b] / den[b]
-    return out, True
+    return out
 
 
 # ---- the drain's kept buffers and its answer (drain.finish_best) ----------------------------------------------
