@@ -20,9 +20,10 @@ CALIBRATION = {"memory": 200.0, "draft_clip": 3.0, "draft_fixed": False}
 DRAINING = {"tail": "balanced", "after": 0}
 
 
-@dataclass(slots=True)
+@dataclass(init=False)
 class Step:
-    """One plan's record; each field is written by one phase of `Goodput.plan`."""
+    """One plan's record; each field is written by one phase of `Goodput.plan` (till then, its default: the
+    class's)."""
     G0: float                    # the Dinkelbach start: the last plan's goodput
     kept: bool = False           # an idle plan kept (`idle_replan`): no phase ran
     est: SimpleNamespace = None  # estimate: a, cal (per row), S0, S (slot survivals), rowcap, rows, rem, f, lag
@@ -38,6 +39,9 @@ class Step:
     probed: bool = False         # gate: a probe's depths (not extended)
     drafting: gates.Drafting = None   # extend
     ext: gates.Extension = None  # search: what the gates and the extension read of the plan (`gates.plan_extend`)
+
+    def __init__(self, G0: float, kept: bool = False, G: float = 0.0):
+        self.G0, self.kept, self.G = G0, kept, G
 
 
 class Goodput(Policy):

@@ -55,8 +55,8 @@ def plan_extend(S, costs, G0, remaining, w, lag, extend: int, rowcap):
                                          pad is not None, lag, int(extend), rowcap, two)
     if not ok:
         return (*plan_positions(S, costs, G0, remaining, w), None)
-    (planned, out), (late, any_, E, late_out, any_out, full) = two, flags_
-    return planned, G, Extension(planned, late, any_, E, out, late_out, any_out, full)
+    planned, (late, any_, E, late_out, any_out, full) = two[0], flags_
+    return planned, G, Extension(planned, late, any_, E, two[1], late_out, any_out, full)
 
 
 def flags(depths, ext: Extension | None) -> tuple[bool, bool]:
