@@ -277,8 +277,7 @@ def estimates(pool: Evidence, rows, f: np.ndarray, remaining: np.ndarray, K: int
     `goodput_weights.slot_weights(S0, pool.dbar)` in one compiled call (`kernels.goodput_estimates`: the same
     operations) into `kept` (a, cal, slot and, `spread`, `time_weights`' spread of S, its e and exponent, set as
     kept.est.spread: the rows of kept.per_row; S0, S: kept.slots'; rowcap). Returns whether it ran (else the caller
-    runs those functions: NaN, or
-    arrays the kernel does not take)."""
+    runs those functions: NaN, or arrays the kernel does not take)."""
     t, counts = rows.array, estimator == "counts"
     tf, ff, ri = t.dtype, f.dtype, remaining.dtype
     if not (search.COMPILED and t.ndim == 2 and kept.a.shape == remaining.shape == t.shape[:1] and kept.K == K
