@@ -254,14 +254,13 @@ class Kept:
     grid, `time_weights`' spread), kept while the batch's shape (n rows, K positions) holds, and the namespace that
     holds them (`est`)."""
 
-    __slots__ = ("n", "K", "a", "cal", "S0", "S", "rowcap", "slot", "w", "est", "spread", "per_row", "slots")
+    __slots__ = ("n", "K", "a", "cal", "S0", "S", "rowcap", "slot", "w", "est", "spread")
 
     def __init__(self, n: int, K: int):
         self.n, self.K = n, K
-        self.per_row, self.slots = np.empty((5, n)), np.empty((2, n, K))   # (the compiled call's two outputs)
-        self.a, self.cal, self.slot, *spread = self.per_row   # (its rows: a, cal, slot weights, the spread's e, u)
-        self.S0, self.S = self.slots
-        self.rowcap, self.w, self.spread = np.empty(n, np.int64), np.empty(_MIX_GRID.size), tuple(spread)
+        self.a, self.cal, self.rowcap, self.slot = np.empty(n), np.empty(n), np.empty(n, np.int64), np.empty(n)
+        self.S0, self.S, self.w = np.empty((n, K)), np.empty((n, K)), np.empty(_MIX_GRID.size)
+        self.spread = (np.empty(n), np.empty(n))
         self.est = SimpleNamespace(a=self.a, cal=self.cal, S0=self.S0, S=self.S, rowcap=self.rowcap,
                                    slot=self.slot if n >= 2 else None, spread=None)
 
@@ -275,9 +274,9 @@ def estimates(pool: Evidence, rows, f: np.ndarray, remaining: np.ndarray, K: int
               k: float, tol: float, kept: Kept, spread: bool = False) -> bool:
     """`row_estimates(rows, pool, pool.calibrations(rows, z), estimator, k, tol)`, `survivals(a, f, ...)` and
     `goodput_weights.slot_weights(S0, pool.dbar)` in one compiled call (`kernels.goodput_estimates`: the same
-    operations) into `kept` (a, cal, slot and, `spread`, `time_weights`' spread of S, its e and exponent, set as
-    kept.est.spread: the rows of kept.per_row; S0, S: kept.slots'; rowcap). Returns whether it ran (else the caller
-    runs those functions: NaN, or arrays the kernel does not take)."""
+    operations) into `kept` (a, cal, S0, S, rowcap, slot; `spread`: and `time_weights`' spread of S, its e and
+    exponent, set as kept.est.spread). Returns whether it ran (else the caller runs those functions: NaN, or
+    arrays the kernel does not take)."""
     t, counts = rows.array, estimator == "counts"
     tf, ff, ri = t.dtype, f.dtype, remaining.dtype
     if not (search.COMPILED and t.ndim == 2 and kept.a.shape == remaining.shape == t.shape[:1] and kept.K == K
@@ -299,7 +298,8 @@ def estimates(pool: Evidence, rows, f: np.ndarray, remaining: np.ndarray, K: int
     c, ok = kernels.goodput_estimates(kept.w, _MIX_GRID, due, c, t,
                                       _estimate_columns(rows.fields, counts), float(z), k * base, float(k),
                                       float(cap), not counts, float(tol), f, remaining, K, int(d), float(d - int(d)),
-                                      kept.per_row, kept.slots, kept.rowcap, spread, float(k))
+                                      kept.a, kept.cal, kept.S0, kept.S, kept.rowcap, kept.slot, spread, float(k),
+                                      *kept.spread)
     if ok and due:
         pool._mix = (A, E, c)
     kept.est.spread = kept.spread if spread else None

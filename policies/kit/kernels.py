@@ -1563,17 +1563,16 @@ def mixture_log_into(A, E, grid, ex, logprior, out):
 
 
 @njit(cache=True, nogil=True)
-def goodput_estimates(w, grid, due, c, table, cols, z, kb, k, cap, confidence, tol, f, remaining, K, lo, frac, per_row,
-                      slots, rowcap, spread, strength):
+def goodput_estimates(w, grid, due, c, table, cols, z, kb, k, cap, confidence, tol, f, remaining, K, lo, frac, a, cal,
+                      S0, S, rowcap, slot, spread, strength, e, u):
     """`Goodput._estimate`'s chain: where `due`, the mixture's calibration c = exp(`mixture_median` of w, the
     posterior after np.exp) (libm's exp, as Python's math.exp); each row's, `row_calibration` at c where z != 0
     and two rows or more (else c); the rows' estimates (`row_estimates`: num, den the table's columns cols[3],
     cols[4]; cols[0:3]: accepted, verified confidence, verified); their survivals (`survivals`) and, for two rows
     or more, S0's `slot_weights` at depth lo + frac; where `spread`, S's `time_spread` (drafted: cols[5], the
-    estimate's prior `strength`) into e and u. Written into per_row's rows a, cal, slot, e, u, slots' S0, S and
-    rowcap. Returns (c, True), or (c, False) where w or the estimates hold NaN (the numpy forms decide)."""
+    estimate's prior `strength`) into e and u. Written into a, cal, S0, S, rowcap, slot. Returns (c, True), or
+    (c, False) where w or the estimates hold NaN (the numpy forms decide)."""
     n = table.shape[0]
-    a, cal, slot, e, u, S0, S = per_row[0], per_row[1], per_row[2], per_row[3], per_row[4], slots[0], slots[1]
     if due:
         lc, ok = mixture_median(w, grid)
         if not ok:
