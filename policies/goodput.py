@@ -20,9 +20,10 @@ CALIBRATION = {"memory": 200.0, "draft_clip": 3.0, "draft_fixed": False}
 DRAINING = {"tail": "balanced", "after": 0}
 
 
-@dataclass(slots=True)
+@dataclass(init=False)
 class Step:
-    """One plan's record; each field is written by one phase of `Goodput.plan`."""
+    """One plan's record; each field is written by one phase of `Goodput.plan` (till then, its default: the
+    class's)."""
     G0: float                    # the Dinkelbach start: the last plan's goodput
     kept: bool = False           # an idle plan kept (`idle_replan`): no phase ran
     est: SimpleNamespace = None  # estimate: a, cal (per row), S0, S (slot survivals), rowcap, rows, rem, f, lag
@@ -38,6 +39,9 @@ class Step:
     probed: bool = False         # gate: a probe's depths (not extended)
     drafting: gates.Drafting = None   # extend
     ext: gates.Extension = None  # search: what the gates and the extension read of the plan (`gates.plan_extend`)
+
+    def __init__(self, G0: float, kept: bool = False, G: float = 0.0):
+        self.G0, self.kept, self.G = G0, kept, G
 
 
 class Goodput(Policy):
@@ -170,7 +174,7 @@ class Goodput(Policy):
             depths, G = gates.catch_up(view, depths, S, costs, G, r.weights, self._pool, self.est.calibration_prior,
                                        price, r.est.lag)
         judged = self._pool.verified >= self.est.calibration_prior + n
-        if gates.ends_later(depths, S, costs, G, r.weights, r.est.rem, self._stream.closed, judged):
+        if gates.ends_later(depths, S, costs, G, r.weights, r.est.rem, self._stream.closed, judged, r.ext):
             return np.zeros(n, np.int64), float(n if w is None else w.sum()) / float(costs.verify[0]), False
         if self.probe and not gates.flags(depths, r.ext)[0]:
             probed = gates.probe_step(view, r.est, costs, G, w, self._pool, self.est.calibration_prior, self.probe,

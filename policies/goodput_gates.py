@@ -37,6 +37,7 @@ class Extension(NamedTuple):
     depths: np.ndarray    # extended(planned, extend, rowcap)
     late_out: bool        # a row the extension drafts lags
     drafts_out: bool      # the extension drafts
+    full: bool            # every row's plan drafts (planned.all())
 
 
 def plan_extend(S, costs, G0, remaining, w, lag, extend: int, rowcap):
@@ -49,13 +50,13 @@ def plan_extend(S, costs, G0, remaining, w, lag, extend: int, rowcap):
             and ver.size > n * K and dr.size > n and (pad is None or pad.size >= K)
             and _typed((S, w, ver, dr) if pad is None else (S, w, ver, dr, pad), (remaining, lag, rowcap))):
         return (*plan_positions(S, costs, G0, remaining, w), None)   # (`_weighted_compiled`'s conditions)
-    planned, out = np.empty(n, np.int64), np.empty(n, np.int64)
-    G, ok, late, any_, E, late_out, any_out = kernels.plan_extend(
-        S, w, remaining, float(G0), ver, dr, search._NO_PAD if pad is None else pad, pad is not None, lag, int(extend),
-        rowcap, planned, out)
+    two = np.empty((2, n), np.int64)   # (the plan's and the extension's depths)
+    G, ok, *flags_ = kernels.plan_extend(S, w, remaining, float(G0), ver, dr, search._NO_PAD if pad is None else pad,
+                                         pad is not None, lag, int(extend), rowcap, two)
     if not ok:
         return (*plan_positions(S, costs, G0, remaining, w), None)
-    return planned, G, Extension(planned, late, any_, E, out, late_out, any_out)
+    planned, (late, any_, E, late_out, any_out, full) = two[0], flags_
+    return planned, G, Extension(planned, late, any_, E, two[1], late_out, any_out, full)
 
 
 def flags(depths, ext: Extension | None) -> tuple[bool, bool]:
@@ -177,15 +178,17 @@ def catch_up(view, depths, S, costs, G, weights, evidence, calibration_prior, pr
     return plan_positions(S, costs, G, view.remaining, w)
 
 
-def ends_later(depths, S, costs, G, weights, remaining, closed, judged) -> bool:
+def ends_later(depths, S, costs, G, weights, remaining, closed, judged, ext: Extension | None = None) -> bool:
     """The makespan gate: in a closed batch's drain, a plan that drafts every row, kept to the run's end, is
     expected to end the run later than no drafts. Judged only once `judged` (as many drafts as rows verified) and
     where every row may end the run (`weights.p_min` >= MAY_END). Row i's steps are about normal, mean r_i / e_i
     and variance r_i v_i / e_i^3 (e_i, v_i: its tokens a step's mean and variance), and the run ends at their
     expected maximum (`kit.expected_max`); a step's fixed share f of its time follows the run's end, the rest the
-    rows' mean steps, for the plan (its predicted seconds: its value / G) and for no drafts alike."""
+    rows' mean steps, for the plan (its predicted seconds: its value / G) and for no drafts alike. `ext`: the
+    search's `Extension`, which says whether every row drafts where `depths` is its plan."""
     n = depths.size
-    if not (closed and weights.drained and n > 1 and weights.p_min >= MAY_END and judged and depths.all()):
+    if not (closed and weights.drained and n > 1 and weights.p_min >= MAY_END and judged
+            and (ext.full if ext is not None and depths is ext.planned else depths.all())):
         return False
     K = S.shape[1]
     j = np.arange(K)
@@ -252,7 +255,8 @@ class Drafting:
     goodput with the positions added so far (`ratio`: [E, T], the plan's value and seconds, grown in place)."""
 
     def __init__(self, n, a, cal, w, costs, G, planned=None, ratio=None, remaining=None, factors=None):
-        self.s = np.ones(n)
+        self.s = np.empty(n)
+        self.s.fill(1.0)   # (np.ones' values, without its Python wrapper)
         self.a, self.cal, self.w, self.costs, self.G = a, cal, w, costs, G
         self.planned, self.ratio, self.remaining = planned, ratio, remaining   # remaining: the step's, where given
         self.factors = factors   # the step's position factors (PositionFactors.factor at the plan), where given

@@ -72,6 +72,19 @@ def test_tie_bands_and_the_estimates_are_the_numpy_forms(monkeypatch):
             assert _same(got[0], want[0]) and _same(got[1], want[1])
 
 
+def test_the_rounded_order_is_argsorts():
+    """kernels.rounded_order (row_estimates' counting sort of its 1e4 multiples) orders as np.argsort, and
+    tie_means on it gives tie_bands' values."""
+    rng = np.random.default_rng(14)
+    for n in list(range(0, 70)) + [200, 1000]:
+        q = rng.choice(rng.integers(10, 9991, max(1, n // 3)), n)
+        order = kg.rounded_order(q)
+        assert np.array_equal(np.sort(order), np.arange(n)) and np.array_equal(q[order], np.sort(q))
+        if n >= 2:
+            a = q / 1e4
+            assert _same(kg.tie_means(a, order, 0.01), kit.tie_bands(a, 0.01))
+
+
 def test_the_estimates_weights_and_values_are_the_numpy_forms(monkeypatch):
     rng = np.random.default_rng(2)
     for _ in range(200):
@@ -129,6 +142,32 @@ def test_the_nested_plan_is_the_numpy_form_with_ties(monkeypatch):
         rem, G0 = rng.integers(1, 5, n), float(rng.uniform(0, 3) * n / ver[0])
         got, want = _both(monkeypatch, lambda: gg.plan_positions(S, costs, G0, rem, w))
         assert np.array_equal(got[0], want[0]) and got[1] == want[1]
+
+
+def test_the_nested_plan_is_the_numpy_form_where_the_columns_rank_apart(monkeypatch):
+    """kernels.weighted_plan ranks each later column over the rows it reads, by insertion or a merge sort, and
+    keeps those rankings across Dinkelbach's plans: the numpy form's plan where weights falling with the estimate
+    turn the ranking around between positions (the rows' ties kept: equal estimates, equal tokens left)."""
+    rng = np.random.default_rng(13)
+    for _ in range(300):
+        n, K = int(rng.integers(2, 200)), int(rng.integers(1, 17))
+        a = rng.choice(rng.uniform(0.3, 0.99, int(rng.integers(1, 12))), n)
+        S = np.cumprod(np.minimum(a[:, None] * rng.uniform(0.8, 1.2, K), 0.999), axis=1)
+        S[np.arange(K)[None, :] >= rng.integers(0, K + 1, n)[:, None]] = 0.0
+        w = 1.0 / (1.0 + S.sum(axis=1)) if rng.random() < 0.8 else rng.uniform(0.1, 1, n)
+        w = np.round(w / w.max(), int(rng.integers(1, 4))) if rng.random() < 0.5 else w / w.max()
+        ver = np.cumsum(rng.uniform(0, 1e-4, n * K + 1)) + 0.01
+        dr = np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1e-4, n)) + 0.002])
+        costs = kit.Tables(ver, dr, rng.uniform(0, 1e-3, K) if rng.random() < 0.3 else None)
+        rem, G0 = rng.integers(1, 6, n), float(rng.uniform(0, 3) * n / ver[0])
+        got, want = _both(monkeypatch, lambda: gg.plan_positions(S, costs, G0, rem, w))
+        assert np.array_equal(got[0], want[0]) and got[1] == want[1]
+    for m in (0, 1, 2, 7, 64, 100):   # the merge sort alone, from the reversed order (rows with their values)
+        v, k = rng.random(m).round(1), rng.integers(0, 3, m).astype(float)
+        rows = np.arange(m)[::-1].copy()
+        vals, keys = v[rows], k[rows]
+        kg.merge_rows(rows, vals, keys, m, np.empty(m, np.int64), np.empty(m), np.empty(m))
+        assert np.array_equal(rows, np.lexsort((np.arange(m), k, -v))) and _same(vals, v[rows])
 
 
 def test_keep_by_margin_and_drafting_keep_are_the_numpy_forms(monkeypatch):
@@ -317,3 +356,4 @@ def test_the_search_with_its_extension_is_its_blocks(monkeypatch):
         assert np.array_equal(depths, d) and G == g and E == E2 and np.array_equal(out, out2)
         assert (late, any_, late_out, any_out) == (bool(((d > 0) & (lag > 2)).any()), bool(d.any()),
                                                    bool(((out > 0) & (lag > 2)).any()), bool(out.any()))
+        assert x.full == bool(d.all())

@@ -1160,16 +1160,23 @@ def nested_search(S, key, order, ranked, K, G, ver, dr, pad, has_pad, n, base):
 def row_estimates(num, den, cal, kb, k, cap, confidence, tol):
     """`goodput_evidence.row_estimates` per row: confidence, (num + kb) / (den + k) x min(cal, cap) (num, den: the
     conf_sum and drafted), else counts, (num + kb) / (num + den + k) (num, den: accepted, rejected); clipped to
-    [1e-3, 0.999], rounded to 4 decimals and tied (`tie_bands`). Returns (a, False) on NaN."""
+    [1e-3, 0.999], rounded to 4 decimals and tied (`tie_bands`; a's order as its 1e4 multiples', by
+    `rounded_order`). Returns (a, False) on NaN."""
     n = num.shape[0]
-    a = np.empty(n)
+    a, q = np.empty(n), np.empty(n, np.int64)
+    counted = True
     for i in range(n):
         x = (num[i] + kb) / ((den[i] if confidence else num[i] + den[i]) + k)
         if confidence:
             x = x * minimum(cal[i], cap)
         x = minimum(maximum(x, 1e-3), 0.999) if x == x else x
-        a[i] = round_to(x, 1e4)
-    return tie_bands(a, tol)
+        r = np.rint(x * 1e4)   # (`round_to(x, 1e4)`, its integer kept)
+        a[i] = r / 1e4
+        counted = counted and 0.0 <= r < 16384.0
+        q[i] = np.int64(r) if counted else 0
+    if not counted or tol <= 0.0 or n < 2:
+        return tie_bands(a, tol)
+    return tie_means(a, rounded_order(q), tol), True
 
 
 @njit(cache=True, nogil=True)
@@ -1487,9 +1494,10 @@ def dinkelbach_next(found, e, t, G, g_none, best_g):
 def weighted_plan(S, w, remaining, G0, ver, dr, pad, has_pad):
     """`goodput_gates.plan_positions` with weights w, as `search.plan_by_position(S * w[:, None], costs, G0,
     tie=remaining, nested=True, base=w.sum())` computes it compiled: base by np.sum's order, the key
-    -float(remaining), Dinkelbach's iteration (`search._dinkelbach`: at most 5 `nested_search` plans, from
-    max(g_none, G0), g_none = base / verify[0]) and the best plan's depths (`nested_depths`). Returns (depths, G,
-    True), or (zeros, 0, False) where S x w or the key hold NaN (the numpy form decides)."""
+    -float(remaining), Dinkelbach's iteration (`search._dinkelbach`: at most 5 plans of `nested_by_position`'s
+    search, from max(g_none, G0), g_none = base / verify[0]; each by `chosen_search`, which ranks only the rows
+    the search reads, once for the plans that choose alike) and the best plan's depths. Returns (depths, G, True),
+    or (zeros, 0, False) where S x w or the key hold NaN (the numpy form decides)."""
     n, K = S.shape
     Sw, key = np.empty((n, K)), np.empty(n)
     for i in range(n):
@@ -1500,17 +1508,19 @@ def weighted_plan(S, w, remaining, G0, ver, dr, pad, has_pad):
         return np.zeros(n, np.int64), 0.0, False
     base = pairwise(w, 0, n)
     g_none = base / ver[0]
-    order, ranked = np.empty((n, K), np.int64), np.zeros(1, np.int64)
     G = G0 if G0 > g_none else g_none   # Python's max(g_none, G0)
-    best_g, best = g_none, np.zeros(0, np.int64)
+    best_g, best, depths = g_none, np.zeros(n, np.int64), np.zeros(n, np.int64)
+    rk, vk, work, chain = np.empty((K + 1, n), np.int64), np.empty((K, n)), np.empty((4, n + 1)), np.zeros(K + 1,
+                                                                                                          np.int64)
+    first_column(Sw, key, rk, vk, work, chain)
     for _ in range(5):
-        ms, m, e, t = nested_search(Sw, key, order, ranked, K, G, ver, dr, pad, has_pad, n, base)
+        m, e, t = chosen_search(Sw, key, rk, vk, work, chain, G, ver, dr, pad, has_pad, base, depths)
         better, g, G, stop = dinkelbach_next(m > 0, e, t, G, g_none, best_g)
         if better:
-            best_g, best = g, ms[:m]
+            best_g, best, depths = g, depths, best   # (the other buffer: the next plan's)
         if stop:
             break
-    return nested_depths(order, best, n), best_g, True
+    return best, best_g, True
 
 
 @njit(cache=True, nogil=True)
@@ -1597,18 +1607,174 @@ def goodput_estimates(w, grid, due, c, table, cols, z, kb, k, cap, confidence, t
 
 
 @njit(cache=True, nogil=True)
-def plan_extend(S, w, remaining, G0, ver, dr, pad, has_pad, lag, extend, cap, planned, out):
-    """`goodput_gates.plan_positions` (`weighted_plan`) into planned, and what the gates and the extension read of
+def plan_extend(S, w, remaining, G0, ver, dr, pad, has_pad, lag, extend, cap, two):
+    """`goodput_gates.plan_positions` (`weighted_plan`) into two[0], and what the gates and the extension read of
     it: whether a row that drafts lags (`any_late`), whether any drafts, the plan's value (`plan_value`), its
-    extended depths (`extend_depths`, into out) and the same two questions of them. Returns (G, True, late, drafts,
-    E, late extended, extended drafts), or (0, False, ...) where S x w or the key hold NaN."""
+    extended depths (`extend_depths`, into two[1]), the same two questions of them, and whether every row drafts
+    (planned.all()). Returns (G, True, late, drafts, E, late extended, extended drafts, all draft), or
+    (0, False, ...) where S x w or the key hold NaN."""
     d, G, ok = weighted_plan(S, w, remaining, G0, ver, dr, pad, has_pad)
     if not ok:
-        return 0.0, False, False, False, 0.0, False, False
-    planned[:] = d
+        return 0.0, False, False, False, 0.0, False, False, False
+    two[0, :] = d
     E = plan_value(S, w, True, d)
-    out[:] = extend_depths(d, extend, cap)
-    return G, True, any_late(d, lag), any_nonzero(d), E, any_late(out, lag), any_nonzero(out)
+    out = two[1]
+    full = True
+    for i in range(d.shape[0]):
+        out[i] = min(d[i] + extend, cap[i]) if d[i] > 0 else 0   # (`extend_depths`)
+        full = full and d[i] != 0
+    return G, True, any_late(d, lag), any_nonzero(d), E, any_late(out, lag), any_nonzero(out), full
+
+
+# ---- goodput's position search over the rows it reads (`weighted_plan`): column 0 ranked in full, each later
+# column only over the rows drafting at the position before (the only ones `nested_by_position` reads there) -----
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _ahead(vx, kx, x, vy, ky, y):
+    """Row x before row y in a column's ranking (`rank_columns`' order): value descending, then key, then row."""
+    return vx > vy or (vx == vy and (kx < ky or (kx == ky and x < y)))
+
+
+@njit(cache=True, nogil=True)
+def _merge_pass(ar, av, ak, br, bv, bk, m, width):
+    """One pass of `merge_rows`: each two sorted runs of `width` in a (rows, values, keys) merged into b."""
+    for lo in range(0, m, 2 * width):
+        mid, hi = min(lo + width, m), min(lo + 2 * width, m)
+        i, j, o = lo, mid, lo
+        while i < mid and j < hi:
+            if _ahead(av[j], ak[j], ar[j], av[i], ak[i], ar[i]):
+                br[o], bv[o], bk[o] = ar[j], av[j], ak[j]
+                j += 1
+            else:
+                br[o], bv[o], bk[o] = ar[i], av[i], ak[i]
+                i += 1
+            o += 1
+        while i < mid:
+            br[o], bv[o], bk[o] = ar[i], av[i], ak[i]
+            i += 1
+            o += 1
+        while j < hi:
+            br[o], bv[o], bk[o] = ar[j], av[j], ak[j]
+            j += 1
+            o += 1
+
+
+@njit(cache=True, nogil=True)
+def merge_rows(rows, v, k, m, rows2, v2, k2):
+    """rows[0:m], with their values v and keys k alongside, sorted by `_ahead` (a bottom-up merge sort through
+    rows2, v2, k2, each m long at least)."""
+    width, flip = 1, False
+    while width < m:
+        if flip:
+            _merge_pass(rows2, v2, k2, rows, v, k, m, width)
+        else:
+            _merge_pass(rows, v, k, rows2, v2, k2, m, width)
+        flip, width = not flip, 2 * width
+    if flip:
+        for i in range(m):
+            rows[i], v[i], k[i] = rows2[i], v2[i], k2[i]
+
+
+@njit(cache=True, nogil=True)
+def rank_rows(S, key, p, rows, m, v, k, rows2, v2, k2):
+    """rows[0:m] in column p's ranking (`rank_columns`' order: S[:, p] descending, then key, then row), in place,
+    and v[0:m] their S[:, p] (k: their keys; rows2, v2, k2: scratch, m long at least): by insertion from the given
+    order (a later column's rows come nearly in order), by `merge_rows` once that moves more than 32 m."""
+    for j in range(m):
+        r = rows[j]
+        v[j], k[j] = S[r, p], key[r]
+    moves = 0
+    for j in range(1, m):
+        x, vx, kx = rows[j], v[j], k[j]
+        q = j
+        while q > 0 and not _ahead(v[q - 1], k[q - 1], rows[q - 1], vx, kx, x):
+            rows[q], v[q], k[q] = rows[q - 1], v[q - 1], k[q - 1]
+            q -= 1
+        rows[q], v[q], k[q] = x, vx, kx
+        moves += j - q
+        if moves > 32 * m:
+            merge_rows(rows, v, k, m, rows2, v2, k2)
+            return
+
+
+@njit(cache=True, nogil=True)
+def first_column(S, key, rk, vk, work, chain):
+    """Column 0's ranking of all n rows (`rank_columns`' column 0, as `argsort2`) into rk[0], their values into
+    vk[0] (`chosen_search`'s buffers: rk [K + 1, n], vk [K, n], work [4, n + 1], chain [K + 1]); chain[K] = 1 (the
+    positions ranked). Nothing where S has no column."""
+    n, K = S.shape
+    if K == 0:
+        return
+    for i in range(n):
+        rk[0, i] = i
+        vk[0, i], work[0, i] = S[i, 0], key[i]
+    merge_rows(rk[0], vk[0], work[0], n, rk[K], work[1], work[2])
+    chain[K] = 1
+
+
+@njit(cache=True, nogil=True)
+def chosen_search(S, key, rk, vk, work, chain, G, ver, dr, pad, has_pad, base, depths):
+    """`nested_by_position(S, order, K, G, ...)` (the same positions, sums and choices) with column p's rows in
+    rk[p] and their values in vk[p]: column 0's all (`first_column`), a later one's the m chosen at the position
+    before, ranked there (`rank_rows`): the rows `_candidates` takes of `order`. chain: the m the last call chose
+    per position and (chain[K]) how many positions of rk hold its rankings, which hold for this call while it
+    chooses alike; work: scratch. The plan's depths into `depths`. Returns (its positions, value, seconds)."""
+    n, K = S.shape
+    rows2, k, v2, k2, c = rk[K], work[0], work[1], work[2], work[3]
+    depths[:] = 0
+    x, e, tdraft, prev, count = 0, base, 0.0, n, 0
+    same = True   # the positions so far chose as the last call's did
+    for p in range(K):
+        cur, v = rk[p], vk[p]
+        if not (same and p < chain[K]):
+            same = False
+            cur[:prev] = rk[p - 1, :prev]
+            rank_rows(S, key, p, cur, prev, v, k, rows2, v2, k2)
+            chain[K] = p + 1
+        c[0] = 0.0
+        for j in range(prev):
+            c[j + 1] = v[0] if j == 0 else c[j] + v[j]
+        vx = ver[x]
+        m, best, dm = 0, 0.0, 0.0
+        for j in range(prev + 1):
+            dj = dr[j] + pad[p] if has_pad and j > 0 else dr[j]
+            g = c[j] - G * (dj + ver[x + j] - vx)
+            if j == 0 or (not math.isnan(best) and (g > best or math.isnan(g))):
+                m, best, dm = j, g, dj
+        if same and chain[p] != m:
+            same, chain[K] = False, p + 1   # (the rankings past p were for other rows)
+        chain[p] = m
+        if m == 0 or best <= 0.0:
+            break
+        for j in range(m):
+            depths[cur[j]] += 1
+        count, e, tdraft, x, prev = count + 1, e + c[m], tdraft + dm, x + m, m
+    return count, e, ver[x] + tdraft
+
+
+# ---- goodput's rounded estimates in order (`row_estimates`' ties): a counting sort of their 1e4 multiples ------
+
+
+@njit(cache=True, nogil=True)
+def rounded_order(q):
+    """np.argsort's ascending order of integers q in [0, 2^14) up to the order of equal ones (`tie_means` reads
+    only the values' order): a least-significant-digit counting sort, two passes of 7 bits."""
+    n = q.shape[0]
+    tmp, out, cnt = np.empty(n, np.int64), np.empty(n, np.int64), np.zeros(129, np.int64)
+    for shift in (0, 7):
+        src, dst = (np.arange(n), tmp) if shift == 0 else (tmp, out)
+        cnt[:] = 0
+        for i in range(n):
+            cnt[((q[i] >> shift) & 127) + 1] += 1
+        for b in range(128):
+            cnt[b + 1] += cnt[b]
+        for j in range(n):
+            i = src[j]
+            d = (q[i] >> shift) & 127
+            dst[cnt[d]] = i
+            cnt[d] += 1
+    return out
 
 
 # ---- kit.tree's plan search and tree_confidence's means (np.interp's rule over an arange grid, np.sum's pairwise
@@ -3061,7 +3227,13 @@ def tie_bands(a, tol):
     for i in range(n):
         if a[i] != a[i] or a[i] == 0.0:
             return a, False
-    order = np.argsort(a)
+    return tie_means(a, np.argsort(a), tol), True
+
+
+@njit(cache=True, nogil=True)
+def tie_means(a, order, tol):
+    """`tie_bands`' values past its early outs, with a's ascending order given (`order`)."""
+    n = a.shape[0]
     inv = np.empty(n, np.int64)
     u, cnt = np.empty(n), np.zeros(n)
     m = -1
@@ -3074,7 +3246,7 @@ def tie_bands(a, tol):
         inv[order[i]] = m
     m += 1
     if m == 1:
-        return a, True
+        return a
     band = bands(u[:m], tol)
     nb = band.max() + 1
     num, den = np.zeros(nb), np.zeros(nb)
@@ -3085,7 +3257,7 @@ def tie_bands(a, tol):
     for i in range(n):
         b = band[inv[i]]
         out[i] = num[b] / den[b]
-    return out, True
+    return out
 
 
 # ---- the drain's kept buffers and its answer (drain.finish_best) ----------------------------------------------
