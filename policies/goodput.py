@@ -139,17 +139,15 @@ class Goodput(Policy):
         return est
 
     def _price(self, view, K):
-        """The step-time tables: the view's cost model, calibrated (cost=calibrated; with the policy time, in one call
-        into arrays the calibration keeps), as is, or the clock's."""
+        """The step-time tables: the view's cost model, calibrated (cost=calibrated), as is, or the clock's."""
         costs = self._costs.update(view, K, view.true_cost if self.cost == "clock" else None)
         if self.cost == "calibrated":
             return self._calib.correct(costs, self._ptime if self.policy_time else None, keep=True)
         return self._ptime.apply(costs) if self.policy_time else costs
 
     def _weigh(self, view, r) -> SimpleNamespace:
-        """What each row's token is worth this step (`goodput_weights.drain_weights`; time_weights' arguments past S,
-        where it needs them: c1, one more row's verify seconds at the priced cost model and contexts, calibrated;
-        its weights written into the estimate's kept arrays, `goodput_evidence.Kept.weights`)."""
+        """What each row's token is worth this step (`goodput_weights.drain_weights`, into `Kept.weights`); past S,
+        time_weights' arguments where it needs them: c1, one more row's verify seconds as priced, calibrated."""
         d, e, c, scaled = self.draining, r.est, self._costs, self.cost == "calibrated"
         args = lambda: (e.a, self._pool.dbar, e.rows.drafted, self.est.prior_strength, e.rem,   # noqa: E731
                         self._row_cost(c.model, c.ctx, c.mean, c.key[2])
