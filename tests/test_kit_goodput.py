@@ -136,12 +136,19 @@ def test_the_nested_plan_is_the_numpy_form_with_ties(monkeypatch):
         if rng.random() < 0.05:   # (NaN: kernels.weighted_plan leaves it to the numpy form)
             S[int(rng.integers(n)), int(rng.integers(K))] = np.nan
         w = rng.choice([0.5, 1.0], n) if rng.random() < 0.7 else rng.uniform(0.1, 1, n)
-        ver = np.cumsum(rng.uniform(0, 1e-4, n * K + 1)) + 0.01
-        dr = np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1e-4, n)) + 0.002])
-        costs = kit.Tables(ver, dr, rng.uniform(0, 1e-3, K) if rng.random() < 0.3 else None)
-        rem, G0 = rng.integers(1, 5, n), float(rng.uniform(0, 3) * n / ver[0])
-        got, want = _both(monkeypatch, lambda: gg.plan_positions(S, costs, G0, rem, w))
-        assert np.array_equal(got[0], want[0]) and got[1] == want[1]
+        _plan_both_ways(monkeypatch, rng, S, w, 5)
+
+
+def _plan_both_ways(monkeypatch, rng, S, w, most_left):
+    """gg.plan_positions on S, w and random step-time tables (a pad in 30 % of cases), ties from tokens left below
+    most_left: the compiled plan is the numpy form's."""
+    n, K = S.shape
+    ver = np.cumsum(rng.uniform(0, 1e-4, n * K + 1)) + 0.01
+    dr = np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1e-4, n)) + 0.002])
+    costs = kit.Tables(ver, dr, rng.uniform(0, 1e-3, K) if rng.random() < 0.3 else None)
+    rem, G0 = rng.integers(1, most_left, n), float(rng.uniform(0, 3) * n / ver[0])
+    got, want = _both(monkeypatch, lambda: gg.plan_positions(S, costs, G0, rem, w))
+    assert np.array_equal(got[0], want[0]) and got[1] == want[1]
 
 
 def test_the_nested_plan_is_the_numpy_form_where_the_columns_rank_apart(monkeypatch):
@@ -156,12 +163,7 @@ def test_the_nested_plan_is_the_numpy_form_where_the_columns_rank_apart(monkeypa
         S[np.arange(K)[None, :] >= rng.integers(0, K + 1, n)[:, None]] = 0.0
         w = 1.0 / (1.0 + S.sum(axis=1)) if rng.random() < 0.8 else rng.uniform(0.1, 1, n)
         w = np.round(w / w.max(), int(rng.integers(1, 4))) if rng.random() < 0.5 else w / w.max()
-        ver = np.cumsum(rng.uniform(0, 1e-4, n * K + 1)) + 0.01
-        dr = np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1e-4, n)) + 0.002])
-        costs = kit.Tables(ver, dr, rng.uniform(0, 1e-3, K) if rng.random() < 0.3 else None)
-        rem, G0 = rng.integers(1, 6, n), float(rng.uniform(0, 3) * n / ver[0])
-        got, want = _both(monkeypatch, lambda: gg.plan_positions(S, costs, G0, rem, w))
-        assert np.array_equal(got[0], want[0]) and got[1] == want[1]
+        _plan_both_ways(monkeypatch, rng, S, w, 6)
     for m in (0, 1, 2, 7, 64, 100):   # the merge sort alone, from the reversed order (rows with their values)
         v, k = rng.random(m).round(1), rng.integers(0, 3, m).astype(float)
         rows = np.arange(m)[::-1].copy()

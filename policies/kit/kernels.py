@@ -26,13 +26,7 @@ def by_position(C, K, G, ver, dr, pad, has_pad, n, base):
     ms = np.zeros(K, np.int64)
     x, e, tdraft, prev, count = 0, base, 0.0, n, 0
     for p in range(K):
-        vx = ver[x]
-        m, best, dm = 0, 0.0, 0.0
-        for j in range(prev + 1):
-            dj = dr[j] + pad[p] if has_pad and j > 0 else dr[j]
-            g = C[j, p] - G * (dj + ver[x + j] - vx)
-            if j == 0 or (not math.isnan(best) and (g > best or math.isnan(g))):
-                m, best, dm = j, g, dj
+        m, best, dm = _position_best(C[:, p], prev, G, ver, x, dr, pad[p] if has_pad else 0.0, has_pad)
         if m == 0 or best <= 0.0:
             break
         ms[count] = m
@@ -59,6 +53,21 @@ def _candidates(order, p, chosen, prev, cand):
 
 
 @njit(cache=True, nogil=True)
+def _position_best(c, k, G, ver, x, dr, padp, has_pad):
+    """The position's best count m of its k ranked rows (c: their cumulative values, c[0] = 0): the first j in 0..k
+    with the greatest c[j] - G (dr[j] (+ padp where j > 0 and has_pad) + ver[x + j] - ver[x]) (a NaN wins, as
+    np.argmax). Returns (m, its gain, its draft seconds)."""
+    vx = ver[x]
+    m, best, dm = 0, 0.0, 0.0
+    for j in range(k + 1):
+        dj = dr[j] + padp if has_pad and j > 0 else dr[j]
+        g = c[j] - G * (dj + ver[x + j] - vx)
+        if j == 0 or (not math.isnan(best) and (g > best or math.isnan(g))):
+            m, best, dm = j, g, dj
+    return m, best, dm
+
+
+@njit(cache=True, nogil=True)
 def nested_by_position(S, order, K, G, ver, dr, pad, has_pad, n, base):
     """`by_position` on `search._NestedColumns`: column p's cumulative values (np.cumsum's order) over the rows
     that drafted at p - 1, in column p's ranking (`order`); the m rows drafting at p are the first m of them."""
@@ -72,13 +81,7 @@ def nested_by_position(S, order, K, G, ver, dr, pad, has_pad, n, base):
         c[0] = 0.0
         for j in range(k):
             c[j + 1] = S[cand[j], p] if j == 0 else c[j] + S[cand[j], p]
-        vx = ver[x]
-        m, best, dm = 0, 0.0, 0.0
-        for j in range(k + 1):
-            dj = dr[j] + pad[p] if has_pad and j > 0 else dr[j]
-            g = c[j] - G * (dj + ver[x + j] - vx)
-            if j == 0 or (not math.isnan(best) and (g > best or math.isnan(g))):
-                m, best, dm = j, g, dj
+        m, best, dm = _position_best(c, k, G, ver, x, dr, pad[p] if has_pad else 0.0, has_pad)
         if m == 0 or best <= 0.0:
             break
         chosen[:] = False
@@ -1735,13 +1738,7 @@ def chosen_search(S, key, rk, vk, work, chain, G, ver, dr, pad, has_pad, base, d
         c[0] = 0.0
         for j in range(prev):
             c[j + 1] = v[0] if j == 0 else c[j] + v[j]
-        vx = ver[x]
-        m, best, dm = 0, 0.0, 0.0
-        for j in range(prev + 1):
-            dj = dr[j] + pad[p] if has_pad and j > 0 else dr[j]
-            g = c[j] - G * (dj + ver[x + j] - vx)
-            if j == 0 or (not math.isnan(best) and (g > best or math.isnan(g))):
-                m, best, dm = j, g, dj
+        m, best, dm = _position_best(c, prev, G, ver, x, dr, pad[p] if has_pad else 0.0, has_pad)
         if same and chain[p] != m:
             same, chain[K] = False, p + 1   # (the rankings past p were for other rows)
         chain[p] = m
@@ -2632,12 +2629,7 @@ def evidence_observe(drafted, accepted, conf, table, cols, exps, estimate, paire
         col = np.zeros((4, K))
         a_sum, rej, csum, d_sum, vconf, ver, dbar = _evidence_rows(drafted, accepted, conf, table, cols, estimate,
                                                                    paired, col)
-        for p in range(K):
-            acc_s[p] += col[0, p]
-            exp_s[p] += col[1, p]
-            if paired:
-                first_acc[p] += col[2, p]
-                first_exp[p] += col[3, p]
+        _add_columns(col, K, acc_s, exp_s, first_acc, first_exp, paired)
     else:
         verified, acc_mask, a_sum, rej, csum, d_sum, vconf, ver, dbar = evidence_counts(drafted, accepted, conf,
                                                                                         table, cols)
@@ -3150,13 +3142,20 @@ def position_sums(verified, accepted, estimate, drafted, paired, acc_s, exp_s, f
                 col[2, p] += 1.0 if past and first else 0.0
                 t = (1.0 if past else 0.0) * e
                 col[3, p] = t if i == 0 else col[3, p] + t
+    _add_columns(col, k, acc_s, exp_s, first_acc, first_exp, paired)
+
+
+
+@njit(cache=True, nogil=True)
+def _add_columns(col, k, acc_s, exp_s, first_acc, first_exp, paired):
+    """The step's column sums col [4, k] added to the position sums (the first two, and the paired two where
+    `paired`), position by position."""
     for p in range(k):
         acc_s[p] += col[0, p]
         exp_s[p] += col[1, p]
         if paired:
             first_acc[p] += col[2, p]
             first_exp[p] += col[3, p]
-
 
 @njit(cache=True, nogil=True)
 def position_sums_counts(k, verified, accepted, estimate, drafted, paired, acc_s, exp_s, first_acc, first_exp):

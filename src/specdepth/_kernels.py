@@ -402,75 +402,18 @@ def roofline_step_parts(ctx, depths, tt, dt):
 
 
 @njit(cache=True, nogil=True)
-def _sum_block(a, lo, n):
-    """numpy's pairwise float sum of a[lo:lo + n], n <= 128: a plain loop below 8, else 8 accumulators."""
-    if n < 8:
-        res = 0.0
-        for i in range(n):
-            res += a[lo + i]
-        return res
-    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
-    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
-    i = 8
-    while i < n - n % 8:
-        j = lo + i
-        r0 += a[j]
-        r1 += a[j + 1]
-        r2 += a[j + 2]
-        r3 += a[j + 3]
-        r4 += a[j + 4]
-        r5 += a[j + 5]
-        r6 += a[j + 6]
-        r7 += a[j + 7]
-        i += 8
-    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-    while i < n:
-        res += a[lo + i]
-        i += 1
-    return res
-
-
-@njit(cache=True, nogil=True)
-def float_sum(a, lo, n):
-    """np.sum(a[lo:lo + n]) of a float vector to the bit: numpy's pairwise sum (`_sum_block` up to 128 values,
-    above that the sum of two halves, the first a multiple of 8)."""
-    if n <= 128:
-        return _sum_block(a, lo, n)
-    stack, vals = np.empty((3, 64), np.int64), np.empty(64)   # (start, size, state) of the parts; their sums
-    top, nv = 0, 0
-    stack[0, 0], stack[1, 0], stack[2, 0] = lo, n, 0
-    while top >= 0:   # the recursion, with an explicit stack (a cached compiled function must not call itself)
-        b, m, st = stack[0, top], stack[1, top], stack[2, top]
-        top -= 1
-        if m <= 128:
-            vals[nv] = _sum_block(a, b, m)
-            nv += 1
-        elif st == 1:   # both halves done: left below right
-            vals[nv - 2] = vals[nv - 2] + vals[nv - 1]
-            nv -= 1
-        else:
-            h = m // 2
-            h -= h % 8
-            stack[0, top + 1], stack[1, top + 1], stack[2, top + 1] = b, m, 1
-            stack[0, top + 2], stack[1, top + 2], stack[2, top + 2] = b + h, m - h, 0
-            stack[0, top + 3], stack[1, top + 3], stack[2, top + 3] = b, h, 0
-            top += 3
-    return vals[0]
-
-
-@njit(cache=True, nogil=True)
-def roofline_flat_verify(n, c, dot_all, dot_less, a, b, w, kv, inv_f, inv_b, oh, ca):
-    """CostModel.row_verify_times priced by the roofline after its dot products (dot_all: of n ones with the float
-    contexts c, dot_less: of n - 1 ones with c[1:]): per row count m (n, then n - 1 where n > 1), _sums' tokens
-    float(m), pairs dot + float(2 m) x 0.5 and context float_sum, then target_forward's flops and the roofline."""
+def roofline_flat_verify(n, c_all, c_less, dot_all, dot_less, a, b, w, kv, inv_f, inv_b, oh, ca):
+    """CostModel.row_verify_times priced by the roofline after its sums and dot products (c_all, dot_all: of the n
+    float contexts, and of n ones with them; c_less, dot_less: the same without the first row): per row count m (n,
+    then n - 1 where n > 1), _sums' tokens float(m) and pairs dot + float(2 m) x 0.5, then target_forward's flops
+    and the roofline."""
     t = float(n)
-    full = _roofline_seconds(a * t + b * (dot_all + float(2 * n) * 0.5), t, float_sum(c, 0, n), w, kv, inv_f,
-                             inv_b, oh, ca)
+    full = _roofline_seconds(a * t + b * (dot_all + float(2 * n) * 0.5), t, c_all, w, kv, inv_f, inv_b, oh, ca)
     if n <= 1:
         return full, 0.0
     t = float(n - 1)
-    less = _roofline_seconds(a * t + b * (dot_less + float(2 * (n - 1)) * 0.5), t, float_sum(c, 1, n - 1), w, kv,
-                             inv_f, inv_b, oh, ca)
+    less = _roofline_seconds(a * t + b * (dot_less + float(2 * (n - 1)) * 0.5), t, c_less, w, kv, inv_f, inv_b,
+                             oh, ca)
     return full, less
 
 

@@ -374,13 +374,14 @@ class RooflineCost(CostModel):
         return super().verify_times(ctx, totals)
 
     def row_verify_times(self, context, n):
-        """The base class's two verifies with its numpy dot products (the same calls on the same arrays), their
-        sums and arithmetic in one compiled pass (`_kernels.roofline_flat_verify`): the same values."""
+        """The base class's two verifies with its numpy sums and dot products (the same calls on the same arrays), their
+        arithmetic in one compiled pass (`_kernels.roofline_flat_verify`): the same values."""
         if not (self._flat and n >= 1):
             return super().row_verify_times(context, n)
         c, q = np.full(n, float(context)), np.ones(n)   # (q: the base class's depths + 1)
-        return _k.roofline_flat_verify(n, c, float(np.dot(q, c)), float(np.dot(q[:n - 1], c[1:])) if n > 1 else 0.0,
-                                       *self._target_terms)
+        more = n > 1
+        return _k.roofline_flat_verify(n, float(c.sum()), float(c[1:].sum()) if more else 0.0, float(np.dot(q, c)),
+                                       float(np.dot(q[:n - 1], c[1:])) if more else 0.0, *self._target_terms)
 
     def draft_level_times(self, ctx, q):
         if (self._moe["draft"] is None and type(self).draft_forward is CostModel.draft_forward
