@@ -3633,14 +3633,6 @@ def corrected(verify, draft, state, timed, idle, extra, v, d, pad):
 
 
 @njit(cache=True, nogil=True)
-def interp_points(m, xp, fp):
-    """np.interp(np.arange(m), xp, fp) for an ascending xp (`interp_into` into a new array). Returns (values, False)
-    where xp does not ascend (the numpy form)."""
-    out = np.empty(m)
-    return out, interp_into(xp, fp, out)
-
-
-@njit(cache=True, nogil=True)
 def interp_into(xp, fp, out):
     """np.interp(np.arange(out.size), xp, fp) into out, for an ascending xp: per point its step j (xp[j] <= x <
     xp[j + 1], as numpy's search finds it), fp[0] below, fp[-1] from the last point on, fp[j] at a grid point, else
