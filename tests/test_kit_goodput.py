@@ -170,6 +170,12 @@ def test_the_nested_plan_is_the_numpy_form_where_the_columns_rank_apart(monkeypa
         vals, keys = v[rows], k[rows]
         kg.merge_rows(rows, vals, keys, m, np.empty(m, np.int64), np.empty(m), np.empty(m))
         assert np.array_equal(rows, np.lexsort((np.arange(m), k, -v))) and _same(vals, v[rows])
+    for m in (0, 1, 2, 7, 64, 128, 129, 200):   # the ranking by counting (and merged past 128), distinct int keys
+        v, k = np.where(rng.random(m) < 0.1, -0.0, rng.random(m).round(1)), rng.permutation(m) * 3 - m
+        rows = np.arange(m)[::-1].copy()
+        vals, keys = v[rows], k[rows]
+        kg.rank_some(rows, vals, keys, m, np.empty(m, np.int64), np.empty(m), np.empty(m, np.int64))
+        assert np.array_equal(rows, np.lexsort((k, -v))) and _same(vals, v[rows])
 
 
 def test_keep_by_margin_and_drafting_keep_are_the_numpy_forms(monkeypatch):

@@ -1496,34 +1496,44 @@ def dinkelbach_next(found, e, t, G, g_none, best_g):
 @njit(cache=True, nogil=True)
 def weighted_plan(S, w, remaining, G0, ver, dr, pad, has_pad):
     """`goodput_gates.plan_positions` with weights w, as `search.plan_by_position(S * w[:, None], costs, G0,
-    tie=remaining, nested=True, base=w.sum())` computes it compiled: base by np.sum's order, the key
-    -float(remaining), Dinkelbach's iteration (`search._dinkelbach`: at most 5 plans of `nested_by_position`'s
-    search, from max(g_none, G0), g_none = base / verify[0]; each by `chosen_search`, which ranks only the rows
-    the search reads, once for the plans that choose alike) and the best plan's depths. Returns (depths, G, True),
-    or (zeros, 0, False) where S x w or the key hold NaN (the numpy form decides)."""
+    tie=remaining, nested=True, base=w.sum())` computes it compiled: base by np.sum's order, the rows' ties by
+    remaining (descending, then the row: `_TIE`'s keys), Dinkelbach's iteration (`search._dinkelbach`: at most 5
+    plans of `nested_by_position`'s search, from max(g_none, G0), g_none = base / verify[0]; each by
+    `chosen_search`, which ranks only the rows the search reads, once for the plans that choose alike) and the best
+    plan's depths. Returns (depths, G, True), or (zeros, 0, False) where S x w holds NaN or a row's remaining is
+    outside (-_TIE, _TIE) (the numpy form decides)."""
     n, K = S.shape
-    Sw, key = np.empty((n, K)), np.empty(n)
+    Sw, t = np.empty((n, K)), np.empty(n, np.int64)
+    nan = False
     for i in range(n):
-        key[i] = -float(remaining[i])
+        r, wi = remaining[i], w[i]
+        if not -_TIE < r < _TIE:
+            return np.zeros(n, np.int64), 0.0, False
+        t[i] = (_TIE - r) << 32 | i   # (key -float(remaining) ascending, then the row)
         for p in range(K):
-            Sw[i, p] = S[i, p] * w[i]
-    if _any_nan(Sw, key):
+            x = S[i, p] * wi
+            Sw[i, p] = x
+            nan |= math.isnan(x)
+    if nan:
         return np.zeros(n, np.int64), 0.0, False
     base = pairwise(w, 0, n)
     g_none = base / ver[0]
     G = G0 if G0 > g_none else g_none   # Python's max(g_none, G0)
     best_g, best, depths = g_none, np.zeros(n, np.int64), np.zeros(n, np.int64)
-    rk, vk, work, chain = np.empty((K + 1, n), np.int64), np.empty((K, n)), np.empty((4, n + 1)), np.zeros(K + 1,
-                                                                                                          np.int64)
-    first_column(Sw, key, rk, vk, work, chain)
+    rk, vk, c, chain = np.empty((K + 3, n), np.int64), np.empty((K + 1, n)), np.empty(n + 1), np.zeros(K + 1,
+                                                                                                       np.int64)
+    first_column(Sw, t, rk, vk, chain)
     for _ in range(5):
-        m, e, t = chosen_search(Sw, key, rk, vk, work, chain, G, ver, dr, pad, has_pad, base, depths)
-        better, g, G, stop = dinkelbach_next(m > 0, e, t, G, g_none, best_g)
+        m, e, tt = chosen_search(Sw, t, rk, vk, chain, c, G, ver, dr, pad, has_pad, base, depths)
+        better, g, G, stop = dinkelbach_next(m > 0, e, tt, G, g_none, best_g)
         if better:
             best_g, best, depths = g, depths, best   # (the other buffer: the next plan's)
         if stop:
             break
     return best, best_g, True
+
+
+_TIE = 1 << 30   # `weighted_plan`'s tie keys: (_TIE - remaining) << 32 | row, for |remaining| < _TIE and rows < 2^32
 
 
 @njit(cache=True, nogil=True)
@@ -1630,7 +1640,37 @@ def plan_extend(S, w, remaining, G0, ver, dr, pad, has_pad, lag, extend, cap, tw
 
 
 # ---- goodput's position search over the rows it reads (`weighted_plan`): column 0 ranked in full, each later
-# column only over the rows drafting at the position before (the only ones `nested_by_position` reads there) -----
+# column only over the rows drafting at the position before (the only ones `nested_by_position` reads there);
+# a ranking by counting (`count_rank`: each row's place, the rows ahead of it, in branch-free passes) up to
+# _COUNTED rows, a merge sort past that ------------------------------------------------------------------------
+
+
+_COUNTED = 128   # `rank_some`: rankings of up to this many rows by counting (m^2 comparisons), longer ones merged
+
+
+@njit(cache=True, nogil=True)
+def count_rank(rows, v, k, m, rows2, v2):
+    """rows[0:m], v[0:m] (their values) in `_ahead`'s order, in place, for keys k distinct (then no two rows tie):
+    each row's place is the number of rows ahead of it, value greater or equal with a smaller key (rows2, v2:
+    scratch, m long at least)."""
+    for i in range(m):
+        vi, ki = v[i], k[i]
+        c = 0
+        for j in range(m):
+            c += (v[j] > vi) | ((v[j] == vi) & (k[j] < ki))
+        rows2[c], v2[c] = rows[i], vi
+    for i in range(m):
+        rows[i], v[i] = rows2[i], v2[i]
+
+
+@njit(cache=True, nogil=True)
+def rank_some(rows, v, k, m, rows2, v2, k2):
+    """rows[0:m] with their values v and distinct keys k in `_ahead`'s order, in place (k left in the order given
+    up to _COUNTED rows): `count_rank`, past _COUNTED rows `merge_rows` (rows2, v2, k2: scratch, m long)."""
+    if m <= _COUNTED:
+        count_rank(rows, v, k, m, rows2, v2)
+    else:
+        merge_rows(rows, v, k, m, rows2, v2, k2)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -1680,13 +1720,13 @@ def merge_rows(rows, v, k, m, rows2, v2, k2):
 
 
 @njit(cache=True, nogil=True)
-def rank_rows(S, key, p, rows, m, v, k, rows2, v2, k2):
-    """rows[0:m] in column p's ranking (`rank_columns`' order: S[:, p] descending, then key, then row), in place,
+def rank_rows(S, t, p, rows, m, v, k, rows2, v2, k2):
+    """rows[0:m] in column p's ranking (`_ahead`'s order: S[:, p] descending, then the distinct keys t), in place,
     and v[0:m] their S[:, p] (k: their keys; rows2, v2, k2: scratch, m long at least): by insertion from the given
-    order (a later column's rows come nearly in order), by `merge_rows` once that moves more than 32 m."""
+    order (a later column's rows come nearly in order), by `rank_some` once that moves more than 2 m."""
     for j in range(m):
         r = rows[j]
-        v[j], k[j] = S[r, p], key[r]
+        v[j], k[j] = S[r, p], t[r]
     moves = 0
     for j in range(1, m):
         x, vx, kx = rows[j], v[j], k[j]
@@ -1696,35 +1736,36 @@ def rank_rows(S, key, p, rows, m, v, k, rows2, v2, k2):
             q -= 1
         rows[q], v[q], k[q] = x, vx, kx
         moves += j - q
-        if moves > 32 * m:
-            merge_rows(rows, v, k, m, rows2, v2, k2)
+        if moves > 2 * m:
+            rank_some(rows, v, k, m, rows2, v2, k2)
             return
 
 
 @njit(cache=True, nogil=True)
-def first_column(S, key, rk, vk, work, chain):
-    """Column 0's ranking of all n rows (`rank_columns`' column 0, as `argsort2`) into rk[0], their values into
-    vk[0] (`chosen_search`'s buffers: rk [K + 1, n], vk [K, n], work [4, n + 1], chain [K + 1]); chain[K] = 1 (the
+def first_column(S, t, rk, vk, chain):
+    """Column 0's ranking of all n rows (`_ahead`'s order, keys t distinct: `rank_some`) into rk[0], their values
+    into vk[0] (`chosen_search`'s buffers: rk [K + 3, n], vk [K + 1, n], chain [K + 1]); chain[K] = 1 (the
     positions ranked). Nothing where S has no column."""
     n, K = S.shape
     if K == 0:
         return
+    rows, v, k = rk[0], vk[0], rk[K + 1]
     for i in range(n):
-        rk[0, i] = i
-        vk[0, i], work[0, i] = S[i, 0], key[i]
-    merge_rows(rk[0], vk[0], work[0], n, rk[K], work[1], work[2])
+        rows[i], v[i], k[i] = i, S[i, 0], t[i]
+    rank_some(rows, v, k, n, rk[K], vk[K], rk[K + 2])
     chain[K] = 1
 
 
 @njit(cache=True, nogil=True)
-def chosen_search(S, key, rk, vk, work, chain, G, ver, dr, pad, has_pad, base, depths):
-    """`nested_by_position(S, order, K, G, ...)` (the same positions, sums and choices) with column p's rows in
-    rk[p] and their values in vk[p]: column 0's all (`first_column`), a later one's the m chosen at the position
-    before, ranked there (`rank_rows`): the rows `_candidates` takes of `order`. chain: the m the last call chose
-    per position and (chain[K]) how many positions of rk hold its rankings, which hold for this call while it
-    chooses alike; work: scratch. The plan's depths into `depths`. Returns (its positions, value, seconds)."""
+def chosen_search(S, t, rk, vk, chain, c, G, ver, dr, pad, has_pad, base, depths):
+    """`nested_by_position(S, order, K, G, ...)` (the same positions, sums and choices; ties by the distinct keys
+    t) with column p's rows in rk[p] and their values in vk[p]: column 0's all (`first_column`), a later one's the
+    m chosen at the position before, ranked there (`rank_rows`): the rows `_candidates` takes of `order`. chain:
+    the m the last call chose per position and (chain[K]) how many positions of rk hold its rankings, which hold
+    for this call while it chooses alike; rk[K:], vk[K] and c (n + 1): scratch. The plan's depths into `depths`.
+    Returns (its positions, value, seconds)."""
     n, K = S.shape
-    rows2, k, v2, k2, c = rk[K], work[0], work[1], work[2], work[3]
+    rows2, k, k2, v2 = rk[K], rk[K + 1], rk[K + 2], vk[K]
     depths[:] = 0
     x, e, tdraft, prev, count = 0, base, 0.0, n, 0
     same = True   # the positions so far chose as the last call's did
@@ -1733,7 +1774,7 @@ def chosen_search(S, key, rk, vk, work, chain, G, ver, dr, pad, has_pad, base, d
         if not (same and p < chain[K]):
             same = False
             cur[:prev] = rk[p - 1, :prev]
-            rank_rows(S, key, p, cur, prev, v, k, rows2, v2, k2)
+            rank_rows(S, t, p, cur, prev, v, k, rows2, v2, k2)
             chain[K] = p + 1
         c[0] = 0.0
         for j in range(prev):
