@@ -149,8 +149,8 @@ class Goodput(Policy):
         """What each row's token is worth this step (`goodput_weights.drain_weights`, into `Kept.weights`); past S,
         time_weights' arguments where it needs them: c1, one more row's verify seconds as priced, calibrated."""
         d, e, c, scaled = self.draining, r.est, self._costs, self.cost == "calibrated"
-        args = lambda: (e.a, self._pool.dbar, e.rows.drafted, self.est.prior_strength, e.rem,   # noqa: E731
-                        self._row_cost(c.model, c.ctx, c.mean, c.key[2])
+        args = lambda: (e.a, self._pool.dbar, None if e.spread else e.rows.drafted,   # noqa: E731 (spread: unread)
+                        self.est.prior_strength, e.rem, self._row_cost(c.model, c.ctx, c.mean, c.key[2])
                         * (self._calib.verify_scale() if scaled else 1.0), float(r.costs.verify[0]))
         return drain_weights(view, self._stream, d.tail, d.after, self.drain, e.S, e.S0, self._pool.dbar, args,
                              e.slot, e.spread, e.mode, self._kept.weights)

@@ -93,18 +93,18 @@ def time_weights(S, a, dbar, drafted, prior_strength, remaining, c1, verify0, sp
     the gap to the slowest row's expected steps in standard deviations (outcomes' variance e (e - 1), and the
     estimate's binomial error over the row's `drafted` tokens + `prior_strength`). Returns (weights, the least
     chance of a row to end the run, the fixed share c0 / verify0 of a step). `spread`: `kernels.time_spread`'s
-    (e, exponent), computed already. `out` (compiled): two float arrays of n, the chances and the weights (the
-    weights returned are the second)."""
+    (e, exponent) of S, computed already (then a, drafted and prior_strength are not read). `out` (compiled): two
+    float arrays of n, the chances and the weights (the weights returned are the second)."""
     n, K = S.shape
     d = K if dbar is None else min(dbar, K)
     c0 = max(verify0 - n * c1, 0.0)
-    if search.COMPILED and S.dtype == a.dtype == np.float64:   # the same operations, compiled around np.exp
+    if search.COMPILED and (spread is not None or S.dtype == a.dtype == np.float64):   # the same operations,
         e, u = spread or kernels.time_spread(S, a, int(d), float(d - int(d)), drafted, prior_strength, remaining)
-        if out is None or out[0].shape[0] != n or out[1].shape[0] != n:
+        if out is None or len(out[0]) != n or len(out[1]) != n:                       # compiled around np.exp
             w, p_min = kernels.time_scale(np.exp(u), e, c1, c0)
         else:
             w = out[1]
-            p_min = kernels.time_scale_into(np.exp(u, out=out[0]), e, c1, c0, w)
+            p_min = kernels.time_scale_into(np.exp(u, out[0]), e, c1, c0, w)   # (out positional: the same call)
         return w, p_min, c0 / max(verify0, 1e-300)
     e = tokens_per_step(S, dbar)
     dS = ((np.arange(K) + 1.0) * S)[:, :max(int(math.ceil(d)), 1)].sum(axis=1) / a   # de / da

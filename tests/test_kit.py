@@ -266,6 +266,13 @@ def test_the_compiled_table_interpolation_and_roofline_tables_are_numpys(monkeyp
               np.where(rng.random(xs.size) < 0.2, -np.inf, 0.3)][t % 4]
         with np.errstate(all="ignore"):
             assert kcost._interp(X + 1, xs, fp).tobytes() == np.interp(np.arange(X + 1), xs, fp).tobytes()
+    for t in range(300):   # any ascending grid: points below, between (fractional) and past it
+        xp = np.unique(np.concatenate([rng.uniform(-50, 350, int(rng.integers(1, 30))), rng.integers(-5, 320, 3)]))
+        fp = np.where(rng.random(xp.size) < 0.1, [np.nan, np.inf][t % 2], rng.normal(size=xp.size))
+        out = np.empty(int(rng.integers(0, 300)))
+        with np.errstate(all="ignore"):
+            assert kit.kernels.interp_into(xp, fp, out)
+            assert out.tobytes() == np.interp(np.arange(out.size), xp, fp).tobytes()
     cm = build(cfg())["engine"].cost
     for _ in range(300):
         n = int(rng.integers(1, 300))

@@ -1723,10 +1723,17 @@ def merge_rows(rows, v, k, m, rows2, v2, k2):
 def rank_rows(S, t, p, rows, m, v, k, rows2, v2, k2):
     """rows[0:m] in column p's ranking (`_ahead`'s order: S[:, p] descending, then the distinct keys t), in place,
     and v[0:m] their S[:, p] (k: their keys; rows2, v2, k2: scratch, m long at least): by insertion from the given
-    order (a later column's rows come nearly in order), by `rank_some` once that moves more than 2 m."""
+    order (a later column's rows come nearly in order), by `rank_some` where more than m / 8 of the given
+    neighbours are out of order or once the insertion moves more than 2 m."""
     for j in range(m):
         r = rows[j]
         v[j], k[j] = S[r, p], t[r]
+    rises = 0
+    for j in range(1, m):
+        rises += v[j] > v[j - 1]
+    if 8 * rises > m:
+        rank_some(rows, v, k, m, rows2, v2, k2)
+        return
     moves = 0
     for j in range(1, m):
         x, vx, kx = rows[j], v[j], k[j]
@@ -3675,28 +3682,34 @@ def corrected(verify, draft, state, timed, idle, extra, v, d, pad):
 
 @njit(cache=True, nogil=True)
 def interp_into(xp, fp, out):
-    """np.interp(np.arange(out.size), xp, fp) into out, for an ascending xp: per point its step j (xp[j] <= x <
-    xp[j + 1], as numpy's search finds it), fp[0] below, fp[-1] from the last point on, fp[j] at a grid point, else
-    numpy's slope form (dy / dx) x (x - xp[j]) + fp[j], and its NaN fallbacks. Returns False where xp does not
-    ascend (nothing written: the numpy form)."""
+    """np.interp(np.arange(out.size), xp, fp) into out, for an ascending xp: fp[0] below xp[0], fp[-1] from the last
+    point on, and per step j of the grid (its points x, xp[j] <= x < xp[j + 1], as numpy's search finds them)
+    fp[j] at xp[j] itself, else numpy's slope form (dy / dx) x (x - xp[j]) + fp[j] (one pass over the step's
+    points), and its NaN fallbacks (`_interp_step`, a second pass). Returns False where xp does not ascend (nothing
+    written: the numpy form)."""
     n, m = xp.shape[0], out.shape[0]
     for j in range(1, n):
         if not xp[j] > xp[j - 1]:
             return False
-    j, at, slope = 0, -1, 0.0
-    for i in range(m):
-        x = float(i)
-        while j + 1 < n and xp[j + 1] <= x:
-            j += 1
-        if x < xp[0]:
-            out[i] = fp[0]
-        elif j == n - 1 or xp[j] == x:
-            out[i] = fp[j]
-        else:
-            if at != j:   # (_interp_step's slope, once per step of the grid: the same division)
-                at, slope = j, (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j])
-            r = slope * (x - xp[j]) + fp[j]
-            out[i] = r if not math.isnan(r) else _interp_step(x, xp[j], xp[j + 1], fp[j], fp[j + 1])
+    i = 0
+    while i < m and float(i) < xp[0]:
+        out[i] = fp[0]
+        i += 1
+    for j in range(n - 1):
+        x0, x1, f0, f1 = xp[j], xp[j + 1], fp[j], fp[j + 1]
+        if i < m and float(i) == x0:
+            out[i] = f0
+            i += 1
+        hi = m if x1 >= m else (i if x1 <= i else int(math.ceil(x1)))   # (the points below x1)
+        slope = (f1 - f0) / (x1 - x0)
+        for k in range(i, hi):
+            out[k] = slope * (float(k) - x0) + f0
+        for k in range(i, hi):
+            if math.isnan(out[k]):
+                out[k] = _interp_step(float(k), x0, x1, f0, f1)
+        i = max(i, hi)
+    for k in range(i, m):
+        out[k] = fp[n - 1]
     return True
 
 
