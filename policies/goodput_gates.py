@@ -46,16 +46,20 @@ def plan_extend(S, costs, G0, remaining, w, lag, extend: int, rowcap):
     `plan_positions` where the compiled call does not run."""
     n, K = S.shape
     ver, dr, pad = costs.verify, costs.draft, costs.pad
+    f, i = _F64, _I64
     if not (search.COMPILED and w is not None and w.shape == remaining.shape == lag.shape == rowcap.shape == (n,)
             and ver.size > n * K and dr.size > n and (pad is None or pad.size >= K)
-            and _typed((S, w, ver, dr) if pad is None else (S, w, ver, dr, pad), (remaining, lag, rowcap))):
+            and ((S.dtype is f and w.dtype is f and ver.dtype is f and dr.dtype is f and remaining.dtype is i
+                  and lag.dtype is i and rowcap.dtype is i and (pad is None or pad.dtype is f))   # (native: `_typed`)
+                 or _typed((S, w, ver, dr) if pad is None else (S, w, ver, dr, pad), (remaining, lag, rowcap)))):
         return (*plan_positions(S, costs, G0, remaining, w), None)   # (`_weighted_compiled`'s conditions)
     two = np.empty((2, n), np.int64)   # (the plan's and the extension's depths)
-    G, ok, *flags_ = kernels.plan_extend(S, w, remaining, float(G0), ver, dr, search._NO_PAD if pad is None else pad,
-                                         pad is not None, lag, int(extend), rowcap, two)
+    G, ok, late, any_, E, late_out, any_out, full = kernels.plan_extend(
+        S, w, remaining, float(G0), ver, dr, search._NO_PAD if pad is None else pad, pad is not None, lag,
+        int(extend), rowcap, two)
     if not ok:
         return (*plan_positions(S, costs, G0, remaining, w), None)
-    planned, (late, any_, E, late_out, any_out, full) = two[0], flags_
+    planned = two[0]
     return planned, G, Extension(planned, late, any_, E, two[1], late_out, any_out, full)
 
 
