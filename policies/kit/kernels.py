@@ -1497,26 +1497,42 @@ def dinkelbach_next(found, e, t, G, g_none, best_g):
 def weighted_plan(S, w, remaining, G0, ver, dr, pad, has_pad):
     """`goodput_gates.plan_positions` with weights w, as `search.plan_by_position(S * w[:, None], costs, G0,
     tie=remaining, nested=True, base=w.sum())` computes it compiled: base by np.sum's order, the rows' ties by
-    remaining (descending, then the row: `_TIE`'s keys), Dinkelbach's iteration (`search._dinkelbach`: at most 5
-    plans of `nested_by_position`'s search, from max(g_none, G0), g_none = base / verify[0]; each by
-    `chosen_search`, which ranks only the rows the search reads, once for the plans that choose alike) and the best
-    plan's depths. Returns (depths, G, True), or (zeros, 0, False) where S x w holds NaN or a row's remaining is
-    outside (-_TIE, _TIE) (the numpy form decides)."""
+    remaining (descending, then the row: `_weighted`'s keys) and the search (`_weighted_search`). Returns (depths,
+    G, True), or (zeros, 0, False) where S x w holds NaN or a row's remaining is outside (-_TIE, _TIE) (the numpy
+    form decides)."""
+    Sw, t, ok = _weighted(S, w, remaining)
+    if not ok:
+        return np.zeros(S.shape[0], np.int64), 0.0, False
+    depths, G = _weighted_search(Sw, t, pairwise(w, 0, S.shape[0]), G0, ver, dr, pad, has_pad)
+    return depths, G, True
+
+
+@njit(cache=True, nogil=True)
+def _weighted(S, w, remaining):
+    """(S x w[:, None], the rows' tie keys t = (_TIE - remaining) << 32 | row: -float(remaining) ascending, then
+    the row, one int64 each, True), or (.., False) where S x w holds NaN or a remaining is outside (-_TIE, _TIE)."""
     n, K = S.shape
     Sw, t = np.empty((n, K)), np.empty(n, np.int64)
     nan = False
     for i in range(n):
         r, wi = remaining[i], w[i]
         if not -_TIE < r < _TIE:
-            return np.zeros(n, np.int64), 0.0, False
-        t[i] = (_TIE - r) << 32 | i   # (key -float(remaining) ascending, then the row)
+            return Sw, t, False
+        t[i] = (_TIE - r) << 32 | i
         for p in range(K):
             x = S[i, p] * wi
             Sw[i, p] = x
             nan |= math.isnan(x)
-    if nan:
-        return np.zeros(n, np.int64), 0.0, False
-    base = pairwise(w, 0, n)
+    return Sw, t, not nan
+
+
+@njit(cache=True, nogil=True)
+def _weighted_search(Sw, t, base, G0, ver, dr, pad, has_pad):
+    """Dinkelbach's iteration (`search._dinkelbach`) over Sw (no NaN) with the rows' distinct keys t: at most 5
+    plans of `nested_by_position`'s search, from max(g_none, G0), g_none = base / verify[0]; each by
+    `chosen_search`, which ranks only the rows the search reads, once for the plans that choose alike. Returns the
+    best plan's (depths, G)."""
+    n, K = Sw.shape
     g_none = base / ver[0]
     G = G0 if G0 > g_none else g_none   # Python's max(g_none, G0)
     best_g, best, depths = g_none, np.zeros(n, np.int64), np.zeros(n, np.int64)
@@ -1530,7 +1546,7 @@ def weighted_plan(S, w, remaining, G0, ver, dr, pad, has_pad):
             best_g, best, depths = g, depths, best   # (the other buffer: the next plan's)
         if stop:
             break
-    return best, best_g, True
+    return best, best_g
 
 
 _TIE = 1 << 30   # `weighted_plan`'s tie keys: (_TIE - remaining) << 32 | row, for |remaining| < _TIE and rows < 2^32
@@ -1622,20 +1638,27 @@ def goodput_estimates(w, grid, due, c, table, cols, z, kb, k, cap, confidence, t
 @njit(cache=True, nogil=True)
 def plan_extend(S, w, remaining, G0, ver, dr, pad, has_pad, lag, extend, cap, two):
     """`goodput_gates.plan_positions` (`weighted_plan`) into two[0], and what the gates and the extension read of
-    it: whether a row that drafts lags (`any_late`), whether any drafts, the plan's value (`plan_value`), its
-    extended depths (`extend_depths`, into two[1]), the same two questions of them, and whether every row drafts
-    (planned.all()). Returns (G, True, late, drafts, E, late extended, extended drafts, all draft), or
-    (0, False, ...) where S x w or the key hold NaN."""
-    d, G, ok = weighted_plan(S, w, remaining, G0, ver, dr, pad, has_pad)
+    it: whether a row that drafts lags (`any_late`), whether any drafts, the plan's value (`plan_value`: base + the
+    planned slots of S x w, the [n, K] table summed in np.sum's order), its extended depths (`extend_depths`, into
+    two[1]), the same two questions of them, and whether every row drafts (planned.all()). Returns (G, True, late,
+    drafts, E, late extended, extended drafts, all draft), or (0, False, ...) where `weighted_plan` leaves the plan
+    to the numpy form."""
+    n, K = S.shape
+    Sw, t, ok = _weighted(S, w, remaining)
     if not ok:
         return 0.0, False, False, False, 0.0, False, False, False
+    base = pairwise(w, 0, n)
+    d, G = _weighted_search(Sw, t, base, G0, ver, dr, pad, has_pad)
     two[0, :] = d
-    E = plan_value(S, w, True, d)
+    buf = Sw.ravel()   # (Sw: S x w, as plan_value multiplies; C-contiguous, a view)
     out = two[1]
     full = True
-    for i in range(d.shape[0]):
+    for i in range(n):
+        for j in range(K):
+            buf[i * K + j] = buf[i * K + j] * (1.0 if j < d[i] else 0.0)
         out[i] = min(d[i] + extend, cap[i]) if d[i] > 0 else 0   # (`extend_depths`)
         full = full and d[i] != 0
+    E = base + pairwise(buf, 0, n * K)
     return G, True, any_late(d, lag), any_nonzero(d), E, any_late(out, lag), any_nonzero(out), full
 
 
