@@ -96,16 +96,19 @@ def time_weights(S, a, dbar, drafted, prior_strength, remaining, c1, verify0, sp
     (e, exponent) of S, computed already (then a, drafted and prior_strength are not read). `out` (compiled): two
     float arrays of n, the chances and the weights (the weights returned are the second)."""
     n, K = S.shape
-    d = K if dbar is None else min(dbar, K)
     c0 = max(verify0 - n * c1, 0.0)
     if search.COMPILED and (spread is not None or S.dtype == a.dtype == np.float64):   # the same operations,
-        e, u = spread or kernels.time_spread(S, a, int(d), float(d - int(d)), drafted, prior_strength, remaining)
+        if spread is None:
+            d = K if dbar is None else min(dbar, K)
+            spread = kernels.time_spread(S, a, int(d), float(d - int(d)), drafted, prior_strength, remaining)
+        e, u = spread
         if out is None or len(out[0]) != n or len(out[1]) != n:                       # compiled around np.exp
             w, p_min = kernels.time_scale(np.exp(u), e, c1, c0)
         else:
             w = out[1]
             p_min = kernels.time_scale_into(np.exp(u, out[0]), e, c1, c0, w)   # (out positional: the same call)
         return w, p_min, c0 / max(verify0, 1e-300)
+    d = K if dbar is None else min(dbar, K)
     e = tokens_per_step(S, dbar)
     dS = ((np.arange(K) + 1.0) * S)[:, :max(int(math.ceil(d)), 1)].sum(axis=1) / a   # de / da
     var_a = a * (1.0 - a) / (drafted + prior_strength)
@@ -133,15 +136,11 @@ def drain_weights(view, stream: Stream, tail: str, after: int, drain: bool, S, S
     the drain's weight and 1; while requests may still join, `slot_weights` (`slot`, `spread`, `mode`: `timed`'s,
     computed already; `out`: `time_weights`'). One row: None. Returns a namespace: w, drained, p_min and fixed
     (`time_weights`', where drained)."""
-    out_w, out = out, SimpleNamespace(w=None, drained=False, p_min=0.0, fixed=1.0)
     drained, by_time = mode or timed(view, stream, tail, after, drain)
-    if S0.shape[0] < 2:
-        return out
-    if not by_time:
-        out.w = slot_weights(S0, dbar) if slot is None else slot
-        return out
-    w, out.p_min, out.fixed = time_weights(S, *time_args(), spread=spread, out=out_w)
+    if len(S0) < 2 or not by_time:   # one row: None; while requests may join: the slots'
+        w = None if len(S0) < 2 else (slot_weights(S0, dbar) if slot is None else slot)
+        return SimpleNamespace(w=w, drained=False, p_min=0.0, fixed=1.0)
+    w, p_min, fixed = time_weights(S, *time_args(), spread, out)
     if drained and not stream.closed and tail == "balanced" and not stream.saturated:
         w = 0.5 * (w + 1.0)   # a latency-bound stream's tail: as much its requests' latency as the run's end
-    out.w, out.drained = w, True
-    return out
+    return SimpleNamespace(w=w, drained=True, p_min=p_min, fixed=fixed)
