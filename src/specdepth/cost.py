@@ -334,7 +334,7 @@ class RooflineCost(CostModel):
                        and cls.draft_positions is RooflineCost.draft_positions)
         self._terms = np.array(self._target_terms, float), np.array(self._draft_terms, float)
         self._tree_rows = {}   # tree_tables' query rows by (queries, rows)
-        self._row_arrays = {}   # row_verify_times' arrays by rows: (contexts, their tail, ones, their head)
+        self._row_arrays = np.empty(0), np.empty(0)   # row_verify_times' contexts and ones (the most rows so far)
         # row_verify_times' arithmetic: where verify_time, target_forward and _time are this class's (no MoE target)
         self._flat = (self._moe["target"] is None and cls.verify_time is RooflineCost.verify_time
                       and cls.target_forward is RooflineCost.target_forward and cls._time is RooflineCost._time)
@@ -376,21 +376,18 @@ class RooflineCost(CostModel):
 
     def row_verify_times(self, context, n):
         """The base class's two verifies with its numpy sums (np.add.reduce: ndarray.sum's) and dot products on the
-        same values (n contexts and n ones, each without its first; the arrays kept per n, the contexts filled per
-        call), their arithmetic in one compiled pass (`_kernels.roofline_flat_verify`): the same values."""
+        same values (n contexts and n ones, each without its first: the first n of two kept arrays, the contexts
+        filled per call), their arithmetic in one compiled pass (`_kernels.roofline_flat_verify`): the same values."""
         if not (self._flat and n >= 1):
             return super().row_verify_times(context, n)
-        arrays = self._row_arrays.get(n)
-        if arrays is None:
-            if len(self._row_arrays) >= 64:
-                self._row_arrays.clear()
-            c, q = np.empty(n), np.ones(n)   # (q: the base class's depths + 1)
-            arrays = self._row_arrays[n] = c, c[1:], q, q[:n - 1]
-        c, tail, q, head = arrays
+        c, q = self._row_arrays
+        if c.shape[0] < n:
+            c, q = self._row_arrays = np.empty(n), np.ones(n)   # (q: the base class's depths + 1)
+        c, q = c[:n], q[:n]
         c.fill(float(context))
         add, more = np.add.reduce, n > 1
-        return _k.roofline_flat_verify(n, float(add(c)), float(add(tail)) if more else 0.0, float(np.dot(q, c)),
-                                       float(np.dot(head, tail)) if more else 0.0, *self._target_terms)
+        return _k.roofline_flat_verify(n, float(add(c)), float(add(c[1:])) if more else 0.0, float(np.dot(q, c)),
+                                       float(np.dot(q[:n - 1], c[1:])) if more else 0.0, *self._target_terms)
 
     def draft_level_times(self, ctx, q):
         if (self._moe["draft"] is None and type(self).draft_forward is CostModel.draft_forward
