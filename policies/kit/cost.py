@@ -267,15 +267,17 @@ _PADDED = {}   # `_padded_verify`'s seconds: (id(cost), rows, context, drafts) -
 
 def _padded_verify(cost, n: int, top: int, k: int) -> float:
     """float(cost.verify_time(np.full(n, top), np.full(n, k))) (int64), the verify of n rows each at context `top`
-    with `k` drafts, kept per cost model and shape: a cost model is pure (docs/plugins.md), and a steady
-    batch pads to the same shape step after step. (Each entry holds its cost model: an id is not reused while
-    its entry lives.)"""
+    with `k` drafts (`cost.uniform_verify_time`, the same value, where the cost model has it), kept per cost model
+    and shape: a cost model is pure (docs/plugins.md), and a steady batch pads to the same shape step after step.
+    (Each entry holds its cost model: an id is not reused while its entry lives.)"""
     key = (id(cost), n, top, k)
     hit = _PADDED.get(key)
     if hit is None or hit[0] is not cost:
         if len(_PADDED) >= 4096:
             _PADDED.clear()
-        hit = _PADDED[key] = (cost, float(cost.verify_time(np.full(n, top, np.int64), np.full(n, k, np.int64))))
+        uniform = getattr(cost, "uniform_verify_time", None)
+        hit = _PADDED[key] = (cost, float(uniform(n, top, k)) if uniform is not None else
+                              float(cost.verify_time(np.full(n, top, np.int64), np.full(n, k, np.int64))))
     return hit[1]
 
 

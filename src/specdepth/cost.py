@@ -199,6 +199,12 @@ class CostModel:
         flops = self._tf[0] * t + self._tf[1] * (q * c + n * q * (q + 1.0) * 0.5)   # _sums' pairs, closed form
         return self._times("target", t, flops, np.full(t.size, c), np.full(t.size, n))
 
+    def uniform_verify_time(self, n: int, context: int, drafts: int) -> float:
+        """float(verify_time(np.full(n, context), np.full(n, drafts))) (int64): a verify of n rows, each at one
+        context with the same drafts (a batch padded to its longest row and its deepest one: policies'
+        `kit.pad_extra`)."""
+        return float(self.verify_time(np.full(n, context, np.int64), np.full(n, drafts, np.int64)))
+
     def draft_times(self, context: float, rows: np.ndarray) -> np.ndarray:
         """draft_time of rows[j] rows each at context `context`, for every j (0 rows: 0 seconds)."""
         m = np.asarray(rows, float)
@@ -290,6 +296,9 @@ class CostModel:
         return lo
 
 
+_EXACT = 2 ** 62   # (`RooflineCost.uniform_verify_time`: int64 sums of products below it are Python's integers)
+
+
 class RooflineCost(CostModel):
     """time = max(FLOPs / (peak x mfu), bytes / (bandwidth x mbu)) + communication + a fixed overhead,
     per GPU of the model's tensor-parallel group (`parallel`; one GPU by default).
@@ -362,6 +371,18 @@ class RooflineCost(CostModel):
                 and ctx.ndim == 1):   # the base class's target_forward(ctx, depths + 1), one compiled pass
             return _k.roofline_verify(ctx, depths, *self._target_terms)
         return super().verify_time(ctx, depths)
+
+    def uniform_verify_time(self, n, context, drafts):
+        """verify_time's compiled pass (`_kernels.roofline_verify`) on n rows alike: its integer sums, each n times
+        one row's (exact below 2^62), then its arithmetic in Python (`roofline_seconds`): the same value."""
+        n, c, q = int(n), int(context), int(drafts) + 1
+        if not (self._moe["target"] is None and type(self).verify_time is RooflineCost.verify_time and n > 0
+                and n * abs(q) * max(abs(c), abs(q + 1)) < _EXACT):
+            return super().uniform_verify_time(n, context, drafts)
+        a, b, w, kv, inv_f, inv_b, oh, ca = self._target_terms
+        t = float(n * q)
+        return _k.roofline_seconds(a * t + b * (float(n * (q * c)) + float(n * (q * (q + 1))) * 0.5), t,
+                                   float(n * c), w, kv, inv_f, inv_b, oh, ca)
 
     def verify_times(self, ctx, totals):
         x = np.asarray(totals, float)
