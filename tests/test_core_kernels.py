@@ -30,11 +30,12 @@ def test_ragged_sums_and_draft_positions_match_numpy(roofline):
 
 
 def test_uniform_verify_time_is_verify_time_of_rows_alike(roofline):
-    """RooflineCost.uniform_verify_time (the compiled verify's integer sums in closed form, its arithmetic in Python)
-    against verify_time on the two np.full arrays, and the base class's form, to the bit."""
+    """RooflineCost.uniform_verify_time (the compiled verify's integer sums as products) against verify_time on the
+    two np.full arrays, and the base class's form, to the bit (past 2^63 too: both wrap alike)."""
     rng = np.random.default_rng(3)
     cases = [(int(rng.integers(1, 400)), int(rng.integers(0, 300000)), int(rng.integers(0, 40))) for _ in range(3000)]
-    cases += [(1, 0, 0), (64, 0, 16), (4099, 131072, 63), (2 ** 20, 2 ** 30, 7), (3, 5, -1)]
+    cases += [(1, 0, 0), (0, 7, 3), (64, 0, 16), (4099, 131072, 63), (2 ** 20, 2 ** 30, 7), (3, 5, -1), (8, 2 ** 61, 0),
+              (3, 2 ** 62 + 5, 2)]
     for n, context, drafts in cases:
         want = float(roofline.verify_time(np.full(n, context, np.int64), np.full(n, drafts, np.int64)))
         assert roofline.uniform_verify_time(n, context, drafts) == want

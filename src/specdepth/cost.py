@@ -296,9 +296,6 @@ class CostModel:
         return lo
 
 
-_EXACT = 2 ** 62   # (`RooflineCost.uniform_verify_time`: int64 sums of products below it are Python's integers)
-
-
 class RooflineCost(CostModel):
     """time = max(FLOPs / (peak x mfu), bytes / (bandwidth x mbu)) + communication + a fixed overhead,
     per GPU of the model's tensor-parallel group (`parallel`; one GPU by default).
@@ -373,16 +370,11 @@ class RooflineCost(CostModel):
         return super().verify_time(ctx, depths)
 
     def uniform_verify_time(self, n, context, drafts):
-        """verify_time's compiled pass (`_kernels.roofline_verify`) on n rows alike: its integer sums, each n times
-        one row's (exact below 2^62), then its arithmetic in Python (`roofline_seconds`): the same value."""
-        n, c, q = int(n), int(context), int(drafts) + 1
-        if not (self._moe["target"] is None and type(self).verify_time is RooflineCost.verify_time and n > 0
-                and n * abs(q) * max(abs(c), abs(q + 1)) < _EXACT):
-            return super().uniform_verify_time(n, context, drafts)
-        a, b, w, kv, inv_f, inv_b, oh, ca = self._target_terms
-        t = float(n * q)
-        return _k.roofline_seconds(a * t + b * (float(n * (q * c)) + float(n * (q * (q + 1))) * 0.5), t,
-                                   float(n * c), w, kv, inv_f, inv_b, oh, ca)
+        """verify_time's compiled pass on n rows alike, its sums as products (`_kernels.roofline_uniform_verify`):
+        the same value."""
+        if self._moe["target"] is None and type(self).verify_time is RooflineCost.verify_time and n >= 0:
+            return _k.roofline_uniform_verify(int(n), int(context), int(drafts), self._terms[0])
+        return super().uniform_verify_time(n, context, drafts)
 
     def verify_times(self, ctx, totals):
         x = np.asarray(totals, float)
