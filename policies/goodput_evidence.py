@@ -131,7 +131,8 @@ class Evidence:
         observed."""
         drafted, conf = view.drafted if drafted is None else drafted, view.confidences
         if search.COMPILED and (accepted.dtype is _I64 or accepted.dtype == np.int64) and \
-                (drafted.dtype is _I64 or drafted.dtype == np.int64) and (conf is None or conf.dtype == float):
+                (drafted.dtype is _I64 or drafted.dtype == np.int64) and \
+                (conf is None or conf.dtype is _F64 or conf.dtype == float):
             return self._observe_compiled(drafted, accepted, conf, rows, estimate, memory, only_drafted)
         if only_drafted and not drafted.any():
             return

@@ -10,6 +10,7 @@ import numpy as np
 from . import kernels
 
 COMPILED = True   # the small loops of as_padded, pad_extra and StepCost compiled (kernels); False: numpy form
+_I64 = np.dtype(np.int64)   # (`pad_extra`'s dtype, compared by identity first)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -232,11 +233,11 @@ def pad_extra(costs, drafted: np.ndarray, view=None) -> float:
     to the deepest row's and its context (KV) to the longest row's, against view.predicted_verify_s (the view's
     cost at the rows' own contexts and drafts); a step that drafted nothing pads its contexts too."""
     n = drafted.size
-    fast = COMPILED and n and drafted.dtype == np.int64 and drafted.ndim == 1
+    fast = COMPILED and n and (drafted.dtype is _I64 or drafted.dtype == np.int64) and drafted.ndim == 1
     predicted = None if view is None else view.predicted_verify_s   # None before verification
     if fast and predicted is not None:
         ctx = view.context_lens
-        if ctx.dtype == np.int64 and ctx.shape == drafted.shape:   # the shapes below, in one compiled loop
+        if (ctx.dtype is _I64 or ctx.dtype == np.int64) and ctx.shape == drafted.shape:   # (one compiled loop)
             flat, k, top = kernels.pad_shape(drafted, ctx)
             if flat:
                 return 0.0
