@@ -251,6 +251,23 @@ def test_goodput_runs_alike_compiled_and_in_numpy(monkeypatch, extra):
     assert got == want
 
 
+def test_evidence_observe_leaves_the_last_factors_as_they_are():
+    """The compiled observe writes the factors into one of two kept arrays in turn: the factors a plan read stay
+    as they were through the step's observe."""
+    n = 8
+    view = drafting(make_view(n), np.full(n, 3, np.int64), conf=np.full(3, 0.8))
+    p = ge.Evidence(position_paired=True, mixture=True)
+    rows = kit.PerRequest(accepted=0.0, rejected=0.0, conf_sum=0.0, drafted=0.0, verified_conf=0.0,
+                          verified=0.0).align(np.arange(n))
+    seen = []
+    for step in range(5):
+        f = p.positions.factor(3)
+        seen.append((f, f.copy()))
+        p.observe(view, np.full(n, step % 3, np.int64), rows, np.full(n, 0.7), 2000.0)
+        assert np.array_equal(*seen[-1])   # (the factors this step's plan read)
+    assert not np.array_equal(seen[0][1], seen[-1][1])
+
+
 def test_position_factors_forget_add_is_forget_then_add():
     rng = np.random.default_rng(9)
     for _ in range(100):

@@ -131,8 +131,9 @@ class PositionFactors:
         (`kernels.evidence_observe`): (paired, the sums accepted, expected, first_acc and first_exp, grown to k
         positions, a buffer for the factors (`factor`'s cached count, at least 32), prior, optimism); None where the
         sums are not float64 vectors of one length (the numpy form decides). Then `refreshed` with the factors
-        written. Of 32 factors, the buffer is one of two kept arrays, the other than the last written: an array
-        `factor` returned from one stays as it is until the second compiled step after it was written."""
+        written. Where the cache holds 32 factors, the buffer is one of two kept arrays, in turn (not the one written
+        last): an array `factor` returned from one stays as it is until the second compiled step after it was
+        written."""
         if self.accepted.size < k:
             self._grow(k)
         a, kept = self.accepted, self._args   # (the sums and settings it last checked, and the arguments)
