@@ -115,16 +115,16 @@ class Goodput(Policy):
         return self._step.drafting.keep(view, position, confidence, self._pool.positions)
 
     def observe(self, view, accepted):
-        drafted = view.drafted   # (read once)
+        drafted, step = view.drafted, self._step   # (read once)
         if self.policy_time:
             self._ptime.observe(view)
         if self.catch_up and self.cost != "clock":
             self._pad.observe(view, self._calib)
-        if self.cost == "calibrated" and not self._step.kept:
+        if self.cost == "calibrated" and not step.kept:
             self._calib.observe(view, pad_extra(self._costs, drafted, view))
-        est = self._step.est   # the plan's rows (the same batch); None: an idle or empty plan, which drafts nothing
-        if est is not None:   # (nothing drafted, nothing learned of the draft: `only_drafted`)
-            self._pool.observe(view, accepted, est.rows, est.a, self.est.pool_memory, drafted, only_drafted=True)
+        est = step.est   # the plan's rows (the same batch); None: an idle or empty plan, which drafts nothing
+        if est is not None:   # (nothing drafted, nothing learned of the draft: `only_drafted`, True)
+            self._pool.observe(view, accepted, est.rows, est.a, self.est.pool_memory, drafted, True)
 
     def _estimate(self, view, K, ids=None) -> SimpleNamespace:
         """Each row's estimates (`goodput_evidence.estimate`; an instance's `_alpha(rows, cal)` replaces its rule),

@@ -38,6 +38,7 @@ class Evidence:
         self.probes = 0
         self.dbar = None
         self._exp_table = None   # (memory, np.exp(-d / memory) at d = 0, 1, ...: `_exps`)
+        self._cols = (None, None)   # (the per-request table's fields, their `_columns`)
 
     def probed(self, drafted: bool) -> None:
         """Count a probe step (one that drafted)."""
@@ -129,7 +130,9 @@ class Evidence:
         `drafted`: view.drafted, where the caller read it; `only_drafted`: a step no row drafted in is not
         observed."""
         drafted, conf = view.drafted if drafted is None else drafted, view.confidences
-        if search.COMPILED and accepted.dtype == drafted.dtype == np.int64 and (conf is None or conf.dtype == float):
+        if search.COMPILED and (accepted.dtype is _I64 or accepted.dtype == np.int64) and \
+                (drafted.dtype is _I64 or drafted.dtype == np.int64) and \
+                (conf is None or conf.dtype is _F64 or conf.dtype == float):
             return self._observe_compiled(drafted, accepted, conf, rows, estimate, memory, only_drafted)
         if only_drafted and not drafted.any():
             return
@@ -162,15 +165,23 @@ class Evidence:
         counts, the forget and the position factors' sums and factors; np.exp(-drafted sum / memory) tabulated:
         `_exps`), else with its counts from one (`kernels.evidence_counts`, the same sums)."""
         k = 0 if conf is None else conf.shape[1]
-        if k and estimate.dtype == np.float64 and estimate.ndim == 1:
+        if k and (estimate.dtype is _F64 or estimate.dtype == np.float64) and estimate.ndim == 1:
             args = self.positions.compiled_args(k)   # (paired, the four sums, a factors buffer, prior, optimism)
             if args is not None:
-                status, keep, *counts, dbar, ok = kernels.evidence_observe(
-                    drafted, accepted, conf, rows.array, _columns(rows.fields), self._exps(memory, drafted.size * k),
-                    estimate, *args)
-                if status == 0:
+                e, fields = self._exp_table, rows.fields
+                exps = e[1] if e is not None and e[0] == memory and e[1].size > drafted.size * k else \
+                    self._exps(memory, drafted.size * k)
+                if fields is not self._cols[0]:   # (`_columns`, kept while the table's fields hold)
+                    self._cols = (fields, _columns(fields))
+                status, keep, a, r, c, d, vc, v, dbar, ok = kernels.evidence_observe(
+                    drafted, accepted, conf, rows.array, self._cols[1], exps, estimate, *args)
+                if status == 0:   # `_add_counts(keep, a, r, c, d, vc, v)` (keep: np.exp's value as a float)
                     self.dbar = dbar
-                    self._add_counts(keep, *counts)   # (keep: np.exp's value as a float: the same products)
+                    self.accepted, self.rejected = self.accepted * keep + a, self.rejected * keep + r
+                    self.conf_sum, self.drafted = self.conf_sum * keep + c, self.drafted * keep + d
+                    self.cal_accepted, self.cal_conf = self.cal_accepted * keep + a, self.cal_conf * keep + vc
+                    self.verified, self._pw = self.verified * keep + v, self._pw * keep
+                    self._vc, self._vn = self._vc * keep + vc, self._vn * keep + v
                     return self.positions.refreshed(args[5] if ok else None)
                 if status == 2 and only_drafted:
                     return

@@ -29,6 +29,19 @@ def test_ragged_sums_and_draft_positions_match_numpy(roofline):
     assert roofline.draft_positions(np.array([5, 6]), np.zeros(2, np.int64)) == (0.0, 0.0)
 
 
+def test_uniform_verify_time_is_verify_time_of_rows_alike(roofline):
+    """RooflineCost.uniform_verify_time (the compiled verify's integer sums as products) against verify_time on the
+    two np.full arrays, and the base class's form, to the bit (past 2^63 too: both wrap alike)."""
+    rng = np.random.default_rng(3)
+    cases = [(int(rng.integers(1, 400)), int(rng.integers(0, 300000)), int(rng.integers(0, 40))) for _ in range(3000)]
+    cases += [(1, 0, 0), (0, 7, 3), (64, 0, 16), (4099, 131072, 63), (2 ** 20, 2 ** 30, 7), (3, 5, -1), (8, 2 ** 61, 0),
+              (3, 2 ** 62 + 5, 2)]
+    for n, context, drafts in cases:
+        want = float(roofline.verify_time(np.full(n, context, np.int64), np.full(n, drafts, np.int64)))
+        assert roofline.uniform_verify_time(n, context, drafts) == want
+        assert CostModel.uniform_verify_time(roofline, n, context, drafts) == want
+
+
 def test_roofline_step_parts_are_its_verify_time_and_draft_positions(roofline):
     rng = np.random.default_rng(1)
     for n in (1, 3, 64, 300):

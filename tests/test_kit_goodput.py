@@ -210,11 +210,12 @@ def test_keep_by_margin_and_drafting_keep_are_the_numpy_forms(monkeypatch):
         assert all(_same(x, y) for x, y in zip(got, want))
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in sqrt")   # (a negative estimate, in numpy)
 def test_evidence_observe_is_the_numpy_form(monkeypatch):
     rng = np.random.default_rng(7)
     for _ in range(100):
         n = int(rng.integers(1, 70))
-        depths = rng.integers(0, int(rng.choice([2, 6, 12])), n)   # (1, 5 and 11 positions: numpy's sum orders)
+        depths = rng.integers(0, int(rng.choice([2, 6, 12, 18, 131])), n)   # (1 to 130 positions: numpy's sums)
         depths[0] = max(depths[0], 1)
         view = drafting(make_view(n), depths, conf=None)
         view._s.confidences[:] = np.where(np.arange(view._s.confidences.shape[1])[None, :] < depths[:, None],
@@ -254,6 +255,23 @@ def test_goodput_runs_alike_compiled_and_in_numpy(monkeypatch, extra):
         return repr(res.steps) + repr(res.requests)
     got, want = _both(monkeypatch, run)
     assert got == want
+
+
+def test_evidence_observe_leaves_the_last_factors_as_they_are():
+    """The compiled observe writes the factors into one of two kept arrays in turn: the factors a plan read stay
+    as they were through the step's observe."""
+    n = 8
+    view = drafting(make_view(n), np.full(n, 3, np.int64), conf=np.full(3, 0.8))
+    p = ge.Evidence(position_paired=True, mixture=True)
+    rows = kit.PerRequest(accepted=0.0, rejected=0.0, conf_sum=0.0, drafted=0.0, verified_conf=0.0,
+                          verified=0.0).align(np.arange(n))
+    seen = []
+    for step in range(5):
+        f = p.positions.factor(3)
+        seen.append((f, f.copy()))
+        p.observe(view, np.full(n, step % 3, np.int64), rows, np.full(n, 0.7), 2000.0)
+        assert np.array_equal(*seen[-1])   # (the factors this step's plan read)
+    assert not np.array_equal(seen[0][1], seen[-1][1])
 
 
 def test_position_factors_forget_add_is_forget_then_add():

@@ -10,6 +10,7 @@ import numpy as np
 from . import kernels
 
 COMPILED = True   # the small loops of as_padded, pad_extra and StepCost compiled (kernels); False: numpy form
+_I64 = np.dtype(np.int64)   # (`pad_extra`'s dtype, compared by identity first)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -232,11 +233,11 @@ def pad_extra(costs, drafted: np.ndarray, view=None) -> float:
     to the deepest row's and its context (KV) to the longest row's, against view.predicted_verify_s (the view's
     cost at the rows' own contexts and drafts); a step that drafted nothing pads its contexts too."""
     n = drafted.size
-    fast = COMPILED and n and drafted.dtype == np.int64 and drafted.ndim == 1
+    fast = COMPILED and n and (drafted.dtype is _I64 or drafted.dtype == np.int64) and drafted.ndim == 1
     predicted = None if view is None else view.predicted_verify_s   # None before verification
     if fast and predicted is not None:
         ctx = view.context_lens
-        if ctx.dtype == np.int64 and ctx.shape == drafted.shape:   # the shapes below, in one compiled loop
+        if (ctx.dtype is _I64 or ctx.dtype == np.int64) and ctx.shape == drafted.shape:   # (one compiled loop)
             flat, k, top = kernels.pad_shape(drafted, ctx)
             if flat:
                 return 0.0
@@ -267,15 +268,17 @@ _PADDED = {}   # `_padded_verify`'s seconds: (id(cost), rows, context, drafts) -
 
 def _padded_verify(cost, n: int, top: int, k: int) -> float:
     """float(cost.verify_time(np.full(n, top), np.full(n, k))) (int64), the verify of n rows each at context `top`
-    with `k` drafts, kept per cost model and shape: a cost model is pure (docs/plugins.md), and a steady
-    batch pads to the same shape step after step. (Each entry holds its cost model: an id is not reused while
-    its entry lives.)"""
+    with `k` drafts (`cost.uniform_verify_time`, the same value, where the cost model has it), kept per cost model
+    and shape: a cost model is pure (docs/plugins.md), and a steady batch pads to the same shape step after step.
+    (Each entry holds its cost model: an id is not reused while its entry lives.)"""
     key = (id(cost), n, top, k)
     hit = _PADDED.get(key)
     if hit is None or hit[0] is not cost:
         if len(_PADDED) >= 4096:
             _PADDED.clear()
-        hit = _PADDED[key] = (cost, float(cost.verify_time(np.full(n, top, np.int64), np.full(n, k, np.int64))))
+        uniform = getattr(cost, "uniform_verify_time", None)
+        hit = _PADDED[key] = (cost, float(uniform(n, top, k)) if uniform is not None else
+                              float(cost.verify_time(np.full(n, top, np.int64), np.full(n, k, np.int64))))
     return hit[1]
 
 

@@ -2588,6 +2588,53 @@ def best_pruned(parts, coff, base, sec, done, xs, ver, n, ok, Ls, loff, Ns, cols
     return bs, bj, best
 
 
+# ---- goodput's observe: a row's two confidence sums in registers (`_row_conf_sums` of 8 to 128 positions)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _conf_terms(conf, i, j, d, ver):
+    """Row i's terms at position j of `_row_conf_sums`' two sums: c x (j < d), c x (j < ver), c the confidence (NaN
+    as 0)."""
+    c = conf[i, j]
+    c = 0.0 if math.isnan(c) else c
+    return c * (1.0 if j < d else 0.0), c * (1.0 if j < ver else 0.0)
+
+
+@njit(cache=True, nogil=True)
+def _row_conf_block(conf, i, d, ver):
+    """`_row_conf_sums` of 8 to 128 positions: `_block`'s 8 accumulators (one per position mod 8, from the first
+    8 terms), combined as it combines them, then the remaining terms in order, for both sums in one pass."""
+    K = conf.shape[1]
+    c0, v0 = _conf_terms(conf, i, 0, d, ver)
+    c1, v1 = _conf_terms(conf, i, 1, d, ver)
+    c2, v2 = _conf_terms(conf, i, 2, d, ver)
+    c3, v3 = _conf_terms(conf, i, 3, d, ver)
+    c4, v4 = _conf_terms(conf, i, 4, d, ver)
+    c5, v5 = _conf_terms(conf, i, 5, d, ver)
+    c6, v6 = _conf_terms(conf, i, 6, d, ver)
+    c7, v7 = _conf_terms(conf, i, 7, d, ver)
+    j = 8
+    while j < K - K % 8:
+        x0, y0 = _conf_terms(conf, i, j, d, ver)
+        x1, y1 = _conf_terms(conf, i, j + 1, d, ver)
+        x2, y2 = _conf_terms(conf, i, j + 2, d, ver)
+        x3, y3 = _conf_terms(conf, i, j + 3, d, ver)
+        x4, y4 = _conf_terms(conf, i, j + 4, d, ver)
+        x5, y5 = _conf_terms(conf, i, j + 5, d, ver)
+        x6, y6 = _conf_terms(conf, i, j + 6, d, ver)
+        x7, y7 = _conf_terms(conf, i, j + 7, d, ver)
+        c0, c1, c2, c3, c4, c5, c6, c7 = c0 + x0, c1 + x1, c2 + x2, c3 + x3, c4 + x4, c5 + x5, c6 + x6, c7 + x7
+        v0, v1, v2, v3, v4, v5, v6, v7 = v0 + y0, v1 + y1, v2 + y2, v3 + y3, v4 + y4, v5 + y5, v6 + y6, v7 + y7
+        j += 8
+    cs = ((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7))
+    vs = ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7))
+    while j < K:
+        x, y = _conf_terms(conf, i, j, d, ver)
+        cs, vs = cs + x, vs + y
+        j += 1
+    return cs, vs
+
+
 # ---- goodput's observe and keep_drafting, each step's one call (Evidence.observe with PositionFactors.forget_add)
 
 
@@ -2622,7 +2669,10 @@ def _evidence_rows(drafted, accepted, conf, table, cols, estimate, paired, col):
     for i in range(n):
         d, a = drafted[i], accepted[i]
         ver = min(d, a + 1)
-        csum[i], vrow[i] = _row_conf_sums(conf, i, d, ver, row_c, row_v)
+        if 8 <= K <= 128:   # (`_row_conf_sums` in registers)
+            csum[i], vrow[i] = _row_conf_block(conf, i, d, ver)
+        else:
+            csum[i], vrow[i] = _row_conf_sums(conf, i, d, ver, row_c, row_v)
         rej = 1.0 if a < d else 0.0
         table[i, cols[0]] += a
         table[i, cols[1]] += rej

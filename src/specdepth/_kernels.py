@@ -376,6 +376,17 @@ def roofline_verify(ctx, depths, a, b, w, kv, inv_f, inv_b, oh, ca):
 
 
 @njit(cache=True, nogil=True)
+def roofline_uniform_verify(n, context, drafts, tt):
+    """roofline_verify of n rows each at `context` with `drafts` drafts (tt: its eight terms as a float array): its
+    integer sums as products, n x one row's (int64 products wrap as the sums do, modulo 2^64: the same integers),
+    then its arithmetic."""
+    q = drafts + 1
+    t, c, qc, qq = n * q, n * context, n * (q * context), n * (q * (q + 1))
+    tf, pairs, cf = float(t), float(qc) + float(qq) * 0.5, float(c)
+    return _roofline_seconds(tt[0] * tf + tt[1] * pairs, tf, cf, tt[2], tt[3], tt[4], tt[5], tt[6], tt[7])
+
+
+@njit(cache=True, nogil=True)
 def roofline_positions(ctx, depths, a, b, w, kv, inv_f, inv_b, oh, ca):
     """RooflineCost.draft_positions in one pass: (seconds, flops) of the draft forwards of a step, at
     position p one token for each row with depths > p at context ctx + p (same arithmetic, same order;

@@ -199,6 +199,12 @@ class CostModel:
         flops = self._tf[0] * t + self._tf[1] * (q * c + n * q * (q + 1.0) * 0.5)   # _sums' pairs, closed form
         return self._times("target", t, flops, np.full(t.size, c), np.full(t.size, n))
 
+    def uniform_verify_time(self, n: int, context: int, drafts: int) -> float:
+        """float(verify_time(np.full(n, context), np.full(n, drafts))) (int64): a verify of n rows, each at one
+        context with the same drafts (a batch padded to its longest row and its deepest one: policies'
+        `kit.pad_extra`)."""
+        return float(self.verify_time(np.full(n, context, np.int64), np.full(n, drafts, np.int64)))
+
     def draft_times(self, context: float, rows: np.ndarray) -> np.ndarray:
         """draft_time of rows[j] rows each at context `context`, for every j (0 rows: 0 seconds)."""
         m = np.asarray(rows, float)
@@ -363,6 +369,13 @@ class RooflineCost(CostModel):
                 and ctx.ndim == 1):   # the base class's target_forward(ctx, depths + 1), one compiled pass
             return _k.roofline_verify(ctx, depths, *self._target_terms)
         return super().verify_time(ctx, depths)
+
+    def uniform_verify_time(self, n, context, drafts):
+        """verify_time's compiled pass on n rows alike, its sums as products (`_kernels.roofline_uniform_verify`):
+        the same value."""
+        if self._moe["target"] is None and type(self).verify_time is RooflineCost.verify_time and n >= 0:
+            return _k.roofline_uniform_verify(int(n), int(context), int(drafts), self._terms[0])
+        return super().uniform_verify_time(n, context, drafts)
 
     def verify_times(self, ctx, totals):
         x = np.asarray(totals, float)
