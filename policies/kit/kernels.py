@@ -1576,16 +1576,26 @@ def mixture_log_into(A, E, grid, ex, logprior, out):
 
 
 @njit(cache=True, nogil=True)
-def goodput_estimates(w, grid, due, c, table, cols, z, kb, k, cap, confidence, tol, f, remaining, K, lo, frac, a, cal,
-                      S0, S, rowcap, slot, spread, strength, e, u):
+def goodput_estimates(w, grid, due, c, table, cols, consts, num0, den0, f, remaining, K, lo, frac, vec, SS, rowcap,
+                      spread):
     """`Goodput._estimate`'s chain: where `due`, the mixture's calibration c = exp(`mixture_median` of w, the
     posterior after np.exp) (libm's exp, as Python's math.exp); each row's, `row_calibration` at c where z != 0
     and two rows or more (else c); the rows' estimates (`row_estimates`: num, den the table's columns cols[3],
-    cols[4]; cols[0:3]: accepted, verified confidence, verified); their survivals (`survivals`) and, for two rows
-    or more, S0's `slot_weights` at depth lo + frac; where `spread`, S's `time_spread` (drafted: cols[5], the
-    estimate's prior `strength`) into e and u. Written into a, cal, S0, S, rowcap, slot. Returns (c, True), or
-    (c, False) where w or the estimates hold NaN (the numpy forms decide)."""
+    cols[4]; cols[0:3]: accepted, verified confidence, verified), the batch's rate `base` from the evidence's
+    sums num0, den0 (confidence: num0 / den0, cap 1 / max(base, 1e-6); counts: num0 / (num0 + den0), cap 0);
+    their survivals (`survivals`) and, for two rows or more, S0's `slot_weights` at depth lo + frac; where
+    `spread`, S's `time_spread` (drafted: cols[5], the prior `strength`) into e and u. consts: z, the estimate's
+    prior k, tol, strength, and 1.0 for the confidence estimator (0.0: counts). Written into vec's rows (a, cal,
+    slot, e, u), SS's (S0, S) and rowcap. Returns (c, True), or (c, False) where w or the estimates hold NaN (the
+    numpy forms decide)."""
     n = table.shape[0]
+    z, k, tol, strength, confidence = consts[0], consts[1], consts[2], consts[3], consts[4] != 0.0
+    if confidence:
+        base = num0 / den0
+        cap = 1 / (1e-6 if 1e-6 > base else base)   # (Python's max(base, 1e-6))
+    else:
+        base, cap = num0 / (num0 + den0), 0.0
+    a, cal, slot, S0, S = vec[0], vec[1], vec[2], SS[0], SS[1]
     if due:
         lc, ok = mixture_median(w, grid)
         if not ok:
@@ -1595,7 +1605,7 @@ def goodput_estimates(w, grid, due, c, table, cols, z, kb, k, cap, confidence, t
         cal[:] = row_calibration(table[:, cols[0]], table[:, cols[1]], table[:, cols[2]], c, z)
     else:
         cal[:] = c
-    x, ok = row_estimates(table[:, cols[3]], table[:, cols[4]], cal, kb, k, cap, confidence, tol)
+    x, ok = row_estimates(table[:, cols[3]], table[:, cols[4]], cal, k * base, k, cap, confidence, tol)
     if not ok:
         return c, False
     a[:] = x
@@ -1604,8 +1614,8 @@ def goodput_estimates(w, grid, due, c, table, cols, z, kb, k, cap, confidence, t
         slot_weights_into(S0, lo, frac, slot)
     if spread:
         te, tu = time_spread(S, a, lo, frac, table[:, cols[5]], strength, remaining)
-        e[:] = te
-        u[:] = tu
+        vec[3, :] = te
+        vec[4, :] = tu
     return c, True
 
 
