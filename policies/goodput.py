@@ -75,7 +75,7 @@ class Goodput(Policy):
 
     def reset(self):
         e, c = self.est, self.cal
-        self._seq = PerRequest(accepted=0.0, rejected=0.0, conf_sum=0.0, drafted=0.0, verified_conf=0.0, verified=0.0)
+        self._seq = _per_request()
         self._pool = Evidence(e.position_prior, e.position_optimism, True, None, None, None, 10.0, 0.0, 0.0,
                               e.calibration_prior, mixture=True)   # the rate from view.acceptance_prior (`start`)
         self._costs = StepCost(pad_context=True)
@@ -194,6 +194,14 @@ class Goodput(Policy):
             ratio, out = gates.ratio_extended(r.est.S, depths, w, G, self.extend, cap)
         return gates.Drafting(view.batch_size, r.est.a, r.est.cal, w, r.costs, G, depths, ratio, r.est.rem,
                               r.est.f), out
+
+
+def _per_request() -> PerRequest:
+    """goodput's per-request sums (`Evidence.observe`'s), in tables that take turns (`PerRequest.reuse`: a plan's
+    rows live until the next plan)."""
+    st = PerRequest(accepted=0.0, rejected=0.0, conf_sum=0.0, drafted=0.0, verified_conf=0.0, verified=0.0)
+    st.reuse = True
+    return st
 
 
 def _options(max_depth, estimator, ranking, cost, drain, use_confidence, extend, probe, idle_replan, policy_time,
