@@ -1590,11 +1590,8 @@ def goodput_estimates(w, grid, due, c, table, cols, consts, num0, den0, f, remai
     numpy forms decide)."""
     n = table.shape[0]
     z, k, tol, strength, confidence = consts[0], consts[1], consts[2], consts[3], consts[4] != 0.0
-    if confidence:
-        base = num0 / den0
-        cap = 1 / (1e-6 if 1e-6 > base else base)   # (Python's max(base, 1e-6))
-    else:
-        base, cap = num0 / (num0 + den0), 0.0
+    base = num0 / den0 if confidence else num0 / (num0 + den0)
+    cap = 1 / (1e-6 if 1e-6 > base else base) if confidence else 0.0   # (Python's max(base, 1e-6))
     a, cal, slot, S0, S = vec[0], vec[1], vec[2], SS[0], SS[1]
     if due:
         lc, ok = mixture_median(w, grid)
