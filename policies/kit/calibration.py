@@ -70,7 +70,8 @@ class CostCalibration:
         self._state[12] = self._state[14] = 1.0
         self._padding = PaddingFit(self.memory, self.sticky, self.cautious)   # the verify with observe's `pad`
         self._drafted_last = True   # whether the last step observed drafted (a run's first draft resumes nothing)
-        self._kept = None   # `correct`'s tables and its pad array, where kept
+        self._kept = None   # `correct`'s tables, its pad array and their sizes, where kept
+        self._floats = (None, None)   # the last tables `correct` found native float64 vectors
 
     def update(self, phase: str, predicted: float, count: float, measured: float) -> None:
         keep = math.exp(-1.0 / self.memory)
@@ -181,18 +182,21 @@ class CostCalibration:
         """Corrected StepCost tables: verify[x] (x drafts, one forward) and draft[m] (one forward of m rows).
         `policy_time` (a PolicyTime): its seconds priced in too, as policy_time.apply(correct(costs)). `keep`: the
         tables written into arrays this object keeps (while their sizes hold), each call overwriting the last's."""
-        if COMPILED and not self._padding.pad and kernels.floats(costs.verify, costs.draft, nonempty=True):
+        v, d = costs.verify, costs.draft
+        if COMPILED and not self._padding.pad and (v is self._floats[0] and d is self._floats[1]
+                                                   or kernels.floats(v, d, nonempty=True)):
+            self._floats = (v, d)   # (checked: kept while the tables are these arrays)
             timed, idle, extra = (False, 0.0, 0.0) if policy_time is None else policy_time.terms()
-            X1, n1 = costs.verify.size, costs.draft.size
+            X1, n1 = v.size, d.size
             P = (X1 - 1) // max(n1 - 1, 1) + 1 if timed else 0   # (PolicyTime.apply's pad size)
             kept = self._kept if keep else None
-            if kept is None or kept[0].verify.size != X1 or kept[0].draft.size != n1 or kept[1].size != P:
-                kept = (Tables(np.empty(X1), np.empty(n1)), np.empty(P) if P else _NO_PAD)
+            if kept is None or kept[2] != (X1, n1, P):
+                kept = (Tables(np.empty(X1), np.empty(n1)), np.empty(P) if P else _NO_PAD, (X1, n1, P))
                 if keep:
                     self._kept = kept
-            t, pad = kept
-            kernels.corrected(costs.verify, costs.draft, self._state, timed, float(idle), float(extra), t.verify,
-                              t.draft, pad)   # one loop each, the same operations
+            t, pad, _ = kept
+            kernels.corrected(v, d, self._state, timed, float(idle), float(extra), t.verify, t.draft,
+                              pad)   # one loop each, the same operations
             t.pad = pad if timed else None
             return t
         tables = self._correct(costs)

@@ -9,6 +9,8 @@ import numpy as np
 
 from . import kernels
 
+_I64 = np.dtype(np.int64)   # (the native dtype, compared by identity first)
+
 COMPILED = True   # the small loops of as_padded, pad_extra and StepCost compiled (kernels); False: numpy form
 
 
@@ -77,7 +79,7 @@ class StepCost:
         cost = view.cost if cost is None else cost
         ctx = view.context_lens
         n = ctx.size
-        if COMPILED and n and ctx.dtype == np.int64 and ctx.ndim == 1:   # `_mean_context`, inline
+        if COMPILED and n and (ctx.dtype is _I64 or ctx.dtype == _I64) and ctx.ndim == 1:   # `_mean_context`, inline
             lo, top, total = kernels.int_stats(ctx)
             cbar, exact = float(total) / n, n <= 4096 and -_EXACT < lo and top < _EXACT
         else:
