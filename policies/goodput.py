@@ -85,19 +85,18 @@ class Goodput(Policy):
         self._step, self._kept = Step(G0=0.0), None
 
     def plan(self, view):
-        self._pool.start(view.acceptance_prior)
         n = view.batch_size
         K = min(self.max_depth, view.max_depth, (view.max_num_batched_tokens - n) // n)
         if K <= 0:
             self._step = Step(G0=0.0)
             return np.zeros(n, np.int64)
-        ids = view.request_ids
-        self._stream.update(view, ids, n)
+        rows = self._seq.align(view.request_ids)   # (its largest id: the stream's admissions)
+        self._stream.update(view, None, n, self._seq.top)
         if self._idle.skip(view):
             self._step = Step(G0=self._step.G, kept=True, G=self._step.G)   # the last plan's G carries over
             return np.zeros(n, np.int64)
         r = self._step = Step(G0=self._step.G)
-        r.est = self._estimate(view, K, ids)
+        r.est = self._estimate(view, K, rows)
         r.costs = self._price(view, K)
         r.weights = self._weigh(view, r)
         r.planned, r.G_plan = self._search(view, r)
@@ -126,10 +125,10 @@ class Goodput(Policy):
         if est is not None:   # (nothing drafted, nothing learned of the draft: `only_drafted`)
             self._pool.observe(view, accepted, est.rows, est.a, self.est.pool_memory, drafted, only_drafted=True)
 
-    def _estimate(self, view, K, ids=None) -> SimpleNamespace:
+    def _estimate(self, view, K, rows=None) -> SimpleNamespace:
         """Each row's estimates (`goodput_evidence.estimate`; an instance's `_alpha(rows, cal)` replaces its rule),
-        rows, the weights' mode and view.draft_lag (read once: the catch-up gate, `_pad.planned`); ids: the view's."""
-        rows = self._seq.align(view.request_ids if ids is None else ids)
+        rows, the weights' mode and view.draft_lag (read once: the catch-up gate, `_pad.planned`); rows: aligned."""
+        rows = self._seq.align(view.request_ids) if rows is None else rows
         d = self.draining
         mode = timed(view, self._stream, d.tail, d.after, self.drain)   # (drained, weighed by time_weights)
         self._kept = Kept.fit(self._kept, len(rows), K)

@@ -315,6 +315,8 @@ def estimate(view, pool: Evidence, rows, K: int, est, estimator: str, kept: Kept
     node `est`; `alpha(rows, cal)` where given) and slot survivals with its cap (`survivals`). Compiled (`estimates`,
     no `alpha`): one call into `kept`'s arrays, with the slot weights and, `by_time`, time_weights' spread; else the
     blocks one by one. Returns a namespace of a, cal, S0, S, rowcap, rem, f, slot and spread (None: not computed)."""
+    if pool.accepted is None:   # (the rate's prior, at the first plan: `Evidence.start`)
+        pool.start(view.acceptance_prior)
     rem, f = view.remaining, pool.positions.factor(K)
     if alpha is None and estimates(pool, rows, f, rem, K, est.row_calibration, estimator, est.prior_strength,
                                    est.tie_tolerance, kept, by_time):

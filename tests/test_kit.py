@@ -47,6 +47,7 @@ def _align_run(seed, reuse=False):
         if rng.random() < 0.3:
             ids = rng.permutation(ids)
         rows = st.align(ids if rng.random() < 0.9 else ids.copy())
+        assert st.top is None or st.top == int(ids.max(initial=-1))   # (None: the numpy form)
         rows.a += rng.random(len(rows))
         rows.b -= 1.0
         out.append(rows.array.tobytes())

@@ -2999,15 +2999,18 @@ def align_rows(old_ids, old, ids, init, new, ids_copy):
     """`PerRequest.align`'s new rows, into new [len(ids), fields]: each id's row of `old` where old_ids holds it
     (its first row in a stable sort of old_ids, as np.argsort(kind="stable") and np.searchsorted find it), else
     `init`; ids copied into ids_copy. Where old_ids ascend (the stable sort leaves them as they are) the first row
-    whose id is not below the key is found by bisection, as np.searchsorted's left side finds it."""
+    whose id is not below the key is found by bisection, as np.searchsorted's left side finds it. Returns the
+    largest id (int(ids.max(initial=-1)))."""
     n, f = ids.shape[0], init.shape[0]
+    top = -1
     for i in range(n):
         ids_copy[i] = ids[i]
+        top = max(top, ids[i])
         for j in range(f):
             new[i, j] = init[j]
     m = old_ids.shape[0]
     if m == 0:
-        return
+        return top
     if _ascending(old_ids):
         for i in range(n):
             key = ids[i]
@@ -3021,7 +3024,7 @@ def align_rows(old_ids, old, ids, init, new, ids_copy):
             if lo < m and old_ids[lo] == key:
                 for j in range(f):
                     new[i, j] = old[lo, j]
-        return
+        return top
     order = np.argsort(old_ids, kind="mergesort")
     srt = np.empty(m, old_ids.dtype)
     for i in range(m):
@@ -3031,6 +3034,7 @@ def align_rows(old_ids, old, ids, init, new, ids_copy):
         if srt[at] == ids[i]:
             for j in range(f):
                 new[i, j] = old[order[at], j]
+    return top
 
 
 # ---- shrunk_rates and expected_tokens (kit.acceptance) -------------------------------------------------------

@@ -40,7 +40,8 @@ class PerRequest:
         st = PerRequest(accepted=0.0, rejected=0.0)   # the fields and the value a new request starts at
         rows = st.align(view.request_ids)             # rows.accepted: [batch], writable in place
     Rows of requests never seen before start at the fields' initial values; requests that left the batch are
-    dropped. `align` returns the same object until the ids change. `reuse` (default off): a change of ids
+    dropped. `align` returns the same object until the ids change; `top`: the largest of the ids aligned (-1 for
+    none; None where the numpy form aligned them). `reuse` (default off): a change of ids
     writes into the rows the change before it left (and their table), kept while the batch's size holds,
     instead of new ones: for a caller that holds only the latest rows."""
 
@@ -59,6 +60,7 @@ class PerRequest:
         self.ids = np.empty(0, np.int64)
         self.rows = self._rows(np.empty((0, self.init.size)))
         self._spare = None   # `reuse`: the rows and ids the last change of ids left
+        self.top = -1
 
     def align(self, ids: np.ndarray) -> Rows:
         """The fields, row-aligned with `ids`."""
@@ -74,7 +76,7 @@ class PerRequest:
             spare = self._spare
             if spare is None or spare[1].size != ids.size:
                 spare = (self._rows(np.empty((ids.size, self.init.size))), np.empty(ids.size, np.int64))
-            kernels.align_rows(self.ids, old, ids, self.init, spare[0].array, spare[1])
+            self.top = kernels.align_rows(self.ids, old, ids, self.init, spare[0].array, spare[1])
             self._spare = (self.rows, self.ids) if self.reuse else None
             self.rows, self.ids = spare
             return self.rows
@@ -86,5 +88,5 @@ class PerRequest:
             at = np.minimum(np.searchsorted(sorted_ids, ids), sorted_ids.size - 1)
             found = sorted_ids[at] == ids
             new[found] = old[order[at[found]]]
-        self.ids, self.rows, self._spare = np.array(ids, np.int64), self._rows(new), None
+        self.ids, self.rows, self._spare, self.top = np.array(ids, np.int64), self._rows(new), None, None
         return self.rows
