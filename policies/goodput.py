@@ -104,7 +104,7 @@ class Goodput(Policy):
         r.drafting, depths = self._extend(view, r)
         drafts, late = gates.flags(depths, r.ext)
         self._idle.record(view, drafts)
-        if self.catch_up and self.cost != "clock":
+        if self.catch_up and self.cost != "clock" and (late or self._pad.caught_up):   # (else nothing to clear)
             self._pad.planned(view, depths > 0, lag=r.est.lag) if late else self._pad.planned_none()
         return depths
 
@@ -131,7 +131,7 @@ class Goodput(Policy):
         rows = self._seq.align(view.request_ids) if rows is None else rows
         d = self.draining
         mode = timed(view, self._stream, d.tail, d.after, self.drain)   # (drained, weighed by time_weights)
-        self._kept = Kept.fit(self._kept, len(rows), K)
+        self._kept = Kept.fit(self._kept, rows.array.shape[0], K)
         est = estimate(view, self._pool, rows, K, self.est, self.estimator, self._kept, mode[1],
                        vars(self).get("_alpha"))
         est.rows, est.mode, est.lag = rows, mode, view.draft_lag
