@@ -186,7 +186,8 @@ class CostCalibration:
         if COMPILED and not self._padding.pad and (v is self._floats[0] and d is self._floats[1]
                                                    or kernels.floats(v, d, nonempty=True)):
             self._floats = (v, d)   # (checked: kept while the tables are these arrays)
-            timed, idle, extra = (False, 0.0, 0.0) if policy_time is None else policy_time.terms()
+            quiet = policy_time is None or (policy_time.drafting is None and policy_time.idle is None)
+            timed, idle, extra = (False, 0.0, 0.0) if quiet else policy_time.terms()   # (quiet: nothing measured)
             X1, n1 = v.size, d.size
             P = (X1 - 1) // max(n1 - 1, 1) + 1 if timed else 0   # (PolicyTime.apply's pad size)
             kept = self._kept if keep else None
