@@ -92,7 +92,7 @@ class Goodput(Policy):
             return np.zeros(n, np.int64)
         rows = self._seq.align(view.request_ids)   # (its largest id: the stream's admissions)
         self._stream.update(view, None, n, self._seq.top)
-        if self._idle.skip(view):
+        if self._idle.left and self._idle.skip(view):   # (no window left: no look at the ids)
             self._step = Step(G0=self._step.G, kept=True, G=self._step.G)   # the last plan's G carries over
             return np.zeros(n, np.int64)
         r = self._step = Step(G0=self._step.G)
