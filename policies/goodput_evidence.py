@@ -251,18 +251,20 @@ def row_estimates(rows, pool: Evidence, cal: np.ndarray, estimator: str, k: floa
 
 class Kept:
     """The arrays `estimates` writes each step (a, cal, slot weights and `time_weights`' spread: the rows of `vec`;
-    survivals S0 and S: of `SS`; row caps, the mixture's grid) and `time_weights` its chances and weights
+    survivals S0 and S: of `SS`; row caps; the mixture's posterior on its grid, `w`: row 3 of `mix`, whose rows 0-2
+    hold the grid, its exp and the log prior) and `time_weights` its chances and weights
     (`weights`), kept while the batch's shape (n rows, K positions) holds, the namespace that holds the estimates
     (`est`), and the compiled call's columns and constants (`cols`, `consts`), kept while `key` holds."""
 
     __slots__ = ("n", "K", "a", "cal", "S0", "S", "rowcap", "slot", "w", "est", "spread", "weights", "vec", "SS",
-                 "key", "cols", "consts")
+                 "mix", "key", "cols", "consts")
 
     def __init__(self, n: int, K: int):
         self.n, self.K = n, K
         self.vec, self.SS = np.empty((5, n)), np.empty((2, n, K))
         self.a, self.cal, self.slot, self.S0, self.S = self.vec[0], self.vec[1], self.vec[2], self.SS[0], self.SS[1]
-        self.rowcap, self.w = np.empty(n, np.int64), np.empty(_MIX_GRID.size)
+        self.rowcap, self.mix = np.empty(n, np.int64), np.empty((4, _MIX_GRID.size))
+        self.mix[:3], self.w = (_MIX_GRID, _MIX_EXP, _MIX_LOGPRIOR), self.mix[3]
         self.spread = (self.vec[3], self.vec[4])
         self.weights = (np.empty(n), np.empty(n))   # time_weights' chances and weights (`out`)
         self.est = SimpleNamespace(a=self.a, cal=self.cal, S0=self.S0, S=self.S, rowcap=self.rowcap,
@@ -296,12 +298,12 @@ def estimates(pool: Evidence, rows, f: np.ndarray, remaining: np.ndarray, K: int
     A, E, mix = pool.cal_accepted, pool.cal_conf, pool._mix
     due = pool.mixture and (mix is None or not (mix[0] == A and mix[1] == E))
     if due:   # the mixture's posterior on its grid, exp'd by numpy (`Evidence._mixture`)
-        kernels.mixture_log_into(float(A), float(E), _MIX_GRID, _MIX_EXP, _MIX_LOGPRIOR, kept.w)
+        kernels.mixture_log_into(float(A), float(E), kept.mix)
         np.exp(kept.w, out=kept.w)
     d = K if pool.dbar is None else min(pool.dbar, K)   # (slot_weights' depth)
     c = 0.0 if due else mix[2] if pool.mixture else float(pool.calibration)   # (mixture: `_mixture`'s, kept)
     num, den = (pool.accepted, pool.rejected) if estimator == "counts" else (pool.conf_sum, pool.drafted)
-    c, ok = kernels.goodput_estimates(kept.w, _MIX_GRID, due, c, t, kept.cols, kept.consts, float(num), float(den),
+    c, ok = kernels.goodput_estimates(kept.mix, due, c, t, kept.cols, kept.consts, float(num), float(den),
                                       f, remaining, K, int(d), float(d - int(d)), kept.vec, kept.SS, kept.rowcap,
                                       spread)
     if ok and due:

@@ -1570,16 +1570,16 @@ def mixture_rows(w, grid, acc, vc, ver, z):
 
 
 @njit(cache=True, nogil=True)
-def mixture_log_into(A, E, grid, ex, logprior, out):
-    """`mixture_log` into out (its length: the grid's)."""
-    out[:] = mixture_log(A, E, grid, ex, logprior)
+def mixture_log_into(A, E, mix):
+    """`mixture_log` over mix's rows 0-2 (the grid, its exp, the log prior) into its row 3."""
+    mix[3, :] = mixture_log(A, E, mix[0], mix[1], mix[2])
 
 
 @njit(cache=True, nogil=True)
-def goodput_estimates(w, grid, due, c, table, cols, consts, num0, den0, f, remaining, K, lo, frac, vec, SS, rowcap,
+def goodput_estimates(mix, due, c, table, cols, consts, num0, den0, f, remaining, K, lo, frac, vec, SS, rowcap,
                       spread):
-    """`Goodput._estimate`'s chain: where `due`, the mixture's calibration c = exp(`mixture_median` of w, the
-    posterior after np.exp) (libm's exp, as Python's math.exp); each row's, `row_calibration` at c where z != 0
+    """`Goodput._estimate`'s chain: where `due`, the mixture's calibration c = exp(`mixture_median` of w = mix[3],
+    the posterior after np.exp, on the grid mix[0]) (libm's exp, as Python's math.exp); each row's, `row_calibration` at c where z != 0
     and two rows or more (else c); the rows' estimates (`row_estimates`: num, den the table's columns cols[3],
     cols[4]; cols[0:3]: accepted, verified confidence, verified), the batch's rate `base` from the evidence's
     sums num0, den0 (confidence: num0 / den0, cap 1 / max(base, 1e-6); counts: num0 / (num0 + den0), cap 0);
@@ -1594,7 +1594,7 @@ def goodput_estimates(w, grid, due, c, table, cols, consts, num0, den0, f, remai
     cap = 1 / (1e-6 if 1e-6 > base else base) if confidence else 0.0   # (Python's max(base, 1e-6))
     a, cal, slot, S0, S = vec[0], vec[1], vec[2], SS[0], SS[1]
     if due:
-        lc, ok = mixture_median(w, grid)
+        lc, ok = mixture_median(mix[3], mix[0])
         if not ok:
             return c, False
         c = math.exp(lc)
