@@ -131,7 +131,8 @@ class Goodput(Policy):
         rows = self._seq.align(view.request_ids) if rows is None else rows
         d = self.draining
         mode = timed(view, self._stream, d.tail, d.after, self.drain)   # (drained, weighed by time_weights)
-        self._kept = Kept.fit(self._kept, rows.array.shape[0], K)
+        if self._kept is None or self._kept.n != len(rows.array) or self._kept.K != K:   # (kept while the shape holds)
+            self._kept = Kept(len(rows.array), K)
         est = estimate(view, self._pool, rows, K, self.est, self.estimator, self._kept, mode[1],
                        vars(self).get("_alpha"))
         est.rows, est.mode, est.lag = rows, mode, view.draft_lag

@@ -271,11 +271,6 @@ class Kept:
                                    slot=self.slot if n >= 2 else None, spread=None)
         self.key = self.cols = self.consts = None
 
-    @staticmethod
-    def fit(kept: "Kept | None", n: int, K: int) -> "Kept":
-        """`kept` where it holds n rows and K positions, else new arrays."""
-        return kept if kept is not None and kept.n == n and kept.K == K else Kept(n, K)
-
 
 def estimates(pool: Evidence, rows, f: np.ndarray, remaining: np.ndarray, K: int, z: float, estimator: str,
               k: float, tol: float, kept: Kept, spread: bool = False) -> bool:
