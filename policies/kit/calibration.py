@@ -71,7 +71,6 @@ class CostCalibration:
         self._padding = PaddingFit(self.memory, self.sticky, self.cautious)   # the verify with observe's `pad`
         self._drafted_last = True   # whether the last step observed drafted (a run's first draft resumes nothing)
         self._kept = None   # `correct`'s tables, its pad array and their sizes, where kept
-        self._floats = (None, None)   # the last tables `correct` found native float64 vectors
 
     def update(self, phase: str, predicted: float, count: float, measured: float) -> None:
         keep = math.exp(-1.0 / self.memory)
@@ -183,9 +182,7 @@ class CostCalibration:
         `policy_time` (a PolicyTime): its seconds priced in too, as policy_time.apply(correct(costs)). `keep`: the
         tables written into arrays this object keeps (while their sizes hold), each call overwriting the last's."""
         v, d = costs.verify, costs.draft
-        if COMPILED and not self._padding.pad and (v is self._floats[0] and d is self._floats[1]
-                                                   or kernels.floats(v, d, nonempty=True)):
-            self._floats = (v, d)   # (checked: kept while the tables are these arrays)
+        if COMPILED and not self._padding.pad and ((id(v), id(d)) in _NATIVE or _native(v, d)):
             quiet = policy_time is None or (policy_time.drafting is None and policy_time.idle is None)
             timed, idle, extra = (False, 0.0, 0.0) if quiet else policy_time.terms()   # (quiet: nothing measured)
             X1, n1 = v.size, d.size
@@ -218,6 +215,20 @@ class CostCalibration:
         if vp is None:   # the padded verify at the batch's mean context (without StepCost.pad_context)
             vp = every_row_deep(v, n)
         return Tables((sv - pv) * v + cv + pv * vp[0], d, pv * np.diff(vp))
+
+
+_NATIVE = {}   # `_native`'s tables: (ids of) verify and draft tables found native float64 vectors -> the tables
+
+
+def _native(v, d) -> bool:
+    """kernels.floats(v, d, nonempty=True) of `CostCalibration.correct`'s tables, remembered (`_NATIVE`, 64 pairs at
+    most; each entry holds its arrays: their ids are not reused while it lives)."""
+    if not kernels.floats(v, d, nonempty=True):
+        return False
+    if len(_NATIVE) >= 64:
+        _NATIVE.clear()
+    _NATIVE[id(v), id(d)] = (v, d)
+    return True
 
 
 class PaddingFit:
