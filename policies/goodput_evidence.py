@@ -252,9 +252,9 @@ def row_estimates(rows, pool: Evidence, cal: np.ndarray, estimator: str, k: floa
 class Kept:
     """The arrays `estimates` writes each step (a, cal, slot weights and `time_weights`' spread: the rows of `vec`;
     survivals S0 and S: of `SS`; row caps; the mixture's posterior on its grid, `w`: row 3 of `mix`, whose rows 0-2
-    hold the grid, its exp and the log prior) and `time_weights` its chances and weights
-    (`weights`), kept while the batch's shape (n rows, K positions) holds, the namespace that holds the estimates
-    (`est`), and the compiled call's columns and constants (`cols`, `consts`), kept while `key` holds."""
+    hold the grid, its exp and the log prior) and `time_weights` its chances and weights (`weights`), kept while
+    the batch's shape (n rows, K positions) holds, the namespace that holds the estimates (`est`), and the compiled
+    call's columns and constants (`cols`, `consts`), kept while `key` holds."""
 
     __slots__ = ("n", "K", "a", "cal", "S0", "S", "rowcap", "slot", "w", "est", "spread", "weights", "vec", "SS",
                  "mix", "key", "cols", "consts")

@@ -41,9 +41,9 @@ class PerRequest:
         rows = st.align(view.request_ids)             # rows.accepted: [batch], writable in place
     Rows of requests never seen before start at the fields' initial values; requests that left the batch are
     dropped. `align` returns the same object until the ids change; `top`: the largest of the ids aligned (-1 for
-    none; None where the numpy form aligned them). `reuse` (default off): a change of ids
-    writes into the rows the change before it left (and their table), kept while the batch's size holds,
-    instead of new ones: for a caller that holds only the latest rows."""
+    none; None where the numpy form aligned them). `reuse` (default off): a change of ids writes into the rows the
+    change before it left (and their table), kept while the batch's size holds, instead of new ones: for a caller
+    that holds only the latest rows."""
 
     reuse = False
 
