@@ -85,7 +85,9 @@ class StepCost:
         else:
             cbar, top, exact = _mean_context(ctx)
         self.model, self.ctx, self.mean = cost, ctx, cbar if exact else None
-        self._von = self.pad_context and self._vpad(cost, ctx, kmax, top)
+        if self.pad_context:   # (`_vpad`'s key unchanged: its table holds, no call)
+            same = top is not None and self._vkey == (n, kmax, int(math.log1p(top) * 50.0), id(cost))
+            self._von = same or self._vpad(cost, ctx, kmax, top)
         key = (n, kmax, int(math.log1p(cbar) * 50.0), id(cost))
         if key == self.key:
             return self
