@@ -75,7 +75,7 @@ class Goodput(Policy):
 
     def reset(self):
         e, c = self.est, self.cal
-        self._seq = PerRequest(accepted=0.0, rejected=0.0, conf_sum=0.0, drafted=0.0, verified_conf=0.0, verified=0.0)
+        self._seq = _per_request()
         self._pool = Evidence(e.position_prior, e.position_optimism, True, None, None, None, 10.0, 0.0, 0.0,
                               e.calibration_prior, mixture=True)   # the rate from view.acceptance_prior (`start`)
         self._costs = StepCost(pad_context=True)
@@ -85,19 +85,18 @@ class Goodput(Policy):
         self._step, self._kept = Step(G0=0.0), None
 
     def plan(self, view):
-        self._pool.start(view.acceptance_prior)
         n = view.batch_size
         K = min(self.max_depth, view.max_depth, (view.max_num_batched_tokens - n) // n)
         if K <= 0:
             self._step = Step(G0=0.0)
             return np.zeros(n, np.int64)
-        ids = view.request_ids
-        self._stream.update(view, ids, n)
-        if self._idle.skip(view):
+        rows = self._seq.align(view.request_ids)   # (its largest id: the stream's admissions)
+        self._stream.update(view, None, n, self._seq.top)
+        if self._idle.left and self._idle.skip(view):   # (no window left: no look at the ids)
             self._step = Step(G0=self._step.G, kept=True, G=self._step.G)   # the last plan's G carries over
             return np.zeros(n, np.int64)
         r = self._step = Step(G0=self._step.G)
-        r.est = self._estimate(view, K, ids)
+        r.est = self._estimate(view, K, rows)
         r.costs = self._price(view, K)
         r.weights = self._weigh(view, r)
         r.planned, r.G_plan = self._search(view, r)
@@ -105,7 +104,7 @@ class Goodput(Policy):
         r.drafting, depths = self._extend(view, r)
         drafts, late = gates.flags(depths, r.ext)
         self._idle.record(view, drafts)
-        if self.catch_up and self.cost != "clock":
+        if self.catch_up and self.cost != "clock" and (late or self._pad.caught_up):   # (else nothing to clear)
             self._pad.planned(view, depths > 0, lag=r.est.lag) if late else self._pad.planned_none()
         return depths
 
@@ -126,13 +125,14 @@ class Goodput(Policy):
         if est is not None:   # (nothing drafted, nothing learned of the draft: `only_drafted`, True)
             self._pool.observe(view, accepted, est.rows, est.a, self.est.pool_memory, drafted, True)
 
-    def _estimate(self, view, K, ids=None) -> SimpleNamespace:
+    def _estimate(self, view, K, rows=None) -> SimpleNamespace:
         """Each row's estimates (`goodput_evidence.estimate`; an instance's `_alpha(rows, cal)` replaces its rule),
-        rows, the weights' mode and view.draft_lag (read once: the catch-up gate, `_pad.planned`); ids: the view's."""
-        rows = self._seq.align(view.request_ids if ids is None else ids)
+        rows, the weights' mode and view.draft_lag (read once: the catch-up gate, `_pad.planned`); rows: aligned."""
+        rows = self._seq.align(view.request_ids) if rows is None else rows
         d = self.draining
         mode = timed(view, self._stream, d.tail, d.after, self.drain)   # (drained, weighed by time_weights)
-        self._kept = Kept.fit(self._kept, len(rows), K)
+        if self._kept is None or self._kept.n != len(rows.array) or self._kept.K != K:   # (kept while the shape holds)
+            self._kept = Kept(len(rows.array), K)
         est = estimate(view, self._pool, rows, K, self.est, self.estimator, self._kept, mode[1],
                        vars(self).get("_alpha"))
         est.rows, est.mode, est.lag = rows, mode, view.draft_lag
@@ -194,6 +194,14 @@ class Goodput(Policy):
             ratio, out = gates.ratio_extended(r.est.S, depths, w, G, self.extend, cap)
         return gates.Drafting(view.batch_size, r.est.a, r.est.cal, w, r.costs, G, depths, ratio, r.est.rem,
                               r.est.f), out
+
+
+def _per_request() -> PerRequest:
+    """goodput's per-request sums (`Evidence.observe`'s), in tables that take turns (`PerRequest.reuse`: a plan's
+    rows live until the next plan)."""
+    st = PerRequest(accepted=0.0, rejected=0.0, conf_sum=0.0, drafted=0.0, verified_conf=0.0, verified=0.0)
+    st.reuse = True
+    return st
 
 
 def _options(max_depth, estimator, ranking, cost, drain, use_confidence, extend, probe, idle_replan, policy_time,

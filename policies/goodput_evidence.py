@@ -261,25 +261,26 @@ def row_estimates(rows, pool: Evidence, cal: np.ndarray, estimator: str, k: floa
 
 
 class Kept:
-    """The arrays `estimates` writes each step (a, cal, survivals S0 and S, row caps, slot weights, the mixture's
-    grid, `time_weights`' spread) and `time_weights` its chances and weights (`weights`), kept while the batch's
-    shape (n rows, K positions) holds, and the namespace that holds the estimates (`est`)."""
+    """The arrays `estimates` writes each step (a, cal, slot weights and `time_weights`' spread: the rows of `vec`;
+    survivals S0 and S: of `SS`; row caps; the mixture's posterior on its grid, `w`: row 3 of `mix`, whose rows 0-2
+    hold the grid, its exp and the log prior) and `time_weights` its chances and weights (`weights`), kept while
+    the batch's shape (n rows, K positions) holds, the namespace that holds the estimates (`est`), and the compiled
+    call's columns and constants (`cols`, `consts`), kept while `key` holds."""
 
-    __slots__ = ("n", "K", "a", "cal", "S0", "S", "rowcap", "slot", "w", "est", "spread", "weights")
+    __slots__ = ("n", "K", "a", "cal", "S0", "S", "rowcap", "slot", "w", "est", "spread", "weights", "vec", "SS",
+                 "mix", "key", "cols", "consts")
 
     def __init__(self, n: int, K: int):
         self.n, self.K = n, K
-        self.a, self.cal, self.rowcap, self.slot = np.empty(n), np.empty(n), np.empty(n, np.int64), np.empty(n)
-        self.S0, self.S, self.w = np.empty((n, K)), np.empty((n, K)), np.empty(_MIX_GRID.size)
-        self.spread = (np.empty(n), np.empty(n))
+        self.vec, self.SS = np.empty((5, n)), np.empty((2, n, K))
+        self.a, self.cal, self.slot, self.S0, self.S = self.vec[0], self.vec[1], self.vec[2], self.SS[0], self.SS[1]
+        self.rowcap, self.mix = np.empty(n, np.int64), np.empty((4, _MIX_GRID.size))
+        self.mix[:3], self.w = (_MIX_GRID, _MIX_EXP, _MIX_LOGPRIOR), self.mix[3]
+        self.spread = (self.vec[3], self.vec[4])
         self.weights = (np.empty(n), np.empty(n))   # time_weights' chances and weights (`out`)
         self.est = SimpleNamespace(a=self.a, cal=self.cal, S0=self.S0, S=self.S, rowcap=self.rowcap,
                                    slot=self.slot if n >= 2 else None, spread=None)
-
-    @staticmethod
-    def fit(kept: "Kept | None", n: int, K: int) -> "Kept":
-        """`kept` where it holds n rows and K positions, else new arrays."""
-        return kept if kept is not None and kept.n == n and kept.K == K else Kept(n, K)
+        self.key = self.cols = self.consts = None
 
 
 def estimates(pool: Evidence, rows, f: np.ndarray, remaining: np.ndarray, K: int, z: float, estimator: str,
@@ -289,29 +290,28 @@ def estimates(pool: Evidence, rows, f: np.ndarray, remaining: np.ndarray, K: int
     operations) into `kept` (a, cal, S0, S, rowcap, slot; `spread`: and `time_weights`' spread of S, its e and
     exponent, set as kept.est.spread). Returns whether it ran (else the caller runs those functions: NaN, or
     arrays the kernel does not take)."""
-    t, counts = rows.array, estimator == "counts"
+    t = rows.array
     tf, ff, ri = t.dtype, f.dtype, remaining.dtype
     if not (search.COMPILED and t.ndim == 2 and kept.a.shape == remaining.shape == t.shape[:1] and kept.K == K
             and f.shape[0] >= K and ((tf is _F64 and ff is _F64 and ri is _I64)
                                      or (tf == ff == np.float64 and ri == np.int64))):
         return False
-    if counts:
-        base, cap = pool.accepted / (pool.accepted + pool.rejected), 0.0
-    else:
-        base = pool.conf_sum / pool.drafted
-        cap = 1 / max(base, 1e-6)
+    key = (rows.fields, estimator, z, k, tol)
+    if kept.key != key:   # (the columns and constants: per run)
+        kept.cols = _estimate_columns(rows.fields, estimator == "counts")
+        kept.consts = np.array([z, k, tol, k, 0.0 if estimator == "counts" else 1.0], float)
+        kept.key = key
     A, E, mix = pool.cal_accepted, pool.cal_conf, pool._mix
     due = pool.mixture and (mix is None or not (mix[0] == A and mix[1] == E))
     if due:   # the mixture's posterior on its grid, exp'd by numpy (`Evidence._mixture`)
-        kernels.mixture_log_into(float(A), float(E), _MIX_GRID, _MIX_EXP, _MIX_LOGPRIOR, kept.w)
+        kernels.mixture_log_into(float(A), float(E), kept.mix)
         np.exp(kept.w, out=kept.w)
     d = K if pool.dbar is None else min(pool.dbar, K)   # (slot_weights' depth)
     c = 0.0 if due else mix[2] if pool.mixture else float(pool.calibration)   # (mixture: `_mixture`'s, kept)
-    c, ok = kernels.goodput_estimates(kept.w, _MIX_GRID, due, c, t,
-                                      _estimate_columns(rows.fields, counts), float(z), k * base, float(k),
-                                      float(cap), not counts, float(tol), f, remaining, K, int(d), float(d - int(d)),
-                                      kept.a, kept.cal, kept.S0, kept.S, kept.rowcap, kept.slot, spread, float(k),
-                                      *kept.spread)
+    num, den = (pool.accepted, pool.rejected) if estimator == "counts" else (pool.conf_sum, pool.drafted)
+    c, ok = kernels.goodput_estimates(kept.mix, due, c, t, kept.cols, kept.consts, float(num), float(den),
+                                      f, remaining, K, int(d), float(d - int(d)), kept.vec, kept.SS, kept.rowcap,
+                                      spread)
     if ok and due:
         pool._mix = (A, E, c)
     kept.est.spread = kept.spread if spread else None
@@ -323,6 +323,8 @@ def estimate(view, pool: Evidence, rows, K: int, est, estimator: str, kept: Kept
     node `est`; `alpha(rows, cal)` where given) and slot survivals with its cap (`survivals`). Compiled (`estimates`,
     no `alpha`): one call into `kept`'s arrays, with the slot weights and, `by_time`, time_weights' spread; else the
     blocks one by one. Returns a namespace of a, cal, S0, S, rowcap, rem, f, slot and spread (None: not computed)."""
+    if pool.accepted is None:   # (the rate's prior, at the first plan: `Evidence.start`)
+        pool.start(view.acceptance_prior)
     rem, f = view.remaining, pool.positions.factor(K)
     if alpha is None and estimates(pool, rows, f, rem, K, est.row_calibration, estimator, est.prior_strength,
                                    est.tie_tolerance, kept, by_time):

@@ -21,19 +21,23 @@ class Stream:
         self.max_id, self.quiet, self.max_n = -1, 0, 0
         self._open_steps = self._full_steps = 0
 
-    def update(self, view, ids=None, n=None) -> None:
-        """One step's admissions (`ids`, `n`: view.request_ids and batch_size, where the caller read them)."""
+    def update(self, view, ids=None, n=None, top=None) -> None:
+        """One step's admissions (`ids`, `n`: view.request_ids and batch_size, where the caller read them; `top`:
+        int(ids.max(initial=-1)), where the caller has it, e.g. `PerRequest.top`)."""
         left, n = view.requests_left, view.batch_size if n is None else n
         if self.closed is None:
             self.closed = left == 0
-        ids = view.request_ids if ids is None else ids
-        d = ids.dtype
-        top = kernels.max_id(ids) if search.COMPILED and (d is _I64 or d == np.int64) else int(ids.max(initial=-1))
+        if top is None:
+            ids = view.request_ids if ids is None else ids
+            d = ids.dtype
+            compiled = search.COMPILED and (d is _I64 or d == np.int64)
+            top = kernels.max_id(ids) if compiled else int(ids.max(initial=-1))
         if top > self.max_id:
             self.max_id, self.quiet = top, 0
         else:
             self.quiet += 1
-        self.max_n = max(self.max_n, n)
+        if n > self.max_n:
+            self.max_n = n
         if left:   # a stream before its last admission: steps it ran, steps at its largest batch
             self._open_steps += 1
             self._full_steps += n >= self.max_n

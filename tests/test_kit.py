@@ -31,17 +31,23 @@ def test_per_request_fields_follow_requests_by_id():
         moved.unknown  # noqa: B018
 
 
-def _align_run(seed):
-    """A PerRequest aligned to random id sequences (rows leaving, joining, reordered, repeated ids), its fields
-    written between steps: the rows after each step, as bytes."""
+def _align_run(seed, reuse=False):
+    """A PerRequest aligned to random id sequences (rows leaving, joining, reordered, repeated ids, one id
+    replaced at the same size), its fields written between steps: the rows after each step, as bytes."""
     rng = np.random.default_rng(seed)
     st, out, ids = kit.PerRequest(a=0.5, b=-1.0), [], np.arange(int(rng.integers(0, 40)), dtype=np.int64)
+    st.reuse = reuse
     for _ in range(60):
-        keep = ids[rng.random(ids.size) < 0.8]
-        ids = np.concatenate([keep, rng.integers(0, 120, int(rng.integers(0, 6)))]).astype(np.int64)
+        if ids.size and rng.random() < 0.4:
+            ids = ids.copy()
+            ids[int(rng.integers(0, ids.size))] = int(rng.integers(0, 120))
+        else:
+            keep = ids[rng.random(ids.size) < 0.8]
+            ids = np.concatenate([keep, rng.integers(0, 120, int(rng.integers(0, 6)))]).astype(np.int64)
         if rng.random() < 0.3:
             ids = rng.permutation(ids)
         rows = st.align(ids if rng.random() < 0.9 else ids.copy())
+        assert st.top is None or st.top == int(ids.max(initial=-1))   # (None: the numpy form)
         rows.a += rng.random(len(rows))
         rows.b -= 1.0
         out.append(rows.array.tobytes())
@@ -51,8 +57,10 @@ def _align_run(seed):
 def test_the_compiled_alignment_is_its_numpy_form(monkeypatch):
     from specdepth.policies.kit import state
     compiled = [_align_run(seed) for seed in range(20)]
+    assert compiled == [_align_run(seed, reuse=True) for seed in range(20)]   # the tables taking turns: the same
     monkeypatch.setattr(state, "COMPILED", False)
     assert compiled == [_align_run(seed) for seed in range(20)]
+    assert compiled == [_align_run(seed, reuse=True) for seed in range(20)]
 
 
 def test_the_old_private_module_warns_and_names_the_kit():

@@ -70,7 +70,7 @@ class CostCalibration:
         self._state[12] = self._state[14] = 1.0
         self._padding = PaddingFit(self.memory, self.sticky, self.cautious)   # the verify with observe's `pad`
         self._drafted_last = True   # whether the last step observed drafted (a run's first draft resumes nothing)
-        self._kept = None   # `correct`'s tables and its pad array, where kept
+        self._kept = None   # `correct`'s tables, its pad array and their sizes, where kept
 
     def update(self, phase: str, predicted: float, count: float, measured: float) -> None:
         keep = math.exp(-1.0 / self.memory)
@@ -181,18 +181,20 @@ class CostCalibration:
         """Corrected StepCost tables: verify[x] (x drafts, one forward) and draft[m] (one forward of m rows).
         `policy_time` (a PolicyTime): its seconds priced in too, as policy_time.apply(correct(costs)). `keep`: the
         tables written into arrays this object keeps (while their sizes hold), each call overwriting the last's."""
-        if COMPILED and not self._padding.pad and kernels.floats(costs.verify, costs.draft, nonempty=True):
-            timed, idle, extra = (False, 0.0, 0.0) if policy_time is None else policy_time.terms()
-            X1, n1 = costs.verify.size, costs.draft.size
+        v, d = costs.verify, costs.draft
+        if COMPILED and not self._padding.pad and ((id(v), id(d)) in _NATIVE or _native(v, d)):
+            quiet = policy_time is None or (policy_time.drafting is None and policy_time.idle is None)
+            timed, idle, extra = (False, 0.0, 0.0) if quiet else policy_time.terms()   # (quiet: nothing measured)
+            X1, n1 = v.size, d.size
             P = (X1 - 1) // max(n1 - 1, 1) + 1 if timed else 0   # (PolicyTime.apply's pad size)
             kept = self._kept if keep else None
-            if kept is None or kept[0].verify.size != X1 or kept[0].draft.size != n1 or kept[1].size != P:
-                kept = (Tables(np.empty(X1), np.empty(n1)), np.empty(P) if P else _NO_PAD)
+            if kept is None or kept[2] != (X1, n1, P):
+                kept = (Tables(np.empty(X1), np.empty(n1)), np.empty(P) if P else _NO_PAD, (X1, n1, P))
                 if keep:
                     self._kept = kept
-            t, pad = kept
-            kernels.corrected(costs.verify, costs.draft, self._state, timed, float(idle), float(extra), t.verify,
-                              t.draft, pad)   # one loop each, the same operations
+            t, pad, _ = kept
+            kernels.corrected(v, d, self._state, timed, float(idle), float(extra), t.verify, t.draft,
+                              pad)   # one loop each, the same operations
             t.pad = pad if timed else None
             return t
         tables = self._correct(costs)
@@ -213,6 +215,20 @@ class CostCalibration:
         if vp is None:   # the padded verify at the batch's mean context (without StepCost.pad_context)
             vp = every_row_deep(v, n)
         return Tables((sv - pv) * v + cv + pv * vp[0], d, pv * np.diff(vp))
+
+
+_NATIVE = {}   # `_native`'s tables: (ids of) verify and draft tables found native float64 vectors -> the tables
+
+
+def _native(v, d) -> bool:
+    """kernels.floats(v, d, nonempty=True) of `CostCalibration.correct`'s tables, remembered (`_NATIVE`, 64 pairs at
+    most; each entry holds its arrays: their ids are not reused while it lives)."""
+    if not kernels.floats(v, d, nonempty=True):
+        return False
+    if len(_NATIVE) >= 64:
+        _NATIVE.clear()
+    _NATIVE[id(v), id(d)] = (v, d)
+    return True
 
 
 class PaddingFit:

@@ -9,6 +9,8 @@ import numpy as np
 
 from . import kernels
 
+_I64 = np.dtype(np.int64)   # (the native dtype, compared by identity first)
+
 COMPILED = True   # the small loops of as_padded, pad_extra and StepCost compiled (kernels); False: numpy form
 _I64 = np.dtype(np.int64)   # (`pad_extra`'s dtype, compared by identity first)
 
@@ -78,13 +80,15 @@ class StepCost:
         cost = view.cost if cost is None else cost
         ctx = view.context_lens
         n = ctx.size
-        if COMPILED and n and ctx.dtype == np.int64 and ctx.ndim == 1:   # `_mean_context`, inline
+        if COMPILED and n and (ctx.dtype is _I64 or ctx.dtype == _I64) and ctx.ndim == 1:   # `_mean_context`, inline
             lo, top, total = kernels.int_stats(ctx)
             cbar, exact = float(total) / n, n <= 4096 and -_EXACT < lo and top < _EXACT
         else:
             cbar, top, exact = _mean_context(ctx)
         self.model, self.ctx, self.mean = cost, ctx, cbar if exact else None
-        self._von = self.pad_context and self._vpad(cost, ctx, kmax, top)
+        if self.pad_context:   # (`_vpad`'s key unchanged: its table holds, no call)
+            same = top is not None and self._vkey == (n, kmax, int(math.log1p(top) * 50.0), id(cost))
+            self._von = same or self._vpad(cost, ctx, kmax, top)
         key = (n, kmax, int(math.log1p(cbar) * 50.0), id(cost))
         if key == self.key:
             return self

@@ -15,6 +15,7 @@ class IdleReplan:
     """Plans that draft nothing, kept without replanning (`idle_replan` of goodput, batch_scaled, confidence): after
     a plan that drafts nothing, the next 1, then 2, 4, ... (at most `most`) steps draft nothing too without a new
     plan, while the batch holds the same requests; a plan that drafts, or a change of rows, ends it at once.
+    `left`: the steps the window has left (0: `skip` is False without a look at the view).
 
         if self._idle.skip(view): return zeros     # in plan, first
         ...; self._idle.record(view, bool(depths.any()))
@@ -26,20 +27,20 @@ class IdleReplan:
 
     def __init__(self, most: int):
         self.most = most
-        self._ids, self._run, self._left = None, 0, 0   # the idle batch's requests, the window, steps left in it
+        self._ids, self._run, self.left = None, 0, 0   # the idle batch's requests, the window, steps left in it
 
     def skip(self, view) -> bool:
-        if self._left and _same_ids(view.request_ids, self._ids):
-            self._left -= 1
+        if self.left and _same_ids(view.request_ids, self._ids):
+            self.left -= 1
             return True
         return False
 
     def record(self, view, drafts: bool) -> None:
         if not self.most or drafts:
-            self._run = self._left = 0
+            self._run = self.left = 0
             return
         self._run = min(max(2 * self._run, 1), self.most)
-        self._left, self._ids = self._run, np.array(view.request_ids)
+        self.left, self._ids = self._run, np.array(view.request_ids)
 
 
 def _same_ids(a: np.ndarray, b: np.ndarray) -> bool:

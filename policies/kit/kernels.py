@@ -1596,24 +1596,31 @@ def mixture_rows(w, grid, acc, vc, ver, z):
 
 
 @njit(cache=True, nogil=True)
-def mixture_log_into(A, E, grid, ex, logprior, out):
-    """`mixture_log` into out (its length: the grid's)."""
-    out[:] = mixture_log(A, E, grid, ex, logprior)
+def mixture_log_into(A, E, mix):
+    """`mixture_log` over mix's rows 0-2 (the grid, its exp, the log prior) into its row 3."""
+    mix[3, :] = mixture_log(A, E, mix[0], mix[1], mix[2])
 
 
 @njit(cache=True, nogil=True)
-def goodput_estimates(w, grid, due, c, table, cols, z, kb, k, cap, confidence, tol, f, remaining, K, lo, frac, a, cal,
-                      S0, S, rowcap, slot, spread, strength, e, u):
-    """`Goodput._estimate`'s chain: where `due`, the mixture's calibration c = exp(`mixture_median` of w, the
-    posterior after np.exp) (libm's exp, as Python's math.exp); each row's, `row_calibration` at c where z != 0
+def goodput_estimates(mix, due, c, table, cols, consts, num0, den0, f, remaining, K, lo, frac, vec, SS, rowcap,
+                      spread):
+    """`Goodput._estimate`'s chain: where `due`, the mixture's calibration c = exp(`mixture_median` of w = mix[3],
+    the posterior after np.exp, on the grid mix[0]) (libm's exp, as Python's math.exp); each row's, `row_calibration` at c where z != 0
     and two rows or more (else c); the rows' estimates (`row_estimates`: num, den the table's columns cols[3],
-    cols[4]; cols[0:3]: accepted, verified confidence, verified); their survivals (`survivals`) and, for two rows
-    or more, S0's `slot_weights` at depth lo + frac; where `spread`, S's `time_spread` (drafted: cols[5], the
-    estimate's prior `strength`) into e and u. Written into a, cal, S0, S, rowcap, slot. Returns (c, True), or
-    (c, False) where w or the estimates hold NaN (the numpy forms decide)."""
+    cols[4]; cols[0:3]: accepted, verified confidence, verified), the batch's rate `base` from the evidence's
+    sums num0, den0 (confidence: num0 / den0, cap 1 / max(base, 1e-6); counts: num0 / (num0 + den0), cap 0);
+    their survivals (`survivals`) and, for two rows or more, S0's `slot_weights` at depth lo + frac; where
+    `spread`, S's `time_spread` (drafted: cols[5], the prior `strength`) into e and u. consts: z, the estimate's
+    prior k, tol, strength, and 1.0 for the confidence estimator (0.0: counts). Written into vec's rows (a, cal,
+    slot, e, u), SS's (S0, S) and rowcap. Returns (c, True), or (c, False) where w or the estimates hold NaN (the
+    numpy forms decide)."""
     n = table.shape[0]
+    z, k, tol, strength, confidence = consts[0], consts[1], consts[2], consts[3], consts[4] != 0.0
+    base = num0 / den0 if confidence else num0 / (num0 + den0)
+    cap = 1 / (1e-6 if 1e-6 > base else base) if confidence else 0.0   # (Python's max(base, 1e-6))
+    a, cal, slot, S0, S = vec[0], vec[1], vec[2], SS[0], SS[1]
     if due:
-        lc, ok = mixture_median(w, grid)
+        lc, ok = mixture_median(mix[3], mix[0])
         if not ok:
             return c, False
         c = math.exp(lc)
@@ -1621,7 +1628,7 @@ def goodput_estimates(w, grid, due, c, table, cols, z, kb, k, cap, confidence, t
         cal[:] = row_calibration(table[:, cols[0]], table[:, cols[1]], table[:, cols[2]], c, z)
     else:
         cal[:] = c
-    x, ok = row_estimates(table[:, cols[3]], table[:, cols[4]], cal, kb, k, cap, confidence, tol)
+    x, ok = row_estimates(table[:, cols[3]], table[:, cols[4]], cal, k * base, k, cap, confidence, tol)
     if not ok:
         return c, False
     a[:] = x
@@ -1630,8 +1637,8 @@ def goodput_estimates(w, grid, due, c, table, cols, z, kb, k, cap, confidence, t
         slot_weights_into(S0, lo, frac, slot)
     if spread:
         te, tu = time_spread(S, a, lo, frac, table[:, cols[5]], strength, remaining)
-        e[:] = te
-        u[:] = tu
+        vec[3, :] = te
+        vec[4, :] = tu
     return c, True
 
 
@@ -3113,15 +3120,18 @@ def align_rows(old_ids, old, ids, init, new, ids_copy):
     """`PerRequest.align`'s new rows, into new [len(ids), fields]: each id's row of `old` where old_ids holds it
     (its first row in a stable sort of old_ids, as np.argsort(kind="stable") and np.searchsorted find it), else
     `init`; ids copied into ids_copy. Where old_ids ascend (the stable sort leaves them as they are) the first row
-    whose id is not below the key is found by bisection, as np.searchsorted's left side finds it."""
+    whose id is not below the key is found by bisection, as np.searchsorted's left side finds it. Returns the
+    largest id (int(ids.max(initial=-1)))."""
     n, f = ids.shape[0], init.shape[0]
+    top = -1
     for i in range(n):
         ids_copy[i] = ids[i]
+        top = max(top, ids[i])
         for j in range(f):
             new[i, j] = init[j]
     m = old_ids.shape[0]
     if m == 0:
-        return
+        return top
     if _ascending(old_ids):
         for i in range(n):
             key = ids[i]
@@ -3135,7 +3145,7 @@ def align_rows(old_ids, old, ids, init, new, ids_copy):
             if lo < m and old_ids[lo] == key:
                 for j in range(f):
                     new[i, j] = old[lo, j]
-        return
+        return top
     order = np.argsort(old_ids, kind="mergesort")
     srt = np.empty(m, old_ids.dtype)
     for i in range(m):
@@ -3145,6 +3155,7 @@ def align_rows(old_ids, old, ids, init, new, ids_copy):
         if srt[at] == ids[i]:
             for j in range(f):
                 new[i, j] = old[order[at], j]
+    return top
 
 
 # ---- shrunk_rates and expected_tokens (kit.acceptance) -------------------------------------------------------

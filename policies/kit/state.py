@@ -5,6 +5,8 @@ import numpy as np
 
 from . import kernels
 
+_I64, _F64 = np.dtype(np.int64), np.dtype(np.float64)   # (the native dtypes, compared by identity first)
+
 COMPILED = True   # align's row matching compiled (kernels.align_rows); False: its numpy form (equal)
 
 
@@ -38,7 +40,12 @@ class PerRequest:
         st = PerRequest(accepted=0.0, rejected=0.0)   # the fields and the value a new request starts at
         rows = st.align(view.request_ids)             # rows.accepted: [batch], writable in place
     Rows of requests never seen before start at the fields' initial values; requests that left the batch are
-    dropped. `align` returns the same object until the ids change."""
+    dropped. `align` returns the same object until the ids change; `top`: the largest of the ids aligned (-1 for
+    none; None where the numpy form aligned them). `reuse` (default off): a change of ids writes into the rows the
+    change before it left (and their table), kept while the batch's size holds, instead of new ones: for a caller
+    that holds only the latest rows."""
+
+    reuse = False
 
     def __init__(self, **fields: float):
         if not fields:
@@ -52,20 +59,26 @@ class PerRequest:
     def reset(self) -> None:
         self.ids = np.empty(0, np.int64)
         self.rows = self._rows(np.empty((0, self.init.size)))
+        self._spare = None   # `reuse`: the rows and ids the last change of ids left
+        self.top = -1
 
     def align(self, ids: np.ndarray) -> Rows:
         """The fields, row-aligned with `ids`."""
+        native = (ids.dtype is _I64 or ids.dtype == np.int64) and ids.ndim == 1
         if ids.shape == self.ids.shape:
-            if ids.dtype == np.int64 and ids.ndim == 1:   # the same values, compared as bytes (np.array_equal's
-                if ids.tobytes() == self.ids.tobytes():     # per-call cost is most of an unchanged step's align)
+            if native:   # the same values, compared as bytes (np.array_equal's per-call cost is most of an
+                if ids.tobytes() == self.ids.tobytes():   # unchanged step's align)
                     return self.rows
             elif np.array_equal(ids, self.ids):
                 return self.rows
         old = self.rows.array
-        if COMPILED and ids.dtype == np.int64 and ids.ndim == 1 and old.dtype == np.float64 and old.ndim == 2:
-            new, copy = np.empty((ids.size, self.init.size)), np.empty(ids.size, np.int64)
-            kernels.align_rows(self.ids, old, ids, self.init, new, copy)
-            self.ids, self.rows = copy, self._rows(new)
+        if COMPILED and native and (old.dtype is _F64 or old.dtype == np.float64) and old.ndim == 2:
+            spare = self._spare
+            if spare is None or spare[1].size != ids.size:
+                spare = (self._rows(np.empty((ids.size, self.init.size))), np.empty(ids.size, np.int64))
+            self.top = kernels.align_rows(self.ids, old, ids, self.init, spare[0].array, spare[1])
+            self._spare = (self.rows, self.ids) if self.reuse else None
+            self.rows, self.ids = spare
             return self.rows
         new = np.empty((ids.size, self.init.size))
         new[:] = self.init   # np.tile's rows, without its overhead
@@ -75,5 +88,5 @@ class PerRequest:
             at = np.minimum(np.searchsorted(sorted_ids, ids), sorted_ids.size - 1)
             found = sorted_ids[at] == ids
             new[found] = old[order[at[found]]]
-        self.ids, self.rows = np.array(ids, np.int64), self._rows(new)
+        self.ids, self.rows, self._spare, self.top = np.array(ids, np.int64), self._rows(new), None, None
         return self.rows
