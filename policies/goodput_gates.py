@@ -306,8 +306,8 @@ class Drafting:
         view.depths, remaining and the tables), read at its first keep, where it runs this step's keeps (float64
         tables, the draft's past the rows, int64 remaining); else False."""
         c, w, r = self.costs, self.w, self.ratio
-        if not (search.COMPILED and c.draft.dtype == c.verify.dtype == np.float64 and c.draft.size > self.s.size
-                and (self.remaining is None or self.remaining.dtype == np.int64)):
+        rem = () if self.remaining is None else (self.remaining,)
+        if not (search.COMPILED and c.draft.size > self.s.size and _typed((c.draft, c.verify), rem)):
             return False
         depths, self._nf = view.depths, 0 if self.factors is None else self.factors.size
         self._keep = np.empty(self.s.size, np.bool_)
