@@ -110,7 +110,7 @@ class StepView:
         self._ids = self._ctx = self._rem = None   # this step's request_ids, context_lens, remaining (`bind` resets)
         self._ones = None   # draft_lag's ones where the executor has no lag (read-only; kept while the size holds)
         self._parts = getattr(cost, "step_parts", None)   # both predictions in one call, where the cost model has it
-        self._kept = [None] * 4   # depths' and drafted's source arrays and read-only views (`_kept_view`)
+        self._kept = [None] * 4   # depths' and drafted's step arrays and their read-only views (`_kept_ro`)
 
     def bind(self, step, hptr: int) -> None:
         """The engine shows the view the step it is running (a `specdepth.engine.Step`). The rows' ids, prompts,
@@ -187,28 +187,8 @@ class StepView:
         return self._ones
 
     # ---- this step --------------------------------------------------------------------------------
-    @property
-    def depths(self):
-        a, kept = self._s.depths, self._kept
-        if a is kept[0] and a is not None and not kept[1].flags.writeable:
-            return kept[1]
-        return self._kept_view(a, 0)
-
-    @property
-    def drafted(self):
-        a, kept = self._s.row_drafted, self._kept
-        if a is kept[2] and a is not None and not kept[3].flags.writeable:
-            return kept[3]
-        return self._kept_view(a, 2)
-
-    def _kept_view(self, a, i: int):
-        """A read-only view of the step's array `a` (None: None), kept (in `_kept[i + 1]`) and handed out again while
-        the step's array is the same object and the view still read-only: a view, it shows the array's current
-        values (the engine counts row_drafted in place while drafting)."""
-        v = self._kept[i + 1] = _ro_or_none(a)
-        self._kept[i] = a
-        return v
-
+    depths = property(lambda self: _kept_ro(self._s.depths, self._kept, 0))
+    drafted = property(lambda self: _kept_ro(self._s.row_drafted, self._kept, 2))
     confidences = property(lambda self: _ro_or_none(self._s.confidences))
     oracle_accept = property(lambda self: _ro_or_none(self._s.oracle_accept))
     accept_prob = property(lambda self: _ro_or_none(self._s.accept_prob))
@@ -269,6 +249,17 @@ class StepView:
 
 def _ro_or_none(a):
     return None if a is None else _ro(a)
+
+
+def _kept_ro(a, kept: list, i: int):
+    """A read-only view of the step's array `a` (None: None), kept in kept[i + 1] (`a` in kept[i]) and handed out
+    again while the step holds the same array and the view is still read-only: a view, it shows the array's
+    current values (the engine counts row_drafted in place while drafting)."""
+    if a is kept[i] and a is not None and not kept[i + 1].flags.writeable:
+        return kept[i + 1]
+    v = kept[i + 1] = _ro_or_none(a)
+    kept[i] = a
+    return v
 
 
 def _plain(v):
