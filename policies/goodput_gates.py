@@ -3,6 +3,7 @@ drafting."""
 from __future__ import annotations
 
 import math
+from sys import getrefcount
 from typing import NamedTuple
 
 import numpy as np
@@ -265,15 +266,18 @@ class Drafting:
         self.planned, self.ratio, self.remaining = planned, ratio, remaining   # remaining: the step's, where given
         self.factors = factors   # the step's position factors (PositionFactors.factor at the plan), where given
         self._rows = None   # compiled: the keeps' per-step arguments (`_compiled_rows`), at the first keep; else False
+        self._keep = self._nf = None   # compiled: the mask, reused while nobody holds it; the factors' count
 
     def keep(self, view, position, confidence, positions) -> np.ndarray:
         rows = self._rows
         if rows is None:
             rows = self._rows = self._compiled_rows(view)
         if rows:   # one compiled pass (`kernels.drafting_keep`: the same operations; s updated in place)
-            fs, r = self.factors, self.ratio
-            f = 0.0 if fs is not None and position + 1 < fs.size else float(positions.factor(position + 2)[-1])
-            keep = np.empty(self.s.size, np.bool_)
+            r = self.ratio
+            f = 0.0 if position + 1 < self._nf else float(positions.factor(position + 2)[-1])
+            if getrefcount(self._keep) > 2:   # (the last mask is held past its keep: a new one)
+                self._keep = np.empty(self.s.size, np.bool_)
+            keep = self._keep
             E, T = (0.0, 1.0) if r is None else r
             grow, gv, dt = kernels.drafting_keep(keep, confidence, position, f, view.drafted, E, T, *rows)
             if grow > 0:
@@ -306,10 +310,11 @@ class Drafting:
         view.depths, remaining and the tables), read at its first keep, where it runs this step's keeps (float64
         tables, the draft's past the rows, int64 remaining); else False."""
         c, w, r = self.costs, self.w, self.ratio
-        if not (search.COMPILED and c.draft.dtype == c.verify.dtype == np.float64 and c.draft.size > self.s.size
-                and (self.remaining is None or self.remaining.dtype == np.int64)):
+        rem = () if self.remaining is None else (self.remaining,)
+        if not (search.COMPILED and c.draft.size > self.s.size and _typed((c.draft, c.verify), rem)):
             return False
-        depths = view.depths
+        depths, self._nf = view.depths, 0 if self.factors is None else self.factors.size
+        self._keep = np.empty(self.s.size, np.bool_)
         return (self.s, self.cal, depths, self.a, _NO_FACTORS if self.factors is None else self.factors,
                 self.a if w is None else w, w is not None, depths if r is None else self.planned, r is not None,
                 view.remaining if self.remaining is None else self.remaining, c.draft, c.verify,

@@ -48,6 +48,24 @@ def test_view_is_read_only(tmp_path):
             setattr(v, name, 1)
 
 
+def test_the_views_step_arrays_are_read_only_and_current():
+    """view.depths and view.drafted: read-only views that show the step's arrays as they are now (the engine counts
+    row_drafted in place), of the array the step holds now."""
+    from test_policies_zoo import drafting, make_view
+    v = drafting(make_view(3), [2, 0, 1])
+    first = v.drafted
+    v._s.row_drafted[0] += 5
+    for a, want in ((v.drafted, [7, 0, 1]), (first, [7, 0, 1]), (v.depths, [2, 0, 1])):
+        assert a.tolist() == want and not a.flags.writeable
+        with pytest.raises(ValueError):
+            a[0] = 1
+    first.flags.writeable = True   # (a view a policy made writable is not handed out again)
+    assert not v.drafted.flags.writeable
+    v._s.row_drafted = np.zeros(3, np.int64)
+    v._s.depths = None
+    assert v.drafted.tolist() == [0, 0, 0] and v.depths is None
+
+
 def test_ragged_depths_in_one_verify(tmp_path):
     s = run(cfg("policy=none", "policy._target_=custom_policies.Alternating", "policy.depth=3",
                 "workload.batch_size=4", "workload.output_len=64", "acceptance=iid", "acceptance.alpha=0.8"), tmp_path)

@@ -210,6 +210,26 @@ def test_keep_by_margin_and_drafting_keep_are_the_numpy_forms(monkeypatch):
         assert all(_same(x, y) for x, y in zip(got, want))
 
 
+def test_the_ranking_is_lexsorts_and_a_held_mask_is_not_written_again():
+    """kernels._rank_values: np.lexsort((-remaining[idx], -np.round(v, 6))) with ties, counted and sorted (past
+    `_COUNTED` keys) and out of its keys' range; Drafting.keep writes a new mask where the last one is held."""
+    rng = np.random.default_rng(8)
+    for m in [2, 3, 17, 64, 255, 256, 257, 300] * 12:
+        v = np.round(rng.random(m), int(rng.choice([1, 2, 6]))) + rng.choice([0.0, 1e-8, 4e-7, 5e-7], m)
+        v[0] = 2.5 if rng.random() < 0.1 else v[0]
+        rem = rng.integers(0, int(rng.choice([3, 1000, 2 ** 21])), m + 5)
+        idx = np.sort(rng.choice(m + 5, m, replace=False))
+        assert np.array_equal(kg._rank_values(v, rem, idx), np.lexsort((-rem[idx], -np.round(v, 6))))
+    n = 6
+    view = drafting(make_view(n, remaining=np.arange(1, n + 1)), np.full(n, 4))
+    costs = kit.Tables(np.linspace(0.01, 0.02, 8 * n + 1), np.linspace(0.0, 0.001, n + 2), None)
+    d = gg.Drafting(n, np.full(n, 0.9), np.ones(n), None, costs, 1.0, view.depths)
+    held = d.keep(view, 0, np.full(n, 0.9), kit.PositionFactors())
+    before = held.copy()
+    again = d.keep(view, 1, np.zeros(n), kit.PositionFactors())
+    assert again is not held and np.array_equal(held, before) and before.any() and not again.any()
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered in sqrt")   # (a negative estimate, in numpy)
 def test_evidence_observe_is_the_numpy_form(monkeypatch):
     rng = np.random.default_rng(7)

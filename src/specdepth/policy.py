@@ -93,7 +93,7 @@ class StepView:
 
     __slots__ = ("_rows", "_s", "_budget", "_max_depth", "_max_tokens", "_cost", "_prior", "_hptr", "_pred",
                  "_true_cost", "_clock", "_lag", "_expected", "_rank_table", "_ids", "_ctx", "_rem", "_ones",
-                 "_parts")
+                 "_parts", "_kept")
 
     def __init__(self, rows, token_budget: int, max_depth: int, max_num_batched_tokens: int, cost,
                  prior: float = 0.7, true_cost=None, clock=None, lag=None, expected=None, rank_table=None):
@@ -110,6 +110,7 @@ class StepView:
         self._ids = self._ctx = self._rem = None   # this step's request_ids, context_lens, remaining (`bind` resets)
         self._ones = None   # draft_lag's ones where the executor has no lag (read-only; kept while the size holds)
         self._parts = getattr(cost, "step_parts", None)   # both predictions in one call, where the cost model has it
+        self._kept = [None] * 4   # depths' and drafted's step arrays and their read-only views (`_kept_ro`)
 
     def bind(self, step, hptr: int) -> None:
         """The engine shows the view the step it is running (a `specdepth.engine.Step`). The rows' ids, prompts,
@@ -186,8 +187,8 @@ class StepView:
         return self._ones
 
     # ---- this step --------------------------------------------------------------------------------
-    depths = property(lambda self: _ro_or_none(self._s.depths))
-    drafted = property(lambda self: _ro_or_none(self._s.row_drafted))
+    depths = property(lambda self: _kept_ro(self._s.depths, self._kept, 0))
+    drafted = property(lambda self: _kept_ro(self._s.row_drafted, self._kept, 2))
     confidences = property(lambda self: _ro_or_none(self._s.confidences))
     oracle_accept = property(lambda self: _ro_or_none(self._s.oracle_accept))
     accept_prob = property(lambda self: _ro_or_none(self._s.accept_prob))
@@ -248,6 +249,17 @@ class StepView:
 
 def _ro_or_none(a):
     return None if a is None else _ro(a)
+
+
+def _kept_ro(a, kept: list, i: int):
+    """A read-only view of the step's array `a` (None: None), kept in kept[i + 1] (`a` in kept[i]) and handed out
+    again while the step holds the same array and the view is still read-only: a view, it shows the array's
+    current values (the engine counts row_drafted in place while drafting)."""
+    if a is kept[i] and a is not None and not kept[i + 1].flags.writeable:
+        return kept[i + 1]
+    v = kept[i + 1] = _ro_or_none(a)
+    kept[i] = a
+    return v
 
 
 def _plain(v):
