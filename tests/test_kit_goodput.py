@@ -277,9 +277,9 @@ def test_goodput_runs_alike_compiled_and_in_numpy(monkeypatch, extra):
     assert got == want
 
 
-def test_evidence_observe_leaves_the_last_factors_as_they_are():
-    """The compiled observe writes the factors into one of two kept arrays in turn: the factors a plan read stay
-    as they were through the step's observe."""
+def test_evidence_observe_leaves_the_factors_it_returned_as_they_are():
+    """The compiled observe writes the new factors into a new array: the factors a plan read stay as they were
+    through every later observe."""
     n = 8
     view = drafting(make_view(n), np.full(n, 3, np.int64), conf=np.full(3, 0.8))
     p = ge.Evidence(position_paired=True, mixture=True)
@@ -290,7 +290,7 @@ def test_evidence_observe_leaves_the_last_factors_as_they_are():
         f = p.positions.factor(3)
         seen.append((f, f.copy()))
         p.observe(view, np.full(n, step % 3, np.int64), rows, np.full(n, 0.7), 2000.0)
-        assert np.array_equal(*seen[-1])   # (the factors this step's plan read)
+        assert all(np.array_equal(*s) for s in seen)   # (the factors each step's plan read)
     assert not np.array_equal(seen[0][1], seen[-1][1])
 
 

@@ -35,7 +35,6 @@ class PositionFactors:
         self.first_exp = np.zeros(0)   # ... and their estimates
         self._cache = None   # (the two sums' arrays, the factors); reset where the sums change in place
         self._args = None    # `compiled_args`' checked sums and settings
-        self._next = 0       # which of `compiled_args`' two factor buffers it gives next
 
     def factor(self, k: int) -> np.ndarray:
         """f_p for positions 0..k-1 (1 where nothing was verified yet)."""
@@ -131,9 +130,7 @@ class PositionFactors:
         (`kernels.evidence_observe`): (paired, the sums accepted, expected, first_acc and first_exp, grown to k
         positions, a buffer for the factors (`factor`'s cached count, at least 32), prior, optimism); None where the
         sums are not float64 vectors of one length (the numpy form decides). Then `refreshed` with the factors
-        written. Where the cache holds 32 factors, the buffer is one of two kept arrays, in turn (not the one written
-        last): an array `factor` returned from one stays as it is until the second compiled step after it was
-        written."""
+        written (a new array each time: an array `factor` returned is never written again)."""
         if self.accepted.size < k:
             self._grow(k)
         a, kept = self.accepted, self._args   # (the sums and settings it last checked, and the arguments)
@@ -144,20 +141,14 @@ class PositionFactors:
             if not (a.dtype == e.dtype == fa.dtype == fe.dtype == np.float64
                     and a.shape == e.shape == fa.shape == fe.shape):
                 return None
-            pair = tuple((bool(self.paired), a, e, fa, fe, np.empty(32), float(self.prior), float(self.optimism))
-                         for _ in range(2))
-            kept = self._args = (a, e, fa, fe, self.paired, self.prior, self.optimism, pair)
+            kept = self._args = (a, e, fa, fe, self.paired, self.prior, self.optimism,
+                                 (bool(self.paired), a, e, fa, fe), (float(self.prior), float(self.optimism)))
         c = self._cache
-        if c is None or c[2].size <= 32:
-            return kept[7][self._next]
-        return (*kept[7][0][:5], np.empty(c[2].size), *kept[7][0][6:])
+        return (*kept[7], np.empty(32 if c is None else max(c[2].size, 32)), *kept[8])
 
     def refreshed(self, f) -> None:
         """After a compiled forget and add (`compiled_args`): `f`, the factors of the new sums (None: unknown)."""
         self._cache = None if f is None else (self.accepted, self.expected, f)
-        kept = self._args
-        if kept is not None and f is kept[7][self._next][5]:
-            self._next ^= 1
 
     def _grow(self, k: int) -> None:
         """The four sums extended with zeros to k positions."""
