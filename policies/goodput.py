@@ -171,10 +171,10 @@ class Goodput(Policy):
         if self.catch_up and drafts and late:
             depths, G = gates.catch_up(view, depths, S, costs, G, r.weights, self._pool, self.est.calibration_prior,
                                        price, r.est.lag)
-        judged = self._pool.verified >= self.est.calibration_prior + n
-        if gates.ends_later(depths, S, costs, G, r.weights, r.est.rem, self._stream.closed, judged, r.ext):
+        if self._stream.closed and gates.ends_later(depths, S, costs, G, r.weights, r.est.rem, True,   # (open: no)
+                                                    self._pool.verified >= self.est.calibration_prior + n, r.ext):
             return np.zeros(n, np.int64), float(n if w is None else w.sum()) / float(costs.verify[0]), False
-        if self.probe and not gates.flags(depths, r.ext)[0]:
+        if self.probe and not (drafts if depths is r.planned else gates.flags(depths, r.ext)[0]):
             probed = gates.probe_step(view, r.est, costs, G, w, self._pool, self.est.calibration_prior, self.probe,
                                       price if self.catch_up else None)
             if probed is not None:

@@ -127,6 +127,16 @@ def _tables_run(seed):
             out.append((t.verify.tobytes(), t.draft.tobytes(), None if t.pad is None else t.pad.tobytes()))
             assert out[-1] == (want.verify.tobytes(), want.draft.tobytes(),
                                None if want.pad is None else want.pad.tobytes())
+        cal.update("verify", float(rng.uniform(0.01, 0.02)), 1.0, float(rng.uniform(0.01, 0.03)))
+        for _ in range(2):   # kept tables corrected again after the fit moved, and after a policy time was measured
+            t = cal.correct(costs, None if rng.random() < 0.7 else pt, keep=True)
+            out.append((t.verify.tobytes(), t.draft.tobytes(), None if t.pad is None else t.pad.tobytes()))
+        ctx64 = rng.integers(0, 10 ** int(rng.integers(1, 7)), n).astype(np.int64)
+        ctx64[0] = -1 if n > 1 and rng.random() < 0.1 else ctx64[0]   # (a negative context: the Python form's keys)
+        sc, model = kit.StepCost(pad_context=True), LinearCost(v1=1e-5, d1=1e-6)
+        for c in (ctx64, ctx64 + 1, ctx64 * 2):   # StepCost's keys held, then changed
+            sc.update(SimpleNamespace(cost=model, context_lens=c), K)
+            out.append((sc.key[:3], sc._vkey[:3], sc.verify.tobytes(), sc.draft.tobytes(), sc.vpad.tobytes()))
         lag, mask = rng.integers(0, 5, n), rng.random(n) < 0.5
         feed = SimpleNamespace(draft_forward=lambda c, q: np.array([1e-4 * q.sum() + 1e-7 * c.sum()]))
         out.append(kit.catch_up_s(SimpleNamespace(draft_lag=lag, context_lens=ctx, cost=feed), mask))

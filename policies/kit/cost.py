@@ -80,16 +80,17 @@ class StepCost:
         cost = view.cost if cost is None else cost
         ctx = view.context_lens
         n = ctx.size
-        if COMPILED and n and (ctx.dtype is _I64 or ctx.dtype == _I64) and ctx.ndim == 1:   # `_mean_context`, inline
-            lo, top, total = kernels.int_stats(ctx)
-            cbar, exact = float(total) / n, n <= 4096 and -_EXACT < lo and top < _EXACT
-        else:
-            cbar, top, exact = _mean_context(ctx)
+        ok = COMPILED and n and (ctx.dtype is _I64 or ctx.dtype == _I64) and ctx.ndim == 1
+        if ok:   # `_mean_context` and both keys' buckets in one pass (the same values)
+            ok, cbar, exact, top, vb, b = kernels.context_keys(ctx, _EXACT)
+        if not ok:
+            (cbar, top, exact), vb = _mean_context(ctx), None
+            b = int(math.log1p(cbar) * 50.0)
         self.model, self.ctx, self.mean = cost, ctx, cbar if exact else None
         if self.pad_context:   # (`_vpad`'s key unchanged: its table holds, no call)
-            same = top is not None and self._vkey == (n, kmax, int(math.log1p(top) * 50.0), id(cost))
+            same = vb is not None and self._vkey == (n, kmax, vb, id(cost))
             self._von = same or self._vpad(cost, ctx, kmax, top)
-        key = (n, kmax, int(math.log1p(cbar) * 50.0), id(cost))
+        key = (n, kmax, b, id(cost))
         if key == self.key:
             return self
         self.key = key

@@ -3712,6 +3712,24 @@ def calibration_observe(s, pv, mv, draft, pd, forwards, md, keep, prior, clip, f
         calibration_update(s, 0, pd, forwards, md, keep, prior, fixed, unidentified)
 
 
+# ---- StepCost's step reading: the contexts' mean, max and 2 % buckets in one pass (kit.cost) -------------------
+
+
+@njit(cache=True, nogil=True)
+def context_keys(a, exact_below):
+    """`StepCost.update`'s reading of a non-empty int64 vector of contexts: (ok, mean, exact, max, the 2 % buckets
+    int(log1p(x) x 50) of the max and of the mean): mean = float(sum) / n (`int_stats`' exact integer sum), exact
+    where that is float(a.mean()) to the bit (n <= 4096, every value strictly within +-exact_below), log1p libm's
+    (as Python's math.log1p). ok False (the rest 0) where a value is negative: the caller's Python form."""
+    lo, hi, total = int_stats(a)
+    if lo < 0:
+        return False, 0.0, False, 0, 0, 0
+    n = a.shape[0]
+    mean = float(total) / n
+    exact = n <= 4096 and -exact_below < lo and hi < exact_below
+    return True, mean, exact, hi, int(math.log1p(float(hi)) * 50.0), int(math.log1p(mean) * 50.0)
+
+
 # ---- step cost tables (kit.cost, kit.calibration, kit.idle) ---------------------------------------------------
 
 
