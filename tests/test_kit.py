@@ -642,6 +642,25 @@ def test_expected_max_of_normals():
     assert kit.expected_max(mu, sd, grouped=True) == pytest.approx(kit.expected_max(mu, sd), rel=1e-3)
 
 
+def test_the_compiled_expected_max_is_its_numpy_form(monkeypatch):
+    """expected_max (not grouped) in its compiled loops around numpy's tanh (`kernels.max_arguments` and
+    `max_integral`, saturated arguments skipped) against the numpy form, to the bit: spreads of many scales, rows
+    with none, all alike, degenerate and two-point grids, a value not finite."""
+    from specdepth.policies.kit import search
+    rng = np.random.default_rng(13)
+    cases = [(np.array([1.0, np.nan]), np.ones(2)), (np.array([2.0, 2.0]), np.zeros(2)), (np.ones(1), np.ones(1))]
+    for t in range(500):
+        n = int(rng.integers(1, 80))
+        mu = rng.uniform(0, 10 ** rng.uniform(0, 3), n) * (1.0 if t % 9 else 0.0) + float(rng.uniform(0, 9))
+        sd = rng.uniform(0, 10 ** rng.uniform(-3, 2), n) * (rng.random(n) < [0.9, 0.0, 1.0][t % 3])
+        cases.append((mu, sd))
+    got = []
+    for compiled in (True, False):
+        monkeypatch.setattr(search, "COMPILED", compiled)
+        got.append([repr(kit.expected_max(mu, sd, points)) for mu, sd in cases for points in (256, 2, 3, 17)])
+    assert got[0] == got[1]
+
+
 # ---- search ----------------------------------------------------------------------------------------
 
 def test_expected_maxes_are_expected_max_per_row_to_the_bit():

@@ -33,6 +33,10 @@ def expected_max(mu: np.ndarray, sd: np.ndarray, points: int = 256, grouped: boo
     batches, `uniform_depth`)."""
     mu = np.asarray(mu, np.float64)
     sd = np.asarray(sd, np.float64)
+    if search.COMPILED and not grouped and mu.ndim == 1 and mu.shape == sd.shape:   # (None: the numpy form's case)
+        got = _compiled_max(mu, sd, points)
+        if got is not None:
+            return got
     lo, hi = float((mu - 6.0 * sd).max()), float((mu + 6.0 * sd).max())
     if hi - lo <= 0.0:
         return float(mu.max())
@@ -52,6 +56,20 @@ def expected_max(mu: np.ndarray, sd: np.ndarray, points: int = 256, grouped: boo
         F = F * (x >= float(mu[~spread].max()))
     y = 1.0 - F
     return lo + float((np.subtract(x[1:], x[:-1]) * (y[1:] + y[:-1]) / 2.0).sum())   # np.trapezoid's arithmetic
+
+
+def _compiled_max(mu: np.ndarray, sd: np.ndarray, points: int) -> float | None:
+    """expected_max (not grouped) in two compiled loops around numpy's tanh of the CDF arguments that are not
+    saturated (`kernels.max_arguments`, `kernels.max_integral`: the same operations); None where the loops leave
+    it to the numpy form (a value not finite, a degenerate grid)."""
+    x, args = np.empty(max(int(points), 0)), np.empty(mu.size * max(int(points), 0))
+    at = np.empty(args.size, np.int64)
+    k, lo, _, ok = kernels.max_arguments(mu, sd, x, args, at)
+    if not ok:
+        return None
+    th = args[:k]
+    np.tanh(th, out=th)
+    return float(kernels.max_integral(mu, sd, x, th, at, k, lo, np.empty(x.size)))
 
 
 def expected_maxes(mu: np.ndarray, sd: np.ndarray, points: int = 256) -> np.ndarray:

@@ -3730,6 +3730,76 @@ def context_keys(a, exact_below):
     return True, mean, exact, hi, int(math.log1p(float(hi)) * 50.0), int(math.log1p(mean) * 50.0)
 
 
+# ---- the makespan gate's expected maximum (drain.expected_max, not grouped): its CDF arguments past SATURATED
+# (tanh exactly 1: a factor of exactly 1 in the product) skipped, numpy's tanh on the others between two loops ----
+
+
+@njit(cache=True, nogil=True)
+def max_arguments(mu, sd, x, args, at):
+    """expected_max's grid x (np.linspace(lo, hi, x.size): i x step + lo, the last point hi; lo = max(mu - 6 sd),
+    hi = max(mu + 6 sd)) and, for each row with sd > 0 (in order) and grid point, normal_cdf's tanh argument
+    ((z + (0.044715 z) z z) x 0.7978845608028654, z = (x - mu) / sd) where it is at most SATURATED, into args
+    (their row x x.size + point into `at`). Returns (count, lo, hi, ok); ok False (nothing else meant) where a value
+    is not finite, an sd negative, the grid degenerate (hi - lo <= 0, a zero step) or x.size < 2: the numpy form."""
+    n, points = mu.shape[0], x.shape[0]
+    lo, hi = -np.inf, -np.inf
+    for i in range(n):
+        m, s = mu[i], sd[i]
+        if not (math.isfinite(m) and math.isfinite(s)) or s < 0.0:
+            return 0, 0.0, 0.0, False
+        a, b = m - 6.0 * s, m + 6.0 * s
+        lo, hi = (a if a > lo else lo), (b if b > hi else hi)
+    step = (hi - lo) / (points - 1) if points >= 2 else 0.0
+    if n == 0 or not hi - lo > 0.0 or step == 0.0:
+        return 0, lo, hi, False
+    for j in range(points):
+        x[j] = float(j) * step + lo
+    x[points - 1] = hi
+    k = 0
+    for i in range(n):
+        m, s = mu[i], sd[i]
+        if s > 0.0:
+            for j in range(points):
+                z = (x[j] - m) / s
+                t = 0.044715 * z
+                t *= z
+                t *= z
+                z = (z + t) * 0.7978845608028654
+                if not z > SATURATED:
+                    args[k] = z
+                    at[k] = i * points + j
+                    k += 1
+    return k, lo, hi, True
+
+
+@njit(cache=True, nogil=True)
+def max_integral(mu, sd, x, th, at, k, lo, F):
+    """expected_max from `max_arguments`' grid and np.tanh of its arguments (th, the first k): F[j] the product
+    over the rows with sd > 0, in order, of 0.5 x (th + 1.0) (1 where saturated, its factor skipped: x 1.0 is
+    exact), times (x >= the largest mu of sd = 0) where a row has none; then lo + the trapezoid sum of 1 - F,
+    np.trapezoid's arithmetic with numpy's pairwise sum (into F's first points - 1 entries)."""
+    n, points = mu.shape[0], x.shape[0]
+    for j in range(points):
+        F[j] = 1.0
+    for q in range(k):
+        j = at[q] % points
+        F[j] = F[j] * ((th[q] + 1.0) * 0.5)
+    top, flat = -np.inf, False
+    for i in range(n):
+        if not sd[i] > 0.0:
+            flat = True
+            top = mu[i] if mu[i] > top else top
+    if flat:
+        for j in range(points):
+            F[j] = F[j] * (1.0 if x[j] >= top else 0.0)
+    prev = 1.0 - F[0]
+    for j in range(1, points):
+        y = 1.0 - F[j]
+        F[j - 1] = (x[j] - x[j - 1]) * (y + prev) / 2.0
+        prev = y
+    return lo + (0.0 + pairwise(F, 0, points - 1))
+
+
 # ---- step cost tables (kit.cost, kit.calibration, kit.idle) ---------------------------------------------------
 
 
