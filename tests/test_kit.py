@@ -300,6 +300,8 @@ def test_the_compiled_table_interpolation_and_roofline_tables_are_numpys(monkeyp
         xs, ms, cbar = np.array(kcost._grid(int(rng.integers(0, 3000)))), np.array(kcost._grid(n)), float(ctx.mean())
         assert cm.verify_times(ctx, xs).tobytes() == CostModel.verify_times(cm, ctx, xs).tobytes()
         assert cm.draft_times(cbar, ms).tobytes() == CostModel.draft_times(cm, cbar, ms).tobytes()
+        v, d = cm.step_tables(ctx, xs, cbar, ms)   # both in one pass: the base class's two calls
+        assert (v.tobytes(), d.tobytes()) == tuple(t.tobytes() for t in CostModel.step_tables(cm, ctx, xs, cbar, ms))
         mean = cbar if rng.random() < 0.5 else float(rng.uniform(0, 1e6))   # row_verify_times: the base class's
         assert cm.row_verify_times(mean, n) == CostModel.row_verify_times(cm, mean, n)
         assert kcost.row_cost(cm, ctx) == kcost.row_cost(SimpleNamespace(verify_time=cm.verify_time), ctx)

@@ -108,21 +108,22 @@ class StepCost:
         n = ctx.size
         X = n * kmax
         ms = _grid(n)
-        pad = None
+        pad = dt = None
         if getattr(cost, "pad_ragged", False):   # padded: the deepest row's depth p sets the verify
             V = np.array([cost.verify_time(ctx, np.full(n, p, np.int64)) for p in range(kmax + 1)])
             verify, pad = np.full(X + 1, V[0]), np.diff(V)
         else:
             xs = _grid(X)
-            if hasattr(cost, "verify_times"):   # a CostModel: the whole table in one call
+            if hasattr(cost, "step_tables"):   # a CostModel: both tables in one call
+                vt, dt = cost.step_tables(ctx, xs, cbar, ms)
+            elif hasattr(cost, "verify_times"):   # the whole verify table in one call
                 vt = cost.verify_times(ctx, xs)
             else:
                 vt = np.array([cost.verify_time(ctx, np.full(n, x / n)) for x in xs])
             verify = _interp(X + 1, xs, vt) if xs.size != X + 1 else vt
-        if hasattr(cost, "draft_times"):
-            dt = cost.draft_times(cbar, ms)
-        else:
-            dt = np.array([cost.draft_time(np.full(int(m), cbar)) if m else 0.0 for m in ms])
+        if dt is None:
+            dt = (cost.draft_times(cbar, ms) if hasattr(cost, "draft_times") else
+                  np.array([cost.draft_time(np.full(int(m), cbar)) if m else 0.0 for m in ms]))
         return verify, (_interp(n + 1, ms, dt) if ms.size != n + 1 else dt), pad
 
     @property

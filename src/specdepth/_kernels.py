@@ -444,12 +444,18 @@ def roofline_verify_table_at(c, nf, totals, a, b, w, kv, inv_f, inv_b, oh, ca):
     """roofline_verify_table with the contexts' sum c and the row count nf given as floats (CostModel.verify_times
     of a float context vector: c = float(np.sum(ctx))), the same arithmetic."""
     out = np.empty(totals.shape[0])
+    _verify_table_into(c, nf, totals, a, b, w, kv, inv_f, inv_b, oh, ca, out, 0)
+    return out
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _verify_table_into(c, nf, totals, a, b, w, kv, inv_f, inv_b, oh, ca, out, o):
+    """roofline_verify_table_at's values into out[o:o + totals.size]."""
     for j in range(totals.shape[0]):
         q = totals[j] / nf + 1.0
         t = nf * q
         f = a * t + b * (q * c + nf * q * (q + 1.0) * 0.5)
-        out[j] = _roofline_seconds(f, t, c, w, kv, inv_f, inv_b, oh, ca)
-    return out
+        out[o + j] = _roofline_seconds(f, t, c, w, kv, inv_f, inv_b, oh, ca)
 
 
 @njit(cache=True, nogil=True)
@@ -513,13 +519,32 @@ def roofline_tree_tables(csum, n, nodes, dots, tt, dt, out):
 def roofline_draft_table(context, rows, a, b, w, kv, inv_f, inv_b, oh, ca):
     """CostModel.draft_times priced by the roofline in one pass: m rows at `context` each, c = m x context, flops
     a m + b (c + m); 0 seconds for m = 0."""
-    out = np.zeros(rows.shape[0])
+    out = np.empty(rows.shape[0])
+    _draft_table_into(context, rows, a, b, w, kv, inv_f, inv_b, oh, ca, out, 0)
+    return out
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _draft_table_into(context, rows, a, b, w, kv, inv_f, inv_b, oh, ca, out, o):
+    """roofline_draft_table's values into out[o:o + rows.size]."""
     for j in range(rows.shape[0]):
         m = rows[j]
+        out[o + j] = 0.0
         if m != 0.0:
             c = m * context
-            out[j] = _roofline_seconds(a * m + b * (c + m), m, c, w, kv, inv_f, inv_b, oh, ca)
-    return out
+            out[o + j] = _roofline_seconds(a * m + b * (c + m), m, c, w, kv, inv_f, inv_b, oh, ca)
+
+
+@njit(cache=True, nogil=True)
+def roofline_step_tables(ctx, totals, context, rows, tt, dt, out):
+    """RooflineCost.step_tables into out [totals.size + rows.size]: roofline_verify_table(ctx, totals, *tt), then
+    roofline_draft_table(context, rows, *dt) (the same arithmetic)."""
+    csum = 0
+    for i in range(ctx.shape[0]):
+        csum += ctx[i]
+    _verify_table_into(float(csum), float(ctx.shape[0]), totals, tt[0], tt[1], tt[2], tt[3], tt[4], tt[5], tt[6],
+                       tt[7], out, 0)
+    _draft_table_into(context, rows, dt[0], dt[1], dt[2], dt[3], dt[4], dt[5], dt[6], dt[7], out, totals.shape[0])
 
 
 @njit(cache=True, nogil=True, inline="always")

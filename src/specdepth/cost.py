@@ -215,6 +215,11 @@ class CostModel:
         out[on] = self._times("draft", m, self._df[0] * m + self._df[1] * (c + m), c, m)
         return out
 
+    def step_tables(self, ctx: np.ndarray, totals: np.ndarray, context: float, rows: np.ndarray) -> tuple:
+        """(verify_times(ctx, totals), draft_times(context, rows)): a step's verify and draft tables in one call
+        (policies' StepCost)."""
+        return self.verify_times(ctx, totals), self.draft_times(context, rows)
+
     def draft_forward_times(self, ctx: np.ndarray, qs) -> np.ndarray:
         """draft_forward(ctx, np.full(n, q))[0] for each q in `qs` (one draft forward of q tokens a row: a draft
         tree level's price table, policies.kit.TreePrice) in one `_times` call, each with draft_forward's sums and
@@ -344,6 +349,10 @@ class RooflineCost(CostModel):
         # row_verify_times' arithmetic: where verify_time, target_forward and _time are this class's (no MoE target)
         self._flat = (self._moe["target"] is None and cls.verify_time is RooflineCost.verify_time
                       and cls.target_forward is RooflineCost.target_forward and cls._time is RooflineCost._time)
+        # step_tables' one pass: where verify_times and draft_times are this class's compiled tables (no MoE)
+        self._table_pass = (self._moe["target"] is None and self._moe["draft"] is None
+                                and cls.verify_times is RooflineCost.verify_times
+                            and cls.draft_times is RooflineCost.draft_times)
 
     def _time(self, which, tokens, flops, ctx_tokens, seqs):
         moe = self._moe[which]
@@ -445,6 +454,17 @@ class RooflineCost(CostModel):
         if self._moe["draft"] is None and m.ndim == 1:   # the base class's table, in one compiled pass
             return _k.roofline_draft_table(float(context), m, *self._draft_terms)
         return super().draft_times(context, rows)
+
+    def step_tables(self, ctx, totals, context, rows):
+        """verify_times and draft_times in one compiled pass (`_kernels.roofline_step_tables`, their loops: the same
+        values) into one array, for int64 contexts where both are this class's compiled tables; else the two calls."""
+        x, m = np.asarray(totals, float), np.asarray(rows, float)
+        if (self._table_pass and type(ctx) is np.ndarray and ctx.dtype == np.int64 and ctx.ndim == 1 and ctx.shape[0]
+                and x.ndim == 1 and m.ndim == 1):
+            out = np.empty(x.size + m.size)
+            _k.roofline_step_tables(ctx, x, float(context), m, self._terms[0], self._terms[1], out)
+            return out[:x.size], out[x.size:]
+        return super().step_tables(ctx, totals, context, rows)
 
     def step_parts(self, ctx, depths):
         """(verify_time(ctx, depths), draft_positions(ctx, depths)[0]): a step's predicted verify and draft seconds
