@@ -3868,8 +3868,8 @@ def corrected(verify, draft, state, timed, idle, extra, v, d, pad):
 def interp_into(xp, fp, out):
     """np.interp(np.arange(out.size), xp, fp) into out, for an ascending xp: fp[0] below xp[0], fp[-1] from the last
     point on, and per step j of the grid (its points x, xp[j] <= x < xp[j + 1], as numpy's search finds them)
-    fp[j] at xp[j] itself, else numpy's slope form (dy / dx) x (x - xp[j]) + fp[j] (one pass over the step's
-    points), and its NaN fallbacks (`_interp_step`, a second pass). Returns False where xp does not ascend (nothing
+    fp[j] at xp[j] itself, else numpy's slope form (dy / dx) x (x - xp[j]) + fp[j], where that is NaN its
+    fallbacks (`_interp_step`; one pass over the step's points). Returns False where xp does not ascend (nothing
     written: the numpy form)."""
     n, m = xp.shape[0], out.shape[0]
     for j in range(1, n):
@@ -3887,10 +3887,8 @@ def interp_into(xp, fp, out):
         hi = m if x1 >= m else (i if x1 <= i else int(math.ceil(x1)))   # (the points below x1)
         slope = (f1 - f0) / (x1 - x0)
         for k in range(i, hi):
-            out[k] = slope * (float(k) - x0) + f0
-        for k in range(i, hi):
-            if math.isnan(out[k]):
-                out[k] = _interp_step(float(k), x0, x1, f0, f1)
+            v = slope * (float(k) - x0) + f0
+            out[k] = v if v == v else _interp_step(float(k), x0, x1, f0, f1)
         i = max(i, hi)
     for k in range(i, m):
         out[k] = fp[n - 1]
