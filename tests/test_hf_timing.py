@@ -105,7 +105,8 @@ from specdepth import _kernels as K
 from specdepth.app import CONF_DIR, build
 from specdepth.clock import Clock
 COST = ("ragged_sums", "int_sum", "position_counts", "table_lookup", "roofline_forward", "roofline_positions",
-        "roofline_verify", "roofline_verify_table", "roofline_draft_table", "roofline_flat_verify")
+        "roofline_verify", "roofline_verify_table", "roofline_draft_table", "roofline_flat_verify",
+        "roofline_step_tables")
 seen = {}
 start = Clock.start
 def snap(self):

@@ -374,6 +374,10 @@ class Engine:
                 c.verify_time(ctx, depths)
                 c.draft_positions(ctx, depths)
                 c.verify_times(ctx, np.array([0.0, 2.0]))
+                if hasattr(c, "step_tables"):   # (optional: StepCost's tables, from its read-only grids)
+                    grid = np.array([0.0, 2.0])
+                    grid.flags.writeable = not ro_depths
+                    c.step_tables(ctx, grid, 8.0, grid)
                 c.target_forward(ctx)
                 c.draft_forward(ctx)
             c.draft_times(8.0, np.array([1, 2]))
