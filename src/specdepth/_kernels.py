@@ -413,11 +413,12 @@ def roofline_step_parts(ctx, depths, tt, dt):
 
 
 @njit(cache=True, nogil=True)
-def roofline_flat_verify(n, c_all, c_less, dot_all, dot_less, a, b, w, kv, inv_f, inv_b, oh, ca):
+def roofline_flat_verify(n, c_all, c_less, dot_all, dot_less, tt):
     """CostModel.row_verify_times priced by the roofline after its sums and dot products (c_all, dot_all: of the n
     float contexts, and of n ones with them; c_less, dot_less: the same without the first row): per row count m (n,
     then n - 1 where n > 1), _sums' tokens float(m) and pairs dot + float(2 m) x 0.5, then target_forward's flops
-    and the roofline."""
+    and the roofline (tt: its eight terms, a, b, w, kv, inv_f, inv_b, oh, ca)."""
+    a, b, w, kv, inv_f, inv_b, oh, ca = tt[0], tt[1], tt[2], tt[3], tt[4], tt[5], tt[6], tt[7]
     t = float(n)
     full = _roofline_seconds(a * t + b * (dot_all + float(2 * n) * 0.5), t, c_all, w, kv, inv_f, inv_b, oh, ca)
     if n <= 1:

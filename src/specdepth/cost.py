@@ -407,9 +407,11 @@ class RooflineCost(CostModel):
             c, q = self._row_arrays = np.empty(n), np.ones(n)   # (q: the base class's depths + 1)
         c, q = c[:n], q[:n]
         c.fill(float(context))
-        add, more = np.add.reduce, n > 1
-        return _k.roofline_flat_verify(n, float(add(c)), float(add(c[1:])) if more else 0.0, float(np.dot(q, c)),
-                                       float(np.dot(q[:n - 1], c[1:])) if more else 0.0, *self._target_terms)
+        if n == 1:
+            return _k.roofline_flat_verify(1, float(np.add.reduce(c)), 0.0, float(np.dot(q, c)), 0.0, self._terms[0])
+        add, less = np.add.reduce, c[1:]
+        return _k.roofline_flat_verify(n, float(add(c)), float(add(less)), float(np.dot(q, c)),
+                                       float(np.dot(q[:n - 1], less)), self._terms[0])
 
     def draft_level_times(self, ctx, q):
         if (self._moe["draft"] is None and type(self).draft_forward is CostModel.draft_forward
