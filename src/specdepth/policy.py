@@ -243,11 +243,14 @@ class StepView:
             pred[which] = t
         return t
 
-    predicted_draft_s = property(lambda self: self._predicted(0))
+    @property
+    def predicted_draft_s(self):
+        pred = self._pred   # (set only after verification: `_predicted`)
+        return pred[0] if pred is not None and pred[0] is not None else self._predicted(0)
 
     @property
     def predicted_verify_s(self):
-        pred = self._pred   # (set only after verification: `_predicted`)
+        pred = self._pred
         return pred[1] if pred is not None and pred[1] is not None else self._predicted(1)
 
 
