@@ -128,12 +128,39 @@ class Evidence:
         """A verified step's counts: into each row's sums (`rows`, goodput's PerRequest fields) and, forgetting with
         a memory of `memory` drafted tokens, the batch's, and the position factors (at the rows' `estimate`).
         `drafted`: view.drafted, where the caller read it; `only_drafted`: a step no row drafted in is not
-        observed."""
+        observed. Compiled where the step drafted at any position: one pass (`kernels.evidence_observe`: the
+        counts, the forget and the position factors' sums and factors; np.exp(-drafted sum / memory) tabulated:
+        `_exps`), else `_observe_counts`."""
         drafted, conf = view.drafted if drafted is None else drafted, view.confidences
-        if search.COMPILED and (accepted.dtype is _I64 or accepted.dtype == np.int64) and \
-                (drafted.dtype is _I64 or drafted.dtype == np.int64) and \
-                (conf is None or conf.dtype is _F64 or conf.dtype == float):
-            return self._observe_compiled(drafted, accepted, conf, rows, estimate, memory, only_drafted)
+        k = 0 if conf is None else conf.shape[1]
+        if not (search.COMPILED and (accepted.dtype is _I64 or accepted.dtype == np.int64) and
+                (drafted.dtype is _I64 or drafted.dtype == np.int64) and
+                (conf is None or conf.dtype is _F64 or conf.dtype == float)):
+            return self._observe_numpy(view, drafted, accepted, conf, rows, estimate, memory, only_drafted)
+        args = self.positions.compiled_args(k) if k and (estimate.dtype is _F64 or estimate.dtype == np.float64) \
+            and estimate.ndim == 1 else None   # (paired, the four sums, a factors buffer, prior, optimism)
+        if args is not None:
+            e, fields = self._exp_table, rows.fields
+            exps = e[1] if e is not None and e[0] == memory and e[1].size > drafted.size * k else \
+                self._exps(memory, drafted.size * k)
+            if fields is not self._cols[0]:   # (`_columns`, kept while the table's fields hold)
+                self._cols = (fields, _columns(fields))
+            status, keep, a, r, c, d, vc, v, dbar, ok = kernels.evidence_observe(
+                drafted, accepted, conf, rows.array, self._cols[1], exps, estimate, *args)
+            if status == 0:   # `_add_counts(keep, a, r, c, d, vc, v)` (keep: np.exp's value as a float)
+                self.dbar = dbar
+                self.accepted, self.rejected = self.accepted * keep + a, self.rejected * keep + r
+                self.conf_sum, self.drafted = self.conf_sum * keep + c, self.drafted * keep + d
+                self.cal_accepted, self.cal_conf = self.cal_accepted * keep + a, self.cal_conf * keep + vc
+                self.verified, self._pw = self.verified * keep + v, self._pw * keep
+                self._vc, self._vn = self._vc * keep + vc, self._vn * keep + v
+                return self.positions.refreshed(args[5] if ok else None)
+            if status == 2 and only_drafted:
+                return
+        self._observe_counts(drafted, accepted, conf, k, rows, estimate, memory, only_drafted)
+
+    def _observe_numpy(self, view, drafted, accepted, conf, rows, estimate, memory, only_drafted) -> None:
+        """`observe` in numpy."""
         if only_drafted and not drafted.any():
             return
         rej = (accepted < drafted).astype(float)
@@ -160,31 +187,9 @@ class Evidence:
         if conf is not None and conf.shape[1]:
             self.positions.add(verified, cols < accepted[:, None], estimate, drafted)
 
-    def _observe_compiled(self, drafted, accepted, conf, rows, estimate, memory, only_drafted=False) -> None:
-        """`observe` in one compiled pass where the step drafted at any position (`kernels.evidence_observe`: the
-        counts, the forget and the position factors' sums and factors; np.exp(-drafted sum / memory) tabulated:
-        `_exps`), else with its counts from one (`kernels.evidence_counts`, the same sums)."""
-        k = 0 if conf is None else conf.shape[1]
-        if k and (estimate.dtype is _F64 or estimate.dtype == np.float64) and estimate.ndim == 1:
-            args = self.positions.compiled_args(k)   # (paired, the four sums, a factors buffer, prior, optimism)
-            if args is not None:
-                e, fields = self._exp_table, rows.fields
-                exps = e[1] if e is not None and e[0] == memory and e[1].size > drafted.size * k else \
-                    self._exps(memory, drafted.size * k)
-                if fields is not self._cols[0]:   # (`_columns`, kept while the table's fields hold)
-                    self._cols = (fields, _columns(fields))
-                status, keep, a, r, c, d, vc, v, dbar, ok = kernels.evidence_observe(
-                    drafted, accepted, conf, rows.array, self._cols[1], exps, estimate, *args)
-                if status == 0:   # `_add_counts(keep, a, r, c, d, vc, v)` (keep: np.exp's value as a float)
-                    self.dbar = dbar
-                    self.accepted, self.rejected = self.accepted * keep + a, self.rejected * keep + r
-                    self.conf_sum, self.drafted = self.conf_sum * keep + c, self.drafted * keep + d
-                    self.cal_accepted, self.cal_conf = self.cal_accepted * keep + a, self.cal_conf * keep + vc
-                    self.verified, self._pw = self.verified * keep + v, self._pw * keep
-                    self._vc, self._vn = self._vc * keep + vc, self._vn * keep + v
-                    return self.positions.refreshed(args[5] if ok else None)
-                if status == 2 and only_drafted:
-                    return
+    def _observe_counts(self, drafted, accepted, conf, k, rows, estimate, memory, only_drafted) -> None:
+        """`observe`'s compiled form where its one pass does not apply: the counts from one compiled call
+        (`kernels.evidence_counts`, the same sums), then the forget and the position factors' sums."""
         if only_drafted and not drafted.any():
             return
         verified, acc_mask, *sums, self.dbar = kernels.evidence_counts(

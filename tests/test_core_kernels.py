@@ -42,6 +42,28 @@ def test_uniform_verify_time_is_verify_time_of_rows_alike(roofline):
         assert CostModel.uniform_verify_time(roofline, n, context, drafts) == want
 
 
+def test_padded_verify_time_is_the_padded_shapes_uniform_verify(roofline):
+    """RooflineCost.padded_verify_time (one compiled pass) against the batch's longest context and deepest drafts
+    priced by uniform_verify_time, to the bit, and whether any row pads; None for arrays it does not take."""
+    rng = np.random.default_rng(4)
+    for n in (1, 2, 3, 64, 300):
+        for _ in range(40):
+            ctx, depths = rng.integers(0, 4000, n), rng.integers(-1, 9, n)
+            if rng.random() < 0.3:
+                ctx[:] = ctx[0]
+            if rng.random() < 0.3:
+                depths[:] = depths[0]
+            top, k = int(ctx.max()), max(int(depths.max()), 0)
+            pads = n > 1 and not (int(ctx.min()) == top and int(depths.min()) == k)
+            ro = ctx.view()
+            ro.setflags(write=False)
+            got = roofline.padded_verify_time(ro, depths)
+            assert got == (pads, roofline.uniform_verify_time(n, top, k) if pads else 0.0)
+    assert roofline.padded_verify_time(np.arange(3.0), np.zeros(3, np.int64)) is None
+    assert roofline.padded_verify_time(np.zeros(0, np.int64), np.zeros(0, np.int64)) is None
+    assert roofline.padded_verify_time(np.zeros(3, np.int64), np.zeros(2, np.int64)) is None
+
+
 def test_roofline_step_parts_are_its_verify_time_and_draft_positions(roofline):
     rng = np.random.default_rng(1)
     for n in (1, 3, 64, 300):

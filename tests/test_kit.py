@@ -1,6 +1,7 @@
 """The policy kit (specdepth.policies.kit): each block on small hand-made inputs whose answer is known."""
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from types import SimpleNamespace
@@ -91,6 +92,12 @@ def test_step_cost_tables_are_the_cost_models_prices():
     assert t.draft[0] == 0.0 and t.draft[3] == pytest.approx(1e-3 + 3e-5)
 
 
+@functools.lru_cache(maxsize=1)
+def _roofline():
+    from sdtest import engine
+    return engine("cost=roofline", "hardware=h100_sxm").cost
+
+
 def _tables_run(seed):
     """as_padded, pad_extra (with and without a view), CostCalibration.correct and the catch-up's lag test on random
     tables and rows, as bytes and floats."""
@@ -107,10 +114,11 @@ def _tables_run(seed):
         view = SimpleNamespace(predicted_verify_s=float(verify[0] * 1.1), context_lens=ctx, cost=LinearCost(v1=1e-5))
         c1 = float(rng.choice([1e-5, 2e-5]))   # (a new cost model each time, some pricing alike: pad_extra's cache)
         by_ctx = SimpleNamespace(verify_time=lambda c, d: 1e-3 + 1e-7 * float(np.sum(c)) + c1 * float(np.sum(d + 1)))
+        roof = SimpleNamespace(predicted_verify_s=1e-3, context_lens=ctx, cost=_roofline())   # (padded_verify_time)
         out.append((kit.pad_extra(costs, drafted), kit.pad_extra(costs, drafted, view),
                     kit.pad_extra(costs, drafted, SimpleNamespace(predicted_verify_s=1e-3, context_lens=ctx,
                                                                   cost=by_ctx)),
-                    kit.pad_extra(costs, np.zeros(0, np.int64))))
+                    kit.pad_extra(costs, np.zeros(0, np.int64)), kit.pad_extra(costs, drafted, roof)))
         cal = kit.CostCalibration()
         for _ in range(3):
             cal.update("verify", float(rng.uniform(0.01, 0.02)), 1.0, float(rng.uniform(0.01, 0.03)))

@@ -237,17 +237,22 @@ def pad_extra(costs, drafted: np.ndarray, view=None) -> float:
     row's drafts (StepCost tables, uncorrected; 0 when the rows drafted alike). `view` given (in observe, after
     verification; `StepCost.pad_context`): padded as an engine that pads a ragged batch runs it, every row's query
     to the deepest row's and its context (KV) to the longest row's, against view.predicted_verify_s (the view's
-    cost at the rows' own contexts and drafts); a step that drafted nothing pads its contexts too."""
+    cost at the rows' own contexts and drafts; both shapes and the padded price in one call where the cost model has
+    `padded_verify_time`); a step that drafted nothing pads its contexts too."""
     n = drafted.size
     fast = COMPILED and n and (drafted.dtype is _I64 or drafted.dtype == np.int64) and drafted.ndim == 1
     predicted = None if view is None else view.predicted_verify_s   # None before verification
     if fast and predicted is not None:
-        ctx = view.context_lens
+        ctx, cost = view.context_lens, view.cost
+        padded = getattr(cost, "padded_verify_time", None)   # (the shapes and the padded verify in one call)
+        padded = None if padded is None else padded(ctx, drafted)
+        if padded is not None:
+            return float(padded[1] - predicted) if padded[0] else 0.0
         if (ctx.dtype is _I64 or ctx.dtype == np.int64) and ctx.shape == drafted.shape:   # (one compiled loop)
             flat, k, top = kernels.pad_shape(drafted, ctx)
             if flat:
                 return 0.0
-            return float(_padded_verify(view.cost, n, top, k) - predicted)
+            return float(_padded_verify(cost, n, top, k) - predicted)
     if fast:   # min, max and sum in one loop (the same integers)
         dmin, k, dsum = kernels.int_stats(drafted)
         k = max(int(k), 0)

@@ -3568,19 +3568,18 @@ def _pf_solve3(s, A):
 
 
 @njit(cache=True, nogil=True)
-def _pf_solve2(s, A, i, j):
-    """`PaddingFit._solve` on features i < j (the other at 0): (solved, c0, c1, c2, the last one's standard
-    error)."""
-    at = np.array([[0, 1, 2], [1, 3, 4], [2, 4, 5]])
-    aii, aij, ajj = A[at[i, i]], A[at[i, j]], A[at[j, j]]
+def _pf_solve2(s, A, j):
+    """`PaddingFit._solve` on features 0 and j (1 or 2; the other at 0): (solved, c0, c1, c2, the last one's
+    standard error)."""
+    aii, aij, ajj = A[0], A[1] if j == 1 else A[2], A[3] if j == 1 else A[5]
     det = aii * ajj - aij * aij
     if det == 0.0:
         return False, 0.0, 0.0, 0.0, 0.0
-    c = np.zeros(3)
-    c[i], c[j] = (ajj * s[6 + i] - aij * s[6 + j]) / det, (aii * s[6 + j] - aij * s[6 + i]) / det
+    ci, cj = (ajj * s[6] - aij * s[6 + j]) / det, (aii * s[6 + j] - aij * s[6]) / det
+    c1, c2 = (cj, 0.0) if j == 1 else (0.0, cj)
     last = aii / det
-    se = math.sqrt(_pf_rss(s, c[0], c[1], c[2]) / (s[10] - 2) * (0.0 if 0.0 > last else last))
-    return True, c[0], c[1], c[2], se
+    se = math.sqrt(_pf_rss(s, ci, c1, c2) / (s[10] - 2) * (0.0 if 0.0 > last else last))
+    return True, ci, c1, c2, se
 
 
 @njit(cache=True, nogil=True)
@@ -3624,15 +3623,13 @@ def padding_update(s, predicted, pad, measured, keep, prev, sticky, cautious, tw
     s[9], s[10] = s[9] * keep + measured * measured, s[10] * keep + 1.0
     if s[10] < 4.0 or s[5] <= 0.0:
         return 0.0, 0.0, 0.0, False
-    A = s[:6].copy()
-    for d in (0, 3, 5):
-        A[d] = A[d] + A[d] * 1e-9
+    A = (s[0] + s[0] * 1e-9, s[1], s[2], s[3] + s[3] * 1e-9, s[4], s[5] + s[5] * 1e-9)   # (the diagonal lifted)
     ok, c0, c1, c2, se = _pf_solve3(s, A)
     if ok and c1 < 0.0:
-        ok, c0, c1, c2, se = _pf_solve2(s, A, 0, 2)
+        ok, c0, c1, c2, se = _pf_solve2(s, A, 2)
     if not ok:
         return _pf_hold(s, A, prev, 0.0, False, sticky, cautious)
-    okp, p0, p1, p2, _ = _pf_solve2(s, A, 0, 1)
+    okp, p0, p1, p2, _ = _pf_solve2(s, A, 1)
     if not okp:
         return _pf_hold(s, A, prev, 0.0, False, sticky, cautious)
     gain = (_pf_rss(s, p0, p1, p2) - _pf_rss(s, c0, c1, c2)) / s[10] >= (0.01 * s[7] / s[10]) ** two

@@ -387,6 +387,23 @@ def roofline_uniform_verify(n, context, drafts, tt):
 
 
 @njit(cache=True, nogil=True)
+def roofline_padded_verify(ctx, depths, tt):
+    """RooflineCost.padded_verify_time of n >= 1 rows: (whether any row pads, roofline_uniform_verify(n, top, k, tt)
+    where one does, else 0.0), top the longest context and k the deepest row's drafts (at least 0); nothing pads
+    where n is 1 or every row is at context top with k drafts. The minima and maxima in one pass."""
+    n = ctx.shape[0]
+    cmin, top, dmin, k = ctx[0], ctx[0], depths[0], depths[0]
+    for i in range(1, n):
+        c, d = ctx[i], depths[i]
+        cmin, top = min(cmin, c), max(top, c)
+        dmin, k = min(dmin, d), max(k, d)
+    k = max(k, 0)
+    if n == 1 or (cmin == top and dmin == k):
+        return False, 0.0
+    return True, roofline_uniform_verify(n, top, k, tt)
+
+
+@njit(cache=True, nogil=True)
 def roofline_positions(ctx, depths, a, b, w, kv, inv_f, inv_b, oh, ca):
     """RooflineCost.draft_positions in one pass: (seconds, flops) of the draft forwards of a step, at
     position p one token for each row with depths > p at context ctx + p (same arithmetic, same order;

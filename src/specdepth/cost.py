@@ -15,6 +15,8 @@ from .capacity import Parallel, kv_bytes_per_gpu
 from .errors import ConfigError, as_float
 from .models import ModelArch
 
+_I64 = np.dtype(np.int64)   # (the native dtype, compared by identity first)
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -344,6 +346,8 @@ class RooflineCost(CostModel):
                        and cls.verify_time is RooflineCost.verify_time
                        and cls.draft_positions is RooflineCost.draft_positions)
         self._terms = np.array(self._target_terms, float), np.array(self._draft_terms, float)
+        # uniform_verify_time's and padded_verify_time's closed form: where verify_time is this class's (no MoE target)
+        self._flat_verify = self._moe["target"] is None and cls.verify_time is RooflineCost.verify_time
         self._tree_rows = {}   # tree_tables' query rows by (queries, rows)
         self._row_arrays = np.empty(0), np.empty(0)   # row_verify_times' contexts and ones (the most rows so far)
         # row_verify_times' arithmetic: where verify_time, target_forward and _time are this class's (no MoE target)
@@ -382,9 +386,20 @@ class RooflineCost(CostModel):
     def uniform_verify_time(self, n, context, drafts):
         """verify_time's compiled pass on n rows alike, its sums as products (`_kernels.roofline_uniform_verify`):
         the same value."""
-        if self._moe["target"] is None and type(self).verify_time is RooflineCost.verify_time and n >= 0:
+        if self._flat_verify and n >= 0:
             return _k.roofline_uniform_verify(int(n), int(context), int(drafts), self._terms[0])
         return super().uniform_verify_time(n, context, drafts)
+
+    def padded_verify_time(self, ctx, depths):
+        """(pads, seconds) of n >= 1 rows (int64 vectors of one shape): whether any row is below the longest context
+        or the deepest drafts (n > 1), and where one is, uniform_verify_time(n, ctx.max(), max(depths.max(), 0)), the
+        verify of the batch padded to its longest and deepest row (else 0.0), in one compiled pass
+        (`_kernels.roofline_padded_verify`); None where it does not apply (the caller prices it)."""
+        if (self._flat_verify and type(ctx) is np.ndarray and type(depths) is np.ndarray and ctx.ndim == 1
+                and (ctx.dtype is _I64 or ctx.dtype == np.int64) and (depths.dtype is _I64 or depths.dtype == np.int64)
+                and ctx.shape == depths.shape and ctx.shape[0]):
+            return _k.roofline_padded_verify(ctx, depths, self._terms[0])
+        return None
 
     def verify_times(self, ctx, totals):
         x = np.asarray(totals, float)
@@ -471,9 +486,11 @@ class RooflineCost(CostModel):
     def step_parts(self, ctx, depths):
         """(verify_time(ctx, depths), draft_positions(ctx, depths)[0]): a step's predicted verify and draft seconds
         in one compiled pass (the same values), for int64 arrays of one shape; None elsewhere (call those two)."""
-        if (self._parts and type(ctx) is np.ndarray and type(depths) is np.ndarray and ctx.dtype == np.int64
-                and depths.dtype == np.int64 and ctx.shape == depths.shape and ctx.ndim == 1):
-            return _k.roofline_step_parts(ctx, depths, *self._terms)
+        if (self._parts and type(ctx) is np.ndarray and type(depths) is np.ndarray and ctx.ndim == 1
+                and (ctx.dtype is _I64 or ctx.dtype == np.int64) and (depths.dtype is _I64 or depths.dtype == np.int64)
+                and ctx.shape == depths.shape):
+            tt, dt = self._terms
+            return _k.roofline_step_parts(ctx, depths, tt, dt)
         return None
 
     def draft_positions(self, ctx, depths):

@@ -243,12 +243,24 @@ class StepView:
             pred[which] = t
         return t
 
-    predicted_draft_s = property(lambda self: self._predicted(0))
-    predicted_verify_s = property(lambda self: self._predicted(1))
+    @property
+    def predicted_draft_s(self):
+        pred = self._pred   # (set only after verification: `_predicted`)
+        return pred[0] if pred is not None and pred[0] is not None else self._predicted(0)
+
+    @property
+    def predicted_verify_s(self):
+        pred = self._pred
+        return pred[1] if pred is not None and pred[1] is not None else self._predicted(1)
 
 
 def _ro_or_none(a):
-    return None if a is None else _ro(a)
+    """`_ro(a)` (inline), None where `a` is None."""
+    if a is None:
+        return None
+    v = a.view()
+    v.setflags(write=False)
+    return v
 
 
 def _kept_ro(a, kept: list, i: int):
