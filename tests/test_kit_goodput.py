@@ -403,3 +403,29 @@ def test_the_search_with_its_extension_is_its_blocks(monkeypatch):
         assert (late, any_, late_out, any_out) == (bool(((d > 0) & (lag > 2)).any()), bool(d.any()),
                                                    bool(((out > 0) & (lag > 2)).any()), bool(out.any()))
         assert x.full == bool(d.all())
+
+
+def test_the_search_writes_only_depths_nobody_holds():
+    """goodput_gates.plan_extend with `kept`: its two buffers take turns; a plan held (or a view of it) is never
+    written again, and the older buffer is reused where nobody holds it."""
+    import weakref
+    from types import SimpleNamespace
+    rng = np.random.default_rng(3)
+    n, K = 8, 4
+    kept, held, reused = SimpleNamespace(two=None), [], 0
+    ver = np.cumsum(rng.uniform(0, 1e-4, n * K + 1)) + 0.01
+    dr = np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1e-4, n)) + 0.002])
+    costs, rem, lag, cap = kit.Tables(ver, dr, None), rng.integers(1, 9, n), np.zeros(n, np.int64), np.full(n, K)
+    for step in range(12):
+        S = np.cumprod(np.minimum(rng.uniform(0.3, 0.99, n)[:, None] * np.ones(K), 0.999), axis=1)
+        older = None if kept.two is None or kept.two[1] is None else weakref.ref(kept.two[1])
+        free = older is not None and (step - 2) % 3 != 0   # (the plan of step - 2: held where step - 2 % 3 == 0)
+        depths, G, x = gg.plan_extend(S, costs, 0.0, rem, np.ones(n), lag, 2, cap, kept)
+        want = gg.plan_extend(S, costs, 0.0, rem, np.ones(n), lag, 2, cap)
+        assert np.array_equal(depths, want[0]) and np.array_equal(x.depths, want[2].depths)
+        assert (depths.base is older()) == free if older is not None else True
+        reused += free
+        if step % 3 == 0:
+            held.append((x.depths, x.depths.copy()))   # held: its buffer is not written again
+        del depths, x
+    assert all(np.array_equal(h, c) for h, c in held) and reused > 0
