@@ -429,3 +429,27 @@ def test_the_search_writes_only_depths_nobody_holds():
             held.append((x.depths, x.depths.copy()))   # held: its buffer is not written again
         del depths, x
     assert all(np.array_equal(h, c) for h, c in held) and reused > 0
+
+
+def test_one_row_searches_alike_weighted_by_one(monkeypatch):
+    """goodput_gates.plan_extend for one row without weights (compiled, weighted by 1) against plan_positions'
+    unweighted plan and ratio_extended in their numpy form."""
+    rng = np.random.default_rng(21)
+    for _ in range(400):
+        K = int(rng.integers(1, 17))
+        S = np.cumprod(np.minimum(rng.uniform(0.2, 1.0) * rng.uniform(0.7, 1.3, K), 0.999))[None, :]
+        cap = rng.integers(0, K + 1, 1)
+        S[0, cap[0]:] = 0.0
+        ver = np.cumsum(rng.uniform(0, 1e-3, K + 2)) + rng.uniform(0.001, 0.03)
+        dr = np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1e-3, 2)) + rng.uniform(0.0, 0.01)])
+        costs = kit.Tables(ver, dr, rng.uniform(0, 1e-3, K) if rng.random() < 0.3 else None)
+        rem, lag, extend = rng.integers(1, 50, 1), rng.integers(0, 5, 1), int(rng.integers(0, 4))
+        G0 = float(rng.choice([0.0, rng.uniform(0, 2) / ver[0]]))
+        depths, G, x = gg.plan_extend(S, costs, G0, rem, None, lag, extend, cap)
+        assert x is not None and x.planned is depths
+        monkeypatch.setattr(search, "COMPILED", False)
+        d, g = gg.plan_positions(S, costs, G0, rem, None)
+        (E2, _), out2 = gg.ratio_extended(S, d, None, g, extend, cap) if g > 0 else ((x.value, 0), x.depths)
+        monkeypatch.setattr(search, "COMPILED", True)
+        assert np.array_equal(depths, d) and G == g and x.value == E2 and np.array_equal(x.depths, out2)
+        assert (x.drafts, x.full) == (bool(d.any()), bool(d.all()))
