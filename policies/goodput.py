@@ -159,8 +159,8 @@ class Goodput(Policy):
         """The plan and its goodput, from the last plan's (Dinkelbach)."""
         if self.ranking == "global":
             return gates.plan_global(r.est.S, r.costs, r.weights.w)
-        e = r.est
-        depths, G, r.ext = gates.plan_extend(e.S, r.costs, r.G0, e.rem, r.weights.w, e.lag, self.extend, e.rowcap)
+        e, k = r.est, self._kept   # (k: the depths' buffer)
+        depths, G, r.ext = gates.plan_extend(e.S, r.costs, r.G0, e.rem, r.weights.w, e.lag, self.extend, e.rowcap, k)
         return depths, G
 
     def _gate(self, view, r):

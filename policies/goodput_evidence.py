@@ -273,7 +273,7 @@ class Kept:
     call's columns and constants (`cols`, `consts`), kept while `key` holds."""
 
     __slots__ = ("n", "K", "a", "cal", "S0", "S", "rowcap", "slot", "w", "est", "spread", "weights", "vec", "SS",
-                 "mix", "key", "cols", "consts")
+                 "mix", "key", "cols", "consts", "two")
 
     def __init__(self, n: int, K: int):
         self.n, self.K = n, K
@@ -285,7 +285,7 @@ class Kept:
         self.weights = (np.empty(n), np.empty(n))   # time_weights' chances and weights (`out`)
         self.est = SimpleNamespace(a=self.a, cal=self.cal, S0=self.S0, S=self.S, rowcap=self.rowcap,
                                    slot=self.slot if n >= 2 else None, spread=None)
-        self.key = self.cols = self.consts = None
+        self.key = self.cols = self.consts = self.two = None   # two: `goodput_gates.plan_extend`'s depths buffers
 
 
 def estimates(pool: Evidence, rows, f: np.ndarray, remaining: np.ndarray, K: int, z: float, estimator: str,
@@ -311,7 +311,8 @@ def estimates(pool: Evidence, rows, f: np.ndarray, remaining: np.ndarray, K: int
     if due:   # the mixture's posterior on its grid, exp'd by numpy (`Evidence._mixture`)
         kernels.mixture_log_into(float(A), float(E), kept.mix)
         np.exp(kept.w, out=kept.w)
-    d = K if pool.dbar is None else min(pool.dbar, K)   # (slot_weights' depth)
+    d = pool.dbar
+    d = K if d is None or d >= K else d   # (slot_weights' depth: min(dbar, K); K where equal, the same parts)
     c = 0.0 if due else mix[2] if pool.mixture else float(pool.calibration)   # (mixture: `_mixture`'s, kept)
     num, den = (pool.accepted, pool.rejected) if estimator == "counts" else (pool.conf_sum, pool.drafted)
     c, ok = kernels.goodput_estimates(kept.mix, due, c, t, kept.cols, kept.consts, float(num), float(den),

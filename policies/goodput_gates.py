@@ -41,27 +41,47 @@ class Extension(NamedTuple):
     full: bool            # every row's plan drafts (planned.all())
 
 
-def plan_extend(S, costs, G0, remaining, w, lag, extend: int, rowcap):
+def plan_extend(S, costs, G0, remaining, w, lag, extend: int, rowcap, kept=None):
     """`plan_positions` (w given) and what the gates and `ratio_extended` read of the plan, in one compiled call
     (`kernels.plan_extend`: the same operations). Returns (depths, G, `Extension`), or (depths, G, None) from
-    `plan_positions` where the compiled call does not run."""
+    `plan_positions` where the compiled call does not run. `kept`: an object whose `two` keeps the depths' buffers
+    (`_depths_buffer`). One row and no weights: weighted by 1, the same plan (`_ONE`)."""
     n, K = S.shape
     ver, dr, pad = costs.verify, costs.draft, costs.pad
-    f, i = _F64, _I64
-    if not (search.COMPILED and w is not None and w.shape == remaining.shape == lag.shape == rowcap.shape == (n,)
+    f, i, w1 = _F64, _I64, _ONE if w is None and n == 1 else w
+    if not (search.COMPILED and w1 is not None and w1.shape == remaining.shape == lag.shape == rowcap.shape == (n,)
             and ver.size > n * K and dr.size > n and (pad is None or pad.size >= K)
-            and ((S.dtype is f and w.dtype is f and ver.dtype is f and dr.dtype is f and remaining.dtype is i
+            and ((S.dtype is f and w1.dtype is f and ver.dtype is f and dr.dtype is f and remaining.dtype is i
                   and lag.dtype is i and rowcap.dtype is i and (pad is None or pad.dtype is f))   # (native: `_typed`)
-                 or _typed((S, w, ver, dr) if pad is None else (S, w, ver, dr, pad), (remaining, lag, rowcap)))):
+                 or _typed((S, w1, ver, dr) if pad is None else (S, w1, ver, dr, pad), (remaining, lag, rowcap)))):
         return (*plan_positions(S, costs, G0, remaining, w), None)   # (`_weighted_compiled`'s conditions)
-    two = np.empty((2, n), np.int64)   # (the plan's and the extension's depths)
+    two = np.empty((2, n), np.int64) if kept is None else _depths_buffer(kept, n)   # (the plan's, the extension's)
     G, ok, late, any_, E, late_out, any_out, full = kernels.plan_extend(
-        S, w, remaining, float(G0), ver, dr, search._NO_PAD if pad is None else pad, pad is not None, lag,
+        S, w1, remaining, float(G0), ver, dr, search._NO_PAD if pad is None else pad, pad is not None, lag,
         int(extend), rowcap, two)
     if not ok:
         return (*plan_positions(S, costs, G0, remaining, w), None)
     planned = two[0]
     return planned, G, Extension(planned, late, any_, E, two[1], late_out, any_out, full)
+
+
+# one row's weight where it has none (read, never written): `plan_positions`' plan of one row (`plan_by_position`
+# in `_SmallColumns`' floats, nested or not: one row's column is alike) and its value are the same weighted by 1.0
+_ONE = np.ones(1)
+
+
+def _depths_buffer(kept, n: int) -> np.ndarray:
+    """A [2, n] int64 buffer for `plan_extend`'s depths: of the two `kept.two` holds (the last call's, the one
+    before), the one before where nobody else holds it or a view of it (the engine and the view hold the last
+    step's depths), else a new one; it becomes the last."""
+    h = kept.two
+    if h is None:
+        h = kept.two = [None, None]
+    b = h[1]
+    if b is None or getrefcount(b) > 3 or b.shape != (2, n):   # (3: the list's, this name's and the call's)
+        b = np.empty((2, n), np.int64)
+    h[0], h[1] = b, h[0]
+    return b
 
 
 def flags(depths, ext: Extension | None) -> tuple[bool, bool]:
@@ -310,14 +330,16 @@ class Drafting:
         view.depths, remaining and the tables), read at its first keep, where it runs this step's keeps (float64
         tables, the draft's past the rows, int64 remaining); else False."""
         c, w, r = self.costs, self.w, self.ratio
-        rem = () if self.remaining is None else (self.remaining,)
-        if not (search.COMPILED and c.draft.size > self.s.size and _typed((c.draft, c.verify), rem)):
+        dr, ver, rem = c.draft, c.verify, self.remaining
+        if not (search.COMPILED and dr.size > self.s.size and (
+                (dr.dtype is _F64 and ver.dtype is _F64 and (rem is None or rem.dtype is _I64))   # (native: `_typed`)
+                or _typed((dr, ver), () if rem is None else (rem,)))):
             return False
         depths, self._nf = view.depths, 0 if self.factors is None else self.factors.size
         self._keep = np.empty(self.s.size, np.bool_)
         return (self.s, self.cal, depths, self.a, _NO_FACTORS if self.factors is None else self.factors,
                 self.a if w is None else w, w is not None, depths if r is None else self.planned, r is not None,
-                view.remaining if self.remaining is None else self.remaining, c.draft, c.verify,
+                view.remaining if rem is None else rem, dr, ver,
                 search._NO_PAD if c.pad is None else c.pad, float(self.G))
 
 

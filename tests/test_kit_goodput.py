@@ -403,3 +403,53 @@ def test_the_search_with_its_extension_is_its_blocks(monkeypatch):
         assert (late, any_, late_out, any_out) == (bool(((d > 0) & (lag > 2)).any()), bool(d.any()),
                                                    bool(((out > 0) & (lag > 2)).any()), bool(out.any()))
         assert x.full == bool(d.all())
+
+
+def test_the_search_writes_only_depths_nobody_holds():
+    """goodput_gates.plan_extend with `kept`: its two buffers take turns; a plan held (or a view of it) is never
+    written again, and the older buffer is reused where nobody holds it."""
+    import weakref
+    from types import SimpleNamespace
+    rng = np.random.default_rng(3)
+    n, K = 8, 4
+    kept, held, reused = SimpleNamespace(two=None), [], 0
+    ver = np.cumsum(rng.uniform(0, 1e-4, n * K + 1)) + 0.01
+    dr = np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1e-4, n)) + 0.002])
+    costs, rem, lag, cap = kit.Tables(ver, dr, None), rng.integers(1, 9, n), np.zeros(n, np.int64), np.full(n, K)
+    for step in range(12):
+        S = np.cumprod(np.minimum(rng.uniform(0.3, 0.99, n)[:, None] * np.ones(K), 0.999), axis=1)
+        older = None if kept.two is None or kept.two[1] is None else weakref.ref(kept.two[1])
+        free = older is not None and (step - 2) % 3 != 0   # (the plan of step - 2: held where step - 2 % 3 == 0)
+        depths, G, x = gg.plan_extend(S, costs, 0.0, rem, np.ones(n), lag, 2, cap, kept)
+        want = gg.plan_extend(S, costs, 0.0, rem, np.ones(n), lag, 2, cap)
+        assert np.array_equal(depths, want[0]) and np.array_equal(x.depths, want[2].depths)
+        assert (depths.base is older()) == free if older is not None else True
+        reused += free
+        if step % 3 == 0:
+            held.append((x.depths, x.depths.copy()))   # held: its buffer is not written again
+        del depths, x
+    assert all(np.array_equal(h, c) for h, c in held) and reused > 0
+
+
+def test_one_row_searches_alike_weighted_by_one(monkeypatch):
+    """goodput_gates.plan_extend for one row without weights (compiled, weighted by 1) against plan_positions'
+    unweighted plan and ratio_extended in their numpy form."""
+    rng = np.random.default_rng(21)
+    for _ in range(400):
+        K = int(rng.integers(1, 17))
+        S = np.cumprod(np.minimum(rng.uniform(0.2, 1.0) * rng.uniform(0.7, 1.3, K), 0.999))[None, :]
+        cap = rng.integers(0, K + 1, 1)
+        S[0, cap[0]:] = 0.0
+        ver = np.cumsum(rng.uniform(0, 1e-3, K + 2)) + rng.uniform(0.001, 0.03)
+        dr = np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1e-3, 2)) + rng.uniform(0.0, 0.01)])
+        costs = kit.Tables(ver, dr, rng.uniform(0, 1e-3, K) if rng.random() < 0.3 else None)
+        rem, lag, extend = rng.integers(1, 50, 1), rng.integers(0, 5, 1), int(rng.integers(0, 4))
+        G0 = float(rng.choice([0.0, rng.uniform(0, 2) / ver[0]]))
+        depths, G, x = gg.plan_extend(S, costs, G0, rem, None, lag, extend, cap)
+        assert x is not None and x.planned is depths
+        monkeypatch.setattr(search, "COMPILED", False)
+        d, g = gg.plan_positions(S, costs, G0, rem, None)
+        (E2, _), out2 = gg.ratio_extended(S, d, None, g, extend, cap) if g > 0 else ((x.value, 0), x.depths)
+        monkeypatch.setattr(search, "COMPILED", True)
+        assert np.array_equal(depths, d) and G == g and x.value == E2 and np.array_equal(x.depths, out2)
+        assert (x.drafts, x.full) == (bool(d.any()), bool(d.all()))
