@@ -31,6 +31,8 @@ rule) and kept_slots says where its KV moves; tree_acceptance is the simulator's
 """
 from __future__ import annotations
 
+import operator
+from itertools import repeat
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -295,10 +297,10 @@ def by_object(trees: Tree | Sequence[Tree], n: int) -> list:
     if isinstance(trees, Tree):
         return [(trees, slice(None))]
     ts = list(trees)
+    if not ts or all(map(operator.is_, ts, repeat(ts[0]))):   # one object (the usual plan): all rows
+        return [(ts[0], slice(None))] if ts else []
     ids = list(map(id, ts))
     distinct = dict.fromkeys(ids)   # in first-row order
-    if len(distinct) <= 1:
-        return [(ts[0], slice(None))] if ts else []
     arr = np.array(ids, np.int64)
     return [(ts[ids.index(u)], np.flatnonzero(arr == u)) for u in distinct]
 
