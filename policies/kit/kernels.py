@@ -1617,8 +1617,8 @@ def mixture_log_into(A, E, mix):
 def goodput_estimates(mix, due, c, table, cols, consts, num0, den0, f, remaining, K, lo, frac, vec, SS, rowcap,
                       spread):
     """`Goodput._estimate`'s chain: where `due`, the mixture's calibration c = exp(`mixture_median` of w = mix[3],
-    the posterior after np.exp, on the grid mix[0]) (libm's exp, as Python's math.exp); each row's, `row_calibration` at c where z != 0
-    and two rows or more (else c); the rows' estimates (`row_estimates`: num, den the table's columns cols[3],
+    the posterior after np.exp, on the grid mix[0]) (libm's exp, as Python's math.exp); each row's,
+    `row_calibration` at c where z != 0 and two rows or more (else c); the rows' estimates (`row_estimates`: num, den the table's columns cols[3],
     cols[4]; cols[0:3]: accepted, verified confidence, verified), the batch's rate `base` from the evidence's
     sums num0, den0 (confidence: num0 / den0, cap 1 / max(base, 1e-6); counts: num0 / (num0 + den0), cap 0);
     their survivals (`survivals`) and, for two rows or more, S0's `slot_weights` at depth lo + frac; where

@@ -355,7 +355,7 @@ class RooflineCost(CostModel):
                       and cls.target_forward is RooflineCost.target_forward and cls._time is RooflineCost._time)
         # step_tables' one pass: where verify_times and draft_times are this class's compiled tables (no MoE)
         self._table_pass = (self._moe["target"] is None and self._moe["draft"] is None
-                                and cls.verify_times is RooflineCost.verify_times
+                            and cls.verify_times is RooflineCost.verify_times
                             and cls.draft_times is RooflineCost.draft_times)
 
     def _time(self, which, tokens, flops, ctx_tokens, seqs):
