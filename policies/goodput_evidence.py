@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from .kit import PositionFactors, draft_caps, kernels, search, tie_bands
+from .kit.kernels import _F64, _I64
 
 MIXTURE_PRIOR = ((0.9, 0.3), (0.1, 1.5))   # (weight, sd of log c) of each normal of _Pool._mixture's prior
-_F64, _I64 = np.dtype(np.float64), np.dtype(np.int64)   # (the native dtypes, compared by identity first)
 _MIX_GRID = np.linspace(-5.0, 5.0, 201)   # log c
 _MIX_EXP = np.exp(_MIX_GRID)
 _MIX_LOGPRIOR = np.log(sum(w / s * np.exp(-0.5 * (_MIX_GRID / s) ** 2) for w, s in MIXTURE_PRIOR))

@@ -9,11 +9,11 @@ from typing import NamedTuple
 import numpy as np
 
 from .kit import kernels, search
+from .kit.kernels import _F64, _I64
 from .kit import (best_prefix, catch_up_rows, expected_max, keep_by_margin, may_probe, plan_by_position,
                   plan_pays_catch_up, thin_evidence)
 
 MAY_END = 0.1   # the makespan gate judges a batch only where every row's chance to end the run is this or more
-_F64, _I64 = np.dtype(np.float64), np.dtype(np.int64)   # (the native dtypes, compared by identity)
 
 
 def plan_positions(S, costs, G0, remaining, w):

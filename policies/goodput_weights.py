@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from .kit import kernels, row_cost, search
+from .kit.kernels import _I64
 
-_I64 = np.dtype(np.int64)   # (the native dtype, compared by identity first)
 
 
 class Stream:

@@ -212,7 +212,7 @@ def test_keep_by_margin_and_drafting_keep_are_the_numpy_forms(monkeypatch):
 
 def test_the_ranking_is_lexsorts_and_a_held_mask_is_not_written_again():
     """kernels._rank_values: np.lexsort((-remaining[idx], -np.round(v, 6))) with ties, counted and sorted (past
-    `_COUNTED` keys) and out of its keys' range; Drafting.keep writes a new mask where the last one is held."""
+    `_RANK_COUNTED` keys) and out of its keys' range; Drafting.keep writes a new mask where the last one is held."""
     rng = np.random.default_rng(8)
     for m in [2, 3, 17, 64, 255, 256, 257, 300] * 12:
         v = np.round(rng.random(m), int(rng.choice([1, 2, 6]))) + rng.choice([0.0, 1e-8, 4e-7, 5e-7], m)

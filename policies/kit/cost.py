@@ -8,11 +8,9 @@ import math
 import numpy as np
 
 from . import kernels
-
-_I64 = np.dtype(np.int64)   # (the native dtype, compared by identity first)
+from .kernels import _I64
 
 COMPILED = True   # the small loops of as_padded, pad_extra and StepCost compiled (kernels); False: numpy form
-_I64 = np.dtype(np.int64)   # (`pad_extra`'s dtype, compared by identity first)
 
 
 @functools.lru_cache(maxsize=1024)

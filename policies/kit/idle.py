@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from . import kernels
+from .kernels import _I64
 
 COMPILED = True   # the catch-up's lag test compiled (kernels.masked_max); False: its numpy form (equal)
 
@@ -67,7 +68,7 @@ def may_probe(probes: int, evidence: float, prior: float, batch: int) -> bool:
     return probes < PROBE_ROUNDS and thin_evidence(evidence, prior, batch)
 
 
-_I64, _BOOL = np.dtype(np.int64), np.dtype(np.bool_)
+_BOOL = np.dtype(np.bool_)
 
 
 def _lag_at_most(lag: np.ndarray, drafting: np.ndarray, most: int) -> bool:

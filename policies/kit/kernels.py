@@ -149,7 +149,7 @@ def bands(u, tol):
     return band
 
 
-_F64 = np.dtype(np.float64)
+_F64, _I64 = np.dtype(np.float64), np.dtype(np.int64)   # the native dtypes (the kit compares them by identity first)
 
 
 def floats(*arrays, nonempty: bool = False) -> bool:
@@ -1007,7 +1007,7 @@ def keep_margin(keep, idx, v, remaining, x, draft, verify, padp, has_pad, G, E, 
 def _rank_values(v, remaining, idx):
     """np.lexsort((-remaining[idx], -np.round(v, 6))): the order of distinct integer keys (rint(v 1e6) descending,
     then remaining descending, then position: the same order, as -q / 1e6 orders alike with -q), where v is in
-    [0, 2) and remaining in [0, 2^20): each key's place is the count of keys below it (up to `_COUNTED` keys; more:
+    [0, 2) and remaining in [0, 2^20): each key's place is the count of keys below it (up to `_RANK_COUNTED` keys; more:
     one sort of the keys); else `argsort2` on those keys."""
     m = idx.shape[0]
     keys = np.empty(m, np.int64)
@@ -1020,7 +1020,7 @@ def _rank_values(v, remaining, idx):
                 k1[i] = -round_to(v[i], 1e6)
             return argsort2(k1, -remaining[idx])
         keys[j] = ((2000000 - np.int64(q)) << 40) | ((low - np.int64(r)) << 20) | j
-    if m > _COUNTED:
+    if m > _RANK_COUNTED:
         keys.sort()
         for j in range(m):
             keys[j] = keys[j] & low
@@ -1034,7 +1034,7 @@ def _rank_values(v, remaining, idx):
     return order
 
 
-_COUNTED = 256   # (`_rank_values`: m^2 branch-free comparisons beat the sort's branches up to here)
+_RANK_COUNTED = 256   # (`_rank_values`: m^2 branch-free comparisons beat the sort's branches up to here)
 
 
 @njit(cache=True, nogil=True)
@@ -1618,14 +1618,14 @@ def goodput_estimates(mix, due, c, table, cols, consts, num0, den0, f, remaining
                       spread):
     """`Goodput._estimate`'s chain: where `due`, the mixture's calibration c = exp(`mixture_median` of w = mix[3],
     the posterior after np.exp, on the grid mix[0]) (libm's exp, as Python's math.exp); each row's,
-    `row_calibration` at c where z != 0 and two rows or more (else c); the rows' estimates (`row_estimates`: num, den the table's columns cols[3],
-    cols[4]; cols[0:3]: accepted, verified confidence, verified), the batch's rate `base` from the evidence's
-    sums num0, den0 (confidence: num0 / den0, cap 1 / max(base, 1e-6); counts: num0 / (num0 + den0), cap 0);
-    their survivals (`survivals`) and, for two rows or more, S0's `slot_weights` at depth lo + frac; where
-    `spread`, S's `time_spread` (drafted: cols[5], the prior `strength`) into e and u. consts: z, the estimate's
-    prior k, tol, strength, and 1.0 for the confidence estimator (0.0: counts). Written into vec's rows (a, cal,
-    slot, e, u), SS's (S0, S) and rowcap. Returns (c, True), or (c, False) where w or the estimates hold NaN (the
-    numpy forms decide)."""
+    `row_calibration` at c where z != 0 and two rows or more (else c); the rows' estimates (`row_estimates`: num,
+    den the table's columns cols[3], cols[4]; cols[0:3]: accepted, verified confidence, verified), the batch's
+    rate `base` from the evidence's sums num0, den0 (confidence: num0 / den0, cap 1 / max(base, 1e-6); counts:
+    num0 / (num0 + den0), cap 0); their survivals (`survivals`) and, for two rows or more, S0's `slot_weights` at
+    depth lo + frac; where `spread`, S's `time_spread` (drafted: cols[5], the prior `strength`) into e and u.
+    consts: z, the estimate's prior k, tol, strength, and 1.0 for the confidence estimator (0.0: counts). Written
+    into vec's rows (a, cal, slot, e, u), SS's (S0, S) and rowcap. Returns (c, True), or (c, False) where w or the
+    estimates hold NaN (the numpy forms decide)."""
     n = table.shape[0]
     z, k, tol, strength, confidence = consts[0], consts[1], consts[2], consts[3], consts[4] != 0.0
     base = num0 / den0 if confidence else num0 / (num0 + den0)
@@ -1684,10 +1684,10 @@ def plan_extend(S, w, remaining, G0, ver, dr, pad, has_pad, lag, extend, cap, tw
 # ---- goodput's position search over the rows it reads (`weighted_plan`): column 0 ranked in full, each later
 # column only over the rows drafting at the position before (the only ones `nested_by_position` reads there);
 # a ranking by counting (`count_rank`: each row's place, the rows ahead of it, in branch-free passes) up to
-# _COUNTED rows, a merge sort past that ------------------------------------------------------------------------
+# _ROWS_COUNTED rows, a merge sort past that ------------------------------------------------------------------------
 
 
-_COUNTED = 128   # `rank_some`: rankings of up to this many rows by counting (m^2 comparisons), longer ones merged
+_ROWS_COUNTED = 128   # `rank_some`: rankings of up to this many rows by counting (m^2 comparisons), longer ones merged
 
 
 @njit(cache=True, nogil=True)
@@ -1708,8 +1708,8 @@ def count_rank(rows, v, k, m, rows2, v2):
 @njit(cache=True, nogil=True)
 def rank_some(rows, v, k, m, rows2, v2, k2):
     """rows[0:m] with their values v and distinct keys k in `_ahead`'s order, in place (k left in the order given
-    up to _COUNTED rows): `count_rank`, past _COUNTED rows `merge_rows` (rows2, v2, k2: scratch, m long)."""
-    if m <= _COUNTED:
+    up to _ROWS_COUNTED rows): `count_rank`, past _ROWS_COUNTED rows `merge_rows` (rows2, v2, k2: scratch, m long)."""
+    if m <= _ROWS_COUNTED:
         count_rank(rows, v, k, m, rows2, v2)
     else:
         merge_rows(rows, v, k, m, rows2, v2, k2)

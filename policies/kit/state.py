@@ -4,8 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import kernels
-
-_I64, _F64 = np.dtype(np.int64), np.dtype(np.float64)   # (the native dtypes, compared by identity first)
+from .kernels import _F64, _I64
 
 COMPILED = True   # align's row matching compiled (kernels.align_rows); False: its numpy form (equal)
 
